@@ -1,0 +1,62 @@
+#include "stack/wire/icrc.h"
+
+#include <zlib.h>
+
+#include <cstring>
+
+#include "stack/wire/headers.h"
+
+namespace uroce::wire {
+
+std::uint32_t crc32_raw(std::uint32_t crc, ConstBytes data) noexcept {
+  return static_cast<std::uint32_t>(crc32_z(crc, data.data(), data.size()));
+}
+
+std::optional<std::uint32_t> icrc_compute(std::span<const ConstBytes> segs) noexcept {
+  if (segs.empty()) return std::nullopt;
+  const ConstBytes first = segs[0];
+  if (first.empty()) return std::nullopt;
+
+  std::size_t ip_len = 0;
+  const unsigned version = first[0] >> 4;
+  if (version == 4) {
+    ip_len = static_cast<std::size_t>(first[0] & 0x0f) * 4;
+    if (ip_len < sizeof(Ipv4Hdr)) return std::nullopt;
+  } else if (version == 6) {
+    ip_len = sizeof(Ipv6Hdr);
+  } else {
+    return std::nullopt;
+  }
+  const std::size_t masked_len = ip_len + sizeof(UdpHdr) + sizeof(Bth);
+  if (first.size() < masked_len) return std::nullopt;
+
+  // The masked copy: 8 bytes of 0xFF for the LRH, then IP, UDP and BTH.
+  std::uint8_t buf[8 + 60 + sizeof(UdpHdr) + sizeof(Bth)];
+  std::memset(buf, 0xff, 8);
+  std::memcpy(buf + 8, first.data(), masked_len);
+  std::uint8_t* ip = buf + 8;
+  if (version == 4) {
+    ip[1] = 0xff;                // TOS: DSCP and ECN
+    ip[8] = 0xff;                // TTL
+    ip[10] = ip[11] = 0xff;      // header checksum
+  } else {
+    ip[0] |= 0x0f;               // traffic class, high nibble
+    ip[1] = ip[2] = ip[3] = 0xff;  // traffic class, low nibble, and flow label
+    ip[7] = 0xff;                // hop limit
+  }
+  std::uint8_t* udp = ip + ip_len;
+  udp[6] = udp[7] = 0xff;        // UDP checksum
+  udp[sizeof(UdpHdr) + 4] = 0xff;  // BTH resv8a: FECN, BECN, reserved
+
+  uLong crc = crc32_z(0, buf, 8 + masked_len);
+  crc = crc32_z(crc, first.data() + masked_len, first.size() - masked_len);
+  for (std::size_t i = 1; i < segs.size(); ++i) crc = crc32_z(crc, segs[i].data(), segs[i].size());
+  return static_cast<std::uint32_t>(crc);
+}
+
+std::optional<std::uint32_t> icrc_compute(ConstBytes l3_to_icrc) noexcept {
+  const ConstBytes one[1] = {l3_to_icrc};
+  return icrc_compute(std::span<const ConstBytes>(one, 1));
+}
+
+}  // namespace uroce::wire

@@ -1,0 +1,238 @@
+// The opcode table: the single source of truth for which headers each BTH
+// opcode carries, where they sit, and what role the packet plays
+// (IBTA 1.5 ch. 9.2.1 table 35 and 9.3; A17.9.3 for CNP).
+//
+// The parser, the builder, the ICRC and the pcap decoder all read this table;
+// nothing else in the tree knows header offsets per opcode.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string_view>
+
+#include "stack/wire/headers.h"
+
+namespace uroce::wire {
+
+/// BTH opcodes (IBTA table 35). The top three bits select the transport.
+namespace op {
+// RC
+inline constexpr std::uint8_t kRcSendFirst = 0x00;
+inline constexpr std::uint8_t kRcSendMiddle = 0x01;
+inline constexpr std::uint8_t kRcSendLast = 0x02;
+inline constexpr std::uint8_t kRcSendLastImm = 0x03;
+inline constexpr std::uint8_t kRcSendOnly = 0x04;
+inline constexpr std::uint8_t kRcSendOnlyImm = 0x05;
+inline constexpr std::uint8_t kRcWriteFirst = 0x06;
+inline constexpr std::uint8_t kRcWriteMiddle = 0x07;
+inline constexpr std::uint8_t kRcWriteLast = 0x08;
+inline constexpr std::uint8_t kRcWriteLastImm = 0x09;
+inline constexpr std::uint8_t kRcWriteOnly = 0x0a;
+inline constexpr std::uint8_t kRcWriteOnlyImm = 0x0b;
+inline constexpr std::uint8_t kRcReadRequest = 0x0c;
+inline constexpr std::uint8_t kRcReadRespFirst = 0x0d;
+inline constexpr std::uint8_t kRcReadRespMiddle = 0x0e;
+inline constexpr std::uint8_t kRcReadRespLast = 0x0f;
+inline constexpr std::uint8_t kRcReadRespOnly = 0x10;
+inline constexpr std::uint8_t kRcAck = 0x11;
+inline constexpr std::uint8_t kRcAtomicAck = 0x12;
+inline constexpr std::uint8_t kRcCmpSwap = 0x13;
+inline constexpr std::uint8_t kRcFetchAdd = 0x14;
+inline constexpr std::uint8_t kRcSendLastInv = 0x16;
+inline constexpr std::uint8_t kRcSendOnlyInv = 0x17;
+inline constexpr std::uint8_t kRcFlush = 0x1c;
+inline constexpr std::uint8_t kRcAtomicWrite = 0x1d;
+// UC
+inline constexpr std::uint8_t kUcSendFirst = 0x20;
+inline constexpr std::uint8_t kUcSendMiddle = 0x21;
+inline constexpr std::uint8_t kUcSendLast = 0x22;
+inline constexpr std::uint8_t kUcSendLastImm = 0x23;
+inline constexpr std::uint8_t kUcSendOnly = 0x24;
+inline constexpr std::uint8_t kUcSendOnlyImm = 0x25;
+inline constexpr std::uint8_t kUcWriteFirst = 0x26;
+inline constexpr std::uint8_t kUcWriteMiddle = 0x27;
+inline constexpr std::uint8_t kUcWriteLast = 0x28;
+inline constexpr std::uint8_t kUcWriteLastImm = 0x29;
+inline constexpr std::uint8_t kUcWriteOnly = 0x2a;
+inline constexpr std::uint8_t kUcWriteOnlyImm = 0x2b;
+// UD
+inline constexpr std::uint8_t kUdSendOnly = 0x64;
+inline constexpr std::uint8_t kUdSendOnlyImm = 0x65;
+// RoCEv2 congestion notification (A17.9.3)
+inline constexpr std::uint8_t kCnp = 0x81;
+}  // namespace op
+
+enum class Transport : std::uint8_t { kRc = 0, kUc = 1, kRd = 2, kUd = 3, kCnp = 4, kReserved = 5 };
+
+[[nodiscard]] constexpr Transport transport_of(std::uint8_t opcode) {
+  const unsigned t = opcode >> 5;
+  return t <= 4 ? static_cast<Transport>(t) : Transport::kReserved;
+}
+
+/// Per-opcode property bits.
+enum OpFlag : std::uint32_t {
+  kOpValid = 1u << 0,
+  kOpRequest = 1u << 1,   // sent by a requester
+  kOpResponse = 1u << 2,  // sent by a responder (ACK, READ response, atomic ACK)
+  kOpStart = 1u << 3,     // FIRST or ONLY
+  kOpEnd = 1u << 4,       // LAST or ONLY
+  kOpPayload = 1u << 5,   // may carry data payload
+  kOpSend = 1u << 6,
+  kOpWrite = 1u << 7,
+  kOpRead = 1u << 8,       // READ request
+  kOpReadResp = 1u << 9,   // READ response packet
+  kOpAtomic = 1u << 10,    // CmpSwap / FetchAdd request
+  kOpAck = 1u << 11,       // ACKNOWLEDGE
+  kOpAtomicAck = 1u << 12,
+  kOpFlush = 1u << 13,
+  kOpAtomicWrite = 1u << 14,
+  kOpCnp = 1u << 15,
+  kOpImm = 1u << 16,  // carries ImmDt
+  kOpInv = 1u << 17,  // carries IETH
+  // Extension headers present, in wire order after the BTH.
+  kHdrDeth = 1u << 20,
+  kHdrFeth = 1u << 21,
+  kHdrReth = 1u << 22,
+  kHdrAtomicEth = 1u << 23,
+  kHdrAeth = 1u << 24,
+  kHdrAtomicAckEth = 1u << 25,
+  kHdrImmDt = 1u << 26,
+  kHdrIeth = 1u << 27,
+  kHdrCnp = 1u << 28,
+};
+
+/// Where each extension header sits, as a byte offset from the start of the
+/// BTH; 0 means absent (the BTH itself is always at 0).
+struct OpcodeInfo {
+  std::string_view name;
+  std::uint32_t flags = 0;
+  std::uint8_t hdr_len = 0;  // BTH plus all extension headers
+  std::uint8_t fixed_payload = 0;  // exact payload length, when fixed (ATOMIC_WRITE)
+  std::uint8_t off_deth = 0, off_feth = 0, off_reth = 0, off_atomic_eth = 0;
+  std::uint8_t off_aeth = 0, off_atomic_ack = 0, off_immdt = 0, off_ieth = 0, off_cnp = 0;
+
+  [[nodiscard]] constexpr bool valid() const { return (flags & kOpValid) != 0; }
+  [[nodiscard]] constexpr bool has(std::uint32_t f) const { return (flags & f) == f; }
+  [[nodiscard]] constexpr bool is_first() const { return has(kOpStart) && !has(kOpEnd); }
+  [[nodiscard]] constexpr bool is_middle() const {
+    return (flags & (kOpStart | kOpEnd)) == 0 && (flags & (kOpSend | kOpWrite | kOpReadResp)) != 0;
+  }
+  [[nodiscard]] constexpr bool is_last() const { return has(kOpEnd) && !has(kOpStart); }
+  [[nodiscard]] constexpr bool is_only() const { return has(kOpStart | kOpEnd); }
+};
+
+namespace detail {
+
+constexpr OpcodeInfo make(std::string_view name, std::uint32_t flags, std::uint8_t fixed_payload = 0) {
+  OpcodeInfo i{};
+  i.name = name;
+  i.flags = flags | kOpValid;
+  i.fixed_payload = fixed_payload;
+  std::uint8_t off = sizeof(Bth);
+  auto place = [&](std::uint32_t f, std::uint8_t& slot, std::size_t len) {
+    if (flags & f) {
+      slot = off;
+      off = static_cast<std::uint8_t>(off + len);
+    }
+  };
+  // IBTA 9.2: extension headers follow the BTH in this fixed order.
+  place(kHdrDeth, i.off_deth, sizeof(Deth));
+  place(kHdrFeth, i.off_feth, sizeof(Feth));
+  place(kHdrReth, i.off_reth, sizeof(Reth));
+  place(kHdrAtomicEth, i.off_atomic_eth, sizeof(AtomicEth));
+  place(kHdrAeth, i.off_aeth, sizeof(Aeth));
+  place(kHdrAtomicAckEth, i.off_atomic_ack, sizeof(AtomicAckEth));
+  place(kHdrImmDt, i.off_immdt, sizeof(ImmDt));
+  place(kHdrIeth, i.off_ieth, sizeof(Ieth));
+  place(kHdrCnp, i.off_cnp, sizeof(CnpBody));
+  i.hdr_len = off;
+  return i;
+}
+
+// Families shared by RC and UC.
+constexpr std::uint32_t kSendF = kOpRequest | kOpSend | kOpPayload | kOpStart;
+constexpr std::uint32_t kSendM = kOpRequest | kOpSend | kOpPayload;
+constexpr std::uint32_t kSendL = kOpRequest | kOpSend | kOpPayload | kOpEnd;
+constexpr std::uint32_t kSendO = kSendL | kOpStart;
+constexpr std::uint32_t kWriteF = kOpRequest | kOpWrite | kOpPayload | kOpStart | kHdrReth;
+constexpr std::uint32_t kWriteM = kOpRequest | kOpWrite | kOpPayload;
+constexpr std::uint32_t kWriteL = kOpRequest | kOpWrite | kOpPayload | kOpEnd;
+constexpr std::uint32_t kWriteO = kWriteF | kOpEnd;
+constexpr std::uint32_t kImm = kOpImm | kHdrImmDt;
+constexpr std::uint32_t kInv = kOpInv | kHdrIeth;
+
+constexpr void add_send_write(std::array<OpcodeInfo, 256>& t, std::uint8_t base, bool rc) {
+  t[base + 0x00] = make(rc ? "RC_SEND_FIRST" : "UC_SEND_FIRST", kSendF);
+  t[base + 0x01] = make(rc ? "RC_SEND_MIDDLE" : "UC_SEND_MIDDLE", kSendM);
+  t[base + 0x02] = make(rc ? "RC_SEND_LAST" : "UC_SEND_LAST", kSendL);
+  t[base + 0x03] = make(rc ? "RC_SEND_LAST_WITH_IMMEDIATE" : "UC_SEND_LAST_WITH_IMMEDIATE", kSendL | kImm);
+  t[base + 0x04] = make(rc ? "RC_SEND_ONLY" : "UC_SEND_ONLY", kSendO);
+  t[base + 0x05] = make(rc ? "RC_SEND_ONLY_WITH_IMMEDIATE" : "UC_SEND_ONLY_WITH_IMMEDIATE", kSendO | kImm);
+  t[base + 0x06] = make(rc ? "RC_RDMA_WRITE_FIRST" : "UC_RDMA_WRITE_FIRST", kWriteF);
+  t[base + 0x07] = make(rc ? "RC_RDMA_WRITE_MIDDLE" : "UC_RDMA_WRITE_MIDDLE", kWriteM);
+  t[base + 0x08] = make(rc ? "RC_RDMA_WRITE_LAST" : "UC_RDMA_WRITE_LAST", kWriteL);
+  t[base + 0x09] = make(rc ? "RC_RDMA_WRITE_LAST_WITH_IMMEDIATE" : "UC_RDMA_WRITE_LAST_WITH_IMMEDIATE",
+                        kWriteL | kImm);
+  t[base + 0x0a] = make(rc ? "RC_RDMA_WRITE_ONLY" : "UC_RDMA_WRITE_ONLY", kWriteO);
+  t[base + 0x0b] = make(rc ? "RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE" : "UC_RDMA_WRITE_ONLY_WITH_IMMEDIATE",
+                        kWriteO | kImm);
+}
+
+constexpr std::array<OpcodeInfo, 256> make_table() {
+  std::array<OpcodeInfo, 256> t{};
+  add_send_write(t, 0x00, true);
+  add_send_write(t, 0x20, false);
+  constexpr std::uint32_t kRr = kOpResponse | kOpReadResp | kOpPayload;
+  t[op::kRcReadRequest] = make("RC_RDMA_READ_REQUEST", kOpRequest | kOpRead | kOpStart | kOpEnd | kHdrReth);
+  t[op::kRcReadRespFirst] = make("RC_RDMA_READ_RESPONSE_FIRST", kRr | kOpStart | kHdrAeth);
+  t[op::kRcReadRespMiddle] = make("RC_RDMA_READ_RESPONSE_MIDDLE", kRr);
+  t[op::kRcReadRespLast] = make("RC_RDMA_READ_RESPONSE_LAST", kRr | kOpEnd | kHdrAeth);
+  t[op::kRcReadRespOnly] = make("RC_RDMA_READ_RESPONSE_ONLY", kRr | kOpStart | kOpEnd | kHdrAeth);
+  t[op::kRcAck] = make("RC_ACKNOWLEDGE", kOpResponse | kOpAck | kOpStart | kOpEnd | kHdrAeth);
+  t[op::kRcAtomicAck] = make("RC_ATOMIC_ACKNOWLEDGE",
+                             kOpResponse | kOpAtomicAck | kOpStart | kOpEnd | kHdrAeth | kHdrAtomicAckEth);
+  t[op::kRcCmpSwap] = make("RC_CMP_SWAP", kOpRequest | kOpAtomic | kOpStart | kOpEnd | kHdrAtomicEth);
+  t[op::kRcFetchAdd] = make("RC_FETCH_ADD", kOpRequest | kOpAtomic | kOpStart | kOpEnd | kHdrAtomicEth);
+  t[op::kRcSendLastInv] = make("RC_SEND_LAST_WITH_INVALIDATE", kSendL | kInv);
+  t[op::kRcSendOnlyInv] = make("RC_SEND_ONLY_WITH_INVALIDATE", kSendO | kInv);
+  t[op::kRcFlush] = make("RC_FLUSH", kOpRequest | kOpFlush | kOpStart | kOpEnd | kHdrFeth | kHdrReth);
+  t[op::kRcAtomicWrite] =
+      make("RC_ATOMIC_WRITE", kOpRequest | kOpAtomicWrite | kOpPayload | kOpStart | kOpEnd | kHdrReth, 8);
+  t[op::kUdSendOnly] = make("UD_SEND_ONLY", kSendO | kHdrDeth);
+  t[op::kUdSendOnlyImm] = make("UD_SEND_ONLY_WITH_IMMEDIATE", kSendO | kHdrDeth | kImm);
+  t[op::kCnp] = make("CNP", kOpCnp | kHdrCnp);
+  return t;
+}
+
+}  // namespace detail
+
+inline constexpr std::array<OpcodeInfo, 256> kOpcodeTable = detail::make_table();
+
+[[nodiscard]] constexpr const OpcodeInfo& opcode_info(std::uint8_t opcode) { return kOpcodeTable[opcode]; }
+[[nodiscard]] constexpr std::string_view opcode_name(std::uint8_t opcode) {
+  return kOpcodeTable[opcode].valid() ? kOpcodeTable[opcode].name : std::string_view("RESERVED");
+}
+
+// The table against the header layouts of IBTA 9.2 (and rxe_opcode.c, which agrees).
+static_assert(kOpcodeTable[op::kRcSendFirst].hdr_len == 12);
+static_assert(kOpcodeTable[op::kRcWriteOnlyImm].hdr_len == 12 + 16 + 4);
+static_assert(kOpcodeTable[op::kRcWriteOnlyImm].off_immdt == 28);
+static_assert(kOpcodeTable[op::kRcAtomicAck].off_atomic_ack == 16);
+static_assert(kOpcodeTable[op::kRcCmpSwap].hdr_len == 40);
+static_assert(kOpcodeTable[op::kRcFlush].off_reth == 16 && kOpcodeTable[op::kRcFlush].hdr_len == 32);
+static_assert(kOpcodeTable[op::kUdSendOnlyImm].off_immdt == 20);
+static_assert(kOpcodeTable[op::kRcSendOnlyInv].off_ieth == 12);
+static_assert(kOpcodeTable[op::kCnp].hdr_len == 28);
+static_assert(!kOpcodeTable[0x15].valid() && !kOpcodeTable[0x18].valid() && !kOpcodeTable[0x1e].valid());
+static_assert(!kOpcodeTable[0x40].valid());  // RD is not implemented
+static_assert(kOpcodeTable[op::kRcReadRespMiddle].is_middle() && kOpcodeTable[op::kRcSendLast].is_last());
+
+constexpr int count_valid_opcodes() {
+  int n = 0;
+  for (const auto& i : kOpcodeTable) n += i.valid() ? 1 : 0;
+  return n;
+}
+// 25 RC + 12 UC + 2 UD + CNP.
+static_assert(count_valid_opcodes() == 40);
+
+}  // namespace uroce::wire
