@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# uroce setup: installs the Debian packages the project needs (idempotent),
+# builds, and runs a job.
+#
+#   tools/setup.sh demo    install, build, run the main job
+#   tools/setup.sh test    install, build (plain and ASan/UBSan), run every test suite
+#   tools/setup.sh build   install and build only
+#
+# Environment: UROCE_BUILD (default: build), UROCE_ASAN_BUILD (default: build-asan),
+# UROCE_SKIP_INSTALL=1 to skip apt.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")/.." && pwd)
+cd "$here"
+build=${UROCE_BUILD:-build}
+asan_build=${UROCE_ASAN_BUILD:-build-asan}
+
+packages=(
+  dpdk-dev libdpdk-dev libibverbs-dev libgtest-dev googletest libgmock-dev libbenchmark-dev
+  libboost-dev libpcap-dev meson ninja-build python3-scapy tshark zlib1g-dev pkg-config
+  g++ clang libclang-rt-14-dev
+)
+
+log() { printf '== %s\n' "$*"; }
+
+install_packages() {
+  [ "${UROCE_SKIP_INSTALL:-0}" = 1 ] && return 0
+  local missing=()
+  for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if [ ${#missing[@]} -eq 0 ]; then
+    log "packages: all ${#packages[@]} present"
+    return 0
+  fi
+  log "packages: installing ${missing[*]}"
+  local sudo=""
+  [ "$(id -u)" -ne 0 ] && sudo=sudo
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq
+  # tshark asks whether non-root users may capture; answer no, non-interactively.
+  echo "wireshark-common wireshark-common/install-setuid boolean false" | $sudo debconf-set-selections
+  $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+}
+
+configure() {  # dir, extra meson args...
+  local dir=$1; shift
+  if [ -f "$dir/build.ninja" ]; then
+    meson setup --reconfigure "$dir" "$@" >/dev/null
+  else
+    meson setup "$dir" "$@" >/dev/null
+  fi
+}
+
+build_plain() {
+  log "build: $build (gcc, debugoptimized)"
+  configure "$build"
+  ninja -C "$build"
+}
+
+build_asan() {
+  # clang so that the same sanitized build also carries the libFuzzer target.
+  log "build: $asan_build (clang, ASan + UBSan, fuzz targets)"
+  CC=clang CXX=clang++ configure "$asan_build" -Db_sanitize=address,undefined -Db_lundef=false \
+    -Dfuzz=true -Dbench=disabled -Dbuildtype=debug -Doptimization=1
+  ninja -C "$asan_build"
+}
+
+run_demo() {
+  # The main job until the daemon exists: decode the project's own fixtures.
+  log "demo: uroce-pcap --strict on pcap-fixtures/"
+  local rc=0
+  for f in pcap-fixtures/*.pcap; do
+    "$build/tools/uroce-pcap" --strict "$f" || rc=1
+  done
+  return $rc
+}
+
+run_tests() {
+  log "tests: unit + conformance (plain build)"
+  meson test -C "$build" --suite unit --suite conformance --print-errorlogs
+  log "tests: unit + conformance + fuzz (ASan/UBSan build)"
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+    meson test -C "$asan_build" --suite unit --suite conformance --suite fuzz --print-errorlogs
+}
+
+case "${1:-}" in
+  demo) install_packages; build_plain; run_demo ;;
+  test) install_packages; build_plain; build_asan; run_tests ;;
+  build) install_packages; build_plain ;;
+  *) echo "usage: tools/setup.sh demo|test|build" >&2; exit 2 ;;
+esac
