@@ -83,7 +83,7 @@ std::size_t build_headers(Bytes out, const FrameSpec& spec, std::size_t payload_
   udp->sport.set(spec.udp_sport);
   udp->dport.set(kRoceV2Port);
   udp->len.set(static_cast<std::uint16_t>(udp_len));
-  udp->csum.set(0);  // RoCEv2 sends UDP checksum 0 (A17.2.4)
+  udp->csum.set(0);  // RoCEv2 senders put 0 in the UDP checksum (Annex A17; rxe does the same)
   off += sizeof(UdpHdr);
 
   std::uint8_t* b = p + off;

@@ -19,7 +19,7 @@ inline constexpr std::uint16_t kEtherTypeArp = 0x0806;
 inline constexpr std::uint16_t kEtherTypeVlan = 0x8100;
 inline constexpr std::uint16_t kEtherTypeIpv6 = 0x86dd;
 inline constexpr std::uint8_t kIpProtoUdp = 17;
-/// IANA-assigned RoCEv2 UDP destination port (IBTA A17.2.4).
+/// IANA-assigned RoCEv2 UDP destination port (IBTA Annex A17).
 inline constexpr std::uint16_t kRoceV2Port = 4791;
 /// rxe and the kernel pick UDP source ports from this range (IB_ROCE_UDP_ENCAP_VALID_PORT_MIN).
 inline constexpr std::uint16_t kRoceSportMin = 0xC000;

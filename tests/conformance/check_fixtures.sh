@@ -13,7 +13,7 @@ for f in "$dir"/*.pcap; do
   [ -e "$f" ] || continue
   if "$pcap" --strict --quiet "$f" >/dev/null; then pass=$((pass+1)); else echo "FAIL: uroce-pcap --strict $f"; fail=$((fail+1)); fi
   # tshark flags UDP checksum 0 over IPv6 as an error; RoCEv2 sends 0 by
-  # design (IBTA A17.2.4, and rxe does the same), so that one item is allowed.
+  # design (IBTA Annex A17, and rxe does the same), so that one item is allowed.
   bad=$(tshark -r "$f" $TSHARK_IB -Y '_ws.malformed || (_ws.expert.severity >= error && !(_ws.expert.message == "Illegal checksum value (0)"))' 2>/dev/null | wc -l)
   if [ "$bad" -eq 0 ]; then pass=$((pass+1)); else echo "FAIL: tshark finds $bad malformed/error frames in $f"; fail=$((fail+1)); fi
 done
