@@ -1,0 +1,677 @@
+#include "stack/transport/engine.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "stack/wire/icrc.h"
+
+namespace uroce::transport {
+
+using wire::Psn;
+
+const char* to_string(ibv_qp_state s) {
+  switch (s) {
+    case IBV_QPS_RESET: return "RESET";
+    case IBV_QPS_INIT: return "INIT";
+    case IBV_QPS_RTR: return "RTR";
+    case IBV_QPS_RTS: return "RTS";
+    case IBV_QPS_SQD: return "SQD";
+    case IBV_QPS_SQE: return "SQE";
+    case IBV_QPS_ERR: return "ERR";
+    default: return "UNKNOWN";
+  }
+}
+
+const char* to_string(ibv_wc_status s) {
+  switch (s) {
+    case IBV_WC_SUCCESS: return "SUCCESS";
+    case IBV_WC_LOC_LEN_ERR: return "LOC_LEN_ERR";
+    case IBV_WC_LOC_QP_OP_ERR: return "LOC_QP_OP_ERR";
+    case IBV_WC_LOC_PROT_ERR: return "LOC_PROT_ERR";
+    case IBV_WC_WR_FLUSH_ERR: return "WR_FLUSH_ERR";
+    case IBV_WC_REM_INV_REQ_ERR: return "REM_INV_REQ_ERR";
+    case IBV_WC_REM_ACCESS_ERR: return "REM_ACCESS_ERR";
+    case IBV_WC_REM_OP_ERR: return "REM_OP_ERR";
+    case IBV_WC_RETRY_EXC_ERR: return "RETRY_EXC_ERR";
+    case IBV_WC_RNR_RETRY_EXC_ERR: return "RNR_RETRY_EXC_ERR";
+    case IBV_WC_REM_INV_RD_REQ_ERR: return "REM_INV_RD_REQ_ERR";
+    default: return "OTHER_ERR";
+  }
+}
+
+std::size_t TxFrame::copy_to(wire::Bytes out) const {
+  const std::size_t n = size();
+  if (out.size() < n) return 0;
+  std::uint8_t* p = out.data();
+  std::memcpy(p, hdr, hdr_len);
+  p += hdr_len;
+  for (std::uint8_t i = 0; i < nseg; ++i) {
+    if (seg[i].len) std::memcpy(p, seg[i].p, seg[i].len);
+    p += seg[i].len;
+  }
+  std::memcpy(p, trailer, trailer_len);
+  return n;
+}
+
+Engine::Engine(const EngineConfig& cfg) : cfg_(cfg), mrs_(cfg.max_mrs, cfg.seed), tx_(cfg.tx_ring) {
+  qps_.resize(cfg.max_qps);
+  active_.reserve(cfg.max_qps);
+  ack_waiters_.reserve(cfg.max_qps);
+}
+
+Engine::~Engine() = default;
+
+// ---------------------------------------------------------------- objects
+
+Pd* Engine::alloc_pd() {
+  auto pd = std::make_unique<Pd>();
+  pd->handle = next_handle_++;
+  pds_.push_back(std::move(pd));
+  return pds_.back().get();
+}
+
+int Engine::dealloc_pd(Pd* pd) {
+  auto it = std::find_if(pds_.begin(), pds_.end(), [pd](const auto& p) { return p.get() == pd; });
+  if (it == pds_.end()) return EINVAL;
+  if (pd->refs != 0) return EBUSY;
+  pds_.erase(it);
+  return 0;
+}
+
+Mr* Engine::reg_mr(Pd* pd, void* addr, std::uint64_t len, unsigned access) {
+  if (pd == nullptr || (addr == nullptr && len != 0)) return nullptr;
+  // IBTA 10.6.3.1: remote write or atomic access needs local write too.
+  if ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) && !(access & IBV_ACCESS_LOCAL_WRITE))
+    return nullptr;
+  return mrs_.reg(pd, addr, len, access, reinterpret_cast<std::uint64_t>(addr));
+}
+
+int Engine::dereg_mr(Mr* mr) {
+  if (mr == nullptr || !mr->valid) return EINVAL;
+  mrs_.dereg(mr);
+  return 0;
+}
+
+Cq* Engine::create_cq(std::uint32_t cqe) {
+  if (cqe == 0 || cqe > (1u << 20)) return nullptr;
+  cqs_.push_back(std::make_unique<Cq>(cqe));
+  cqs_.back()->handle = next_handle_++;
+  return cqs_.back().get();
+}
+
+int Engine::destroy_cq(Cq* cq) {
+  for (const auto& q : qps_)
+    if (q && (q->send_cq == cq || q->recv_cq == cq)) return EBUSY;
+  auto it = std::find_if(cqs_.begin(), cqs_.end(), [cq](const auto& c) { return c.get() == cq; });
+  if (it == cqs_.end()) return EINVAL;
+  cqs_.erase(it);
+  return 0;
+}
+
+Srq* Engine::create_srq(Pd* pd, std::uint32_t max_wr, std::uint32_t max_sge) {
+  if (pd == nullptr || max_wr == 0 || max_wr > (1u << 16) || max_sge == 0 || max_sge > kMaxSge) return nullptr;
+  srqs_.push_back(std::make_unique<Srq>(pd, max_wr, max_sge));
+  srqs_.back()->handle = next_handle_++;
+  ++pd->refs;
+  return srqs_.back().get();
+}
+
+int Engine::destroy_srq(Srq* srq) {
+  for (const auto& q : qps_)
+    if (q && q->srq == srq) return EBUSY;
+  auto it = std::find_if(srqs_.begin(), srqs_.end(), [srq](const auto& s) { return s.get() == srq; });
+  if (it == srqs_.end()) return EINVAL;
+  --srq->pd()->refs;
+  srqs_.erase(it);
+  return 0;
+}
+
+Qp* Engine::create_qp(Pd* pd, const QpInitAttr& attr) {
+  if (pd == nullptr || attr.send_cq == nullptr || attr.recv_cq == nullptr) return nullptr;
+  if (attr.qp_type != IBV_QPT_RC && attr.qp_type != IBV_QPT_UC && attr.qp_type != IBV_QPT_UD) return nullptr;
+  const QpCap& c = attr.cap;
+  if (c.max_send_wr == 0 || c.max_send_wr > (1u << 15) || c.max_recv_wr > (1u << 15) || c.max_send_sge > kMaxSge ||
+      c.max_recv_sge > kMaxSge || c.max_inline_data > kMaxInline)
+    return nullptr;
+  if (attr.srq == nullptr && c.max_recv_wr == 0) return nullptr;
+  auto slot = std::find(qps_.begin(), qps_.end(), nullptr);
+  if (slot == qps_.end()) return nullptr;
+  auto qp = std::make_unique<Qp>();
+  qp->qpn = kFirstQpn + static_cast<std::uint32_t>(slot - qps_.begin());
+  qp->type = attr.qp_type;
+  qp->pd = pd;
+  qp->send_cq = attr.send_cq;
+  qp->recv_cq = attr.recv_cq;
+  qp->srq = attr.srq;
+  qp->cap = c;
+  qp->sq_sig_all = attr.sq_sig_all;
+  qp->sq = Ring<SendWqe>(c.max_send_wr);
+  qp->rq = Ring<RecvWqe>(attr.srq ? 1 : c.max_recv_wr);
+  qp->handle = next_handle_++;
+  ++pd->refs;
+  *slot = std::move(qp);
+  ++qps_live_;
+  return slot->get();
+}
+
+int Engine::destroy_qp(Qp* qp) {
+  if (qp == nullptr) return EINVAL;
+  const std::uint32_t idx = qp->qpn - kFirstQpn;
+  if (idx >= qps_.size() || qps_[idx].get() != qp) return EINVAL;
+  for (std::size_t i = 0; i < dead_qp_ctr_.v.size(); ++i) dead_qp_ctr_.v[i] += qp->ctr.v[i];
+  std::erase(active_, qp);
+  std::erase(ack_waiters_, qp);
+  --qp->pd->refs;
+  qps_[idx].reset();
+  --qps_live_;
+  return 0;
+}
+
+Qp* Engine::find_qp(std::uint32_t qpn) const {
+  const std::uint32_t idx = qpn - kFirstQpn;
+  return idx < qps_.size() ? qps_[idx].get() : nullptr;
+}
+
+std::uint64_t Engine::qp_counter_total(QpCounter c) const {
+  std::uint64_t n = dead_qp_ctr_[c];
+  for (const auto& q : qps_)
+    if (q) n += q->ctr[c];
+  return n;
+}
+
+void Engine::set_neighbor(const wire::IpAddr& ip, const wire::MacAddr& mac) { neighbors_[ip] = mac; }
+
+// ------------------------------------------------------- QP state machine
+
+namespace {
+
+// IBTA 10.3.1 / table of ib_modify_qp_is_ok: attributes required and allowed
+// per transition and transport.
+struct Transition {
+  int required;
+  int optional;
+};
+
+constexpr int kRcUcRtrReq = IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
+constexpr int kRcRtrReq = kRcUcRtrReq | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+constexpr int kRcRtsReq = IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
+
+bool legal(ibv_qp_state from, ibv_qp_state to) {
+  if (to == IBV_QPS_RESET || to == IBV_QPS_ERR) return true;
+  switch (from) {
+    case IBV_QPS_RESET: return to == IBV_QPS_INIT;
+    case IBV_QPS_INIT: return to == IBV_QPS_INIT || to == IBV_QPS_RTR;
+    case IBV_QPS_RTR: return to == IBV_QPS_RTS;
+    case IBV_QPS_RTS: return to == IBV_QPS_RTS || to == IBV_QPS_SQD;
+    case IBV_QPS_SQD: return to == IBV_QPS_SQD || to == IBV_QPS_RTS;
+    case IBV_QPS_SQE: return to == IBV_QPS_RTS;
+    default: return false;
+  }
+}
+
+Transition transition(ibv_qp_type t, ibv_qp_state from, ibv_qp_state to) {
+  const bool rc = t == IBV_QPT_RC, ud = t == IBV_QPT_UD;
+  const int base_init = IBV_QP_PKEY_INDEX | IBV_QP_PORT | (ud ? IBV_QP_QKEY : IBV_QP_ACCESS_FLAGS);
+  if (from == IBV_QPS_RESET && to == IBV_QPS_INIT) return {base_init, 0};
+  if (from == IBV_QPS_INIT && to == IBV_QPS_INIT) return {0, base_init};
+  if (from == IBV_QPS_INIT && to == IBV_QPS_RTR) {
+    if (ud) return {0, IBV_QP_PKEY_INDEX | IBV_QP_QKEY};
+    return {rc ? kRcRtrReq : kRcUcRtrReq, IBV_QP_PKEY_INDEX | IBV_QP_ACCESS_FLAGS};
+  }
+  if (from == IBV_QPS_RTR && to == IBV_QPS_RTS) {
+    if (ud) return {IBV_QP_SQ_PSN, IBV_QP_QKEY};
+    return {rc ? kRcRtsReq : IBV_QP_SQ_PSN, IBV_QP_ACCESS_FLAGS | (rc ? IBV_QP_MIN_RNR_TIMER : 0)};
+  }
+  if ((from == IBV_QPS_RTS || from == IBV_QPS_SQD || from == IBV_QPS_SQE) && to == IBV_QPS_RTS)
+    return {0, IBV_QP_ACCESS_FLAGS | IBV_QP_QKEY | (rc ? IBV_QP_MIN_RNR_TIMER | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+                                                             IBV_QP_RNR_RETRY
+                                                       : 0)};
+  if (to == IBV_QPS_SQD) return {0, IBV_QP_EN_SQD_ASYNC_NOTIFY};
+  return {0, 0};  // to RESET or ERR
+}
+
+}  // namespace
+
+ModifyResult Engine::modify_qp(Qp* qp, const ibv_qp_attr& a, int mask) {
+  if (qp == nullptr) return {EINVAL, "no such QP"};
+  const ibv_qp_state from = qp->state;
+  if ((mask & IBV_QP_CUR_STATE) && a.cur_qp_state != from) return {EINVAL, "cur_qp_state does not match"};
+  const ibv_qp_state to = (mask & IBV_QP_STATE) ? a.qp_state : from;
+  if (to > IBV_QPS_ERR) return {EINVAL, "unknown target state"};
+  if (!legal(from, to)) return {EINVAL, "illegal state transition"};
+  const Transition tr = transition(qp->type, from, to);
+  const int given = mask & ~(IBV_QP_STATE | IBV_QP_CUR_STATE);
+  if ((given & tr.required) != tr.required) return {EINVAL, "a required attribute for this transition is missing"};
+  if ((given & ~(tr.required | tr.optional)) != 0) return {EINVAL, "an attribute not allowed for this transition"};
+
+  // Validate every given attribute before changing anything.
+  if ((mask & IBV_QP_PATH_MTU) && mtu_bytes(a.path_mtu) == 0) return {EINVAL, "path_mtu must be 256..4096"};
+  if ((mask & IBV_QP_DEST_QPN) && a.dest_qp_num > wire::Psn::kMask) return {EINVAL, "dest_qp_num over 24 bits"};
+  if ((mask & IBV_QP_RQ_PSN) && a.rq_psn > wire::Psn::kMask) return {EINVAL, "rq_psn over 24 bits"};
+  if ((mask & IBV_QP_SQ_PSN) && a.sq_psn > wire::Psn::kMask) return {EINVAL, "sq_psn over 24 bits"};
+  if ((mask & IBV_QP_TIMEOUT) && a.timeout > 31) return {EINVAL, "timeout must be 0..31"};
+  if ((mask & IBV_QP_RETRY_CNT) && a.retry_cnt > 7) return {EINVAL, "retry_cnt must be 0..7"};
+  if ((mask & IBV_QP_RNR_RETRY) && a.rnr_retry > 7) return {EINVAL, "rnr_retry must be 0..7"};
+  if ((mask & IBV_QP_MIN_RNR_TIMER) && a.min_rnr_timer > 31) return {EINVAL, "min_rnr_timer must be 0..31"};
+  if ((mask & IBV_QP_MAX_QP_RD_ATOMIC) && a.max_rd_atomic > kMaxRdAtomic)
+    return {EINVAL, "max_rd_atomic over the device limit (16)"};
+  if ((mask & IBV_QP_MAX_DEST_RD_ATOMIC) && a.max_dest_rd_atomic > kMaxRdAtomic)
+    return {EINVAL, "max_dest_rd_atomic over the device limit (16)"};
+  if ((mask & IBV_QP_PORT) && a.port_num != 1) return {EINVAL, "port_num must be 1"};
+  if ((mask & IBV_QP_PKEY_INDEX) && a.pkey_index != 0) return {EINVAL, "pkey_index must be 0"};
+  if ((mask & IBV_QP_ACCESS_FLAGS) &&
+      (a.qp_access_flags & ~unsigned(IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC |
+                                     IBV_ACCESS_LOCAL_WRITE)))
+    return {EINVAL, "unsupported qp_access_flags"};
+  wire::MacAddr mac{};
+  wire::IpAddr dip{};
+  if (mask & IBV_QP_AV) {
+    if (!a.ah_attr.is_global) return {EINVAL, "RoCE needs a global address (ah_attr.is_global)"};
+    std::memcpy(dip.b.data(), a.ah_attr.grh.dgid.raw, 16);
+    auto it = neighbors_.find(dip);
+    if (it == neighbors_.end()) return {EHOSTUNREACH, "no neighbour entry for the destination GID"};
+    mac = it->second;
+  }
+
+  if (mask & IBV_QP_PATH_MTU) {
+    qp->path_mtu = a.path_mtu;
+    qp->mtu = mtu_bytes(a.path_mtu);
+  }
+  if (mask & IBV_QP_DEST_QPN) qp->dest_qp_num = a.dest_qp_num;
+  if (mask & IBV_QP_QKEY) qp->qkey = a.qkey;
+  if (mask & IBV_QP_TIMEOUT) qp->timeout = a.timeout;
+  if (mask & IBV_QP_RETRY_CNT) qp->retry_cnt = a.retry_cnt;
+  if (mask & IBV_QP_RNR_RETRY) qp->rnr_retry = a.rnr_retry;
+  if (mask & IBV_QP_MIN_RNR_TIMER) qp->min_rnr_timer = a.min_rnr_timer;
+  if (mask & IBV_QP_MAX_QP_RD_ATOMIC) qp->max_rd_atomic = a.max_rd_atomic;
+  if (mask & IBV_QP_MAX_DEST_RD_ATOMIC) qp->max_dest_rd_atomic = a.max_dest_rd_atomic;
+  if (mask & IBV_QP_ACCESS_FLAGS) qp->access = a.qp_access_flags;
+  if (mask & IBV_QP_AV) {
+    qp->remote_ip = dip;
+    qp->remote_mac = mac;
+    qp->traffic_class = a.ah_attr.grh.traffic_class;
+  }
+  if (mask & IBV_QP_RQ_PSN) {
+    qp->rq_psn = Psn(a.rq_psn);
+    qp->resp.epsn = qp->rq_psn;
+  }
+  if (mask & IBV_QP_SQ_PSN) {
+    qp->sq_psn = Psn(a.sq_psn);
+    qp->req.next_psn = qp->req.sent_hi = qp->req.una = qp->sq_psn;
+  }
+
+  if (to == IBV_QPS_RESET && from != IBV_QPS_RESET) {
+    // Back to a clean slate: queues emptied without completions (IBTA 10.3.1).
+    std::erase(active_, qp);
+    std::erase(ack_waiters_, qp);
+    qp->active = false;
+    qp->sq.clear();
+    qp->rq.clear();
+    qp->req = Requester{};
+    qp->resp = Responder{};
+  }
+  if (to == IBV_QPS_RTS && from == IBV_QPS_RTR) {
+    qp->req.retry_left = qp->retry_cnt;
+    qp->req.rnr_left = qp->rnr_retry;
+    qp->udp_sport = wire::udp_sport_for(qp->qpn, qp->dest_qp_num);
+  }
+  if (to == IBV_QPS_RTR && qp->type == IBV_QPT_UD) qp->udp_sport = wire::udp_sport_for(qp->qpn, qp->qpn);
+  qp->state = to;
+  if (to == IBV_QPS_ERR && from != IBV_QPS_ERR) flush(*qp);
+  if (to == IBV_QPS_RTS) activate(*qp);
+  return {};
+}
+
+int Engine::query_qp(const Qp* qp, ibv_qp_attr& a) const {
+  if (qp == nullptr) return EINVAL;
+  a = ibv_qp_attr{};
+  a.qp_state = a.cur_qp_state = qp->state;
+  a.path_mtu = qp->path_mtu;
+  a.qkey = qp->qkey;
+  a.rq_psn = qp->resp.epsn.value();
+  a.sq_psn = qp->req.next_psn.value();
+  a.dest_qp_num = qp->dest_qp_num;
+  a.qp_access_flags = qp->access;
+  a.cap.max_send_wr = qp->cap.max_send_wr;
+  a.cap.max_recv_wr = qp->cap.max_recv_wr;
+  a.cap.max_send_sge = qp->cap.max_send_sge;
+  a.cap.max_recv_sge = qp->cap.max_recv_sge;
+  a.cap.max_inline_data = qp->cap.max_inline_data;
+  a.ah_attr.is_global = 1;
+  std::memcpy(a.ah_attr.grh.dgid.raw, qp->remote_ip.b.data(), 16);
+  a.max_rd_atomic = qp->max_rd_atomic;
+  a.max_dest_rd_atomic = qp->max_dest_rd_atomic;
+  a.min_rnr_timer = qp->min_rnr_timer;
+  a.port_num = qp->port_num;
+  a.timeout = qp->timeout;
+  a.retry_cnt = qp->retry_cnt;
+  a.rnr_retry = qp->rnr_retry;
+  return 0;
+}
+
+// ------------------------------------------------------------------ post
+
+int Engine::post_send(Qp* qp, const SendWr& wr) {
+  if (qp == nullptr) return EINVAL;
+  // Verbs: a send WR may be posted in RTS, SQD and SQE; in ERR it is flushed.
+  if (qp->state != IBV_QPS_RTS && qp->state != IBV_QPS_SQD && qp->state != IBV_QPS_SQE &&
+      qp->state != IBV_QPS_ERR)
+    return EINVAL;
+  if (wr.sg_list.size() > qp->cap.max_send_sge) return EINVAL;
+  WqeKind kind;
+  switch (wr.opcode) {
+    case IBV_WR_SEND:
+    case IBV_WR_SEND_WITH_IMM: kind = WqeKind::kSend; break;
+    case IBV_WR_SEND_WITH_INV:
+      if (qp->type != IBV_QPT_RC) return EINVAL;
+      kind = WqeKind::kSend;
+      break;
+    case IBV_WR_RDMA_WRITE:
+    case IBV_WR_RDMA_WRITE_WITH_IMM:
+      if (qp->type == IBV_QPT_UD) return EINVAL;
+      kind = WqeKind::kWrite;
+      break;
+    case IBV_WR_RDMA_READ:
+      if (qp->type != IBV_QPT_RC) return EINVAL;
+      kind = WqeKind::kRead;
+      break;
+    case IBV_WR_ATOMIC_CMP_AND_SWP:
+    case IBV_WR_ATOMIC_FETCH_AND_ADD:
+      if (qp->type != IBV_QPT_RC) return EINVAL;
+      kind = WqeKind::kAtomic;
+      break;
+    default: return EINVAL;
+  }
+  if (qp->type == IBV_QPT_UD && wr.ah == nullptr) return EINVAL;
+  std::uint64_t len = 0;
+  for (const auto& s : wr.sg_list) len += s.length;
+  const bool inl = (wr.send_flags & IBV_SEND_INLINE) != 0;
+  if (inl && (kind == WqeKind::kRead || kind == WqeKind::kAtomic)) return EINVAL;
+  if (inl && len > qp->cap.max_inline_data) return EINVAL;
+  if (kind == WqeKind::kAtomic && (wr.sg_list.size() != 1 || len != 8)) return EINVAL;
+  SendWqe* w = qp->sq.emplace();
+  if (w == nullptr) return ENOMEM;
+  *w = SendWqe{};
+  w->wr_id = wr.wr_id;
+  w->opcode = wr.opcode;
+  w->kind = kind;
+  w->flags = wr.send_flags;
+  w->nsge = static_cast<std::uint32_t>(wr.sg_list.size());
+  std::copy(wr.sg_list.begin(), wr.sg_list.end(), w->sge);
+  w->length = len;
+  if (inl) {
+    // Copy now: the buffers may be reused as soon as post_send returns.
+    std::size_t off = 0;
+    for (const auto& s : wr.sg_list) {
+      std::memcpy(w->inline_data + off, reinterpret_cast<const void*>(s.addr), s.length);
+      off += s.length;
+    }
+    w->is_inline = true;
+  }
+  w->imm = wr.imm_data;
+  w->invalidate_rkey = wr.invalidate_rkey;
+  w->remote_addr = wr.remote_addr;
+  w->rkey = wr.rkey;
+  w->compare_add = wr.compare_add;
+  w->swap = wr.swap;
+  if (wr.ah) w->ah = *wr.ah;
+  w->remote_qpn = wr.remote_qpn;
+  w->remote_qkey = wr.remote_qkey;
+  if (qp->state == IBV_QPS_ERR) {
+    flush(*qp);
+  } else {
+    activate(*qp);
+  }
+  return 0;
+}
+
+namespace {
+bool make_recv(const RecvWr& wr, std::uint32_t max_sge, RecvWqe& w) {
+  if (wr.sg_list.size() > max_sge) return false;
+  w = RecvWqe{};
+  w.wr_id = wr.wr_id;
+  w.nsge = static_cast<std::uint32_t>(wr.sg_list.size());
+  std::copy(wr.sg_list.begin(), wr.sg_list.end(), w.sge);
+  for (const auto& s : wr.sg_list) w.length += s.length;
+  return true;
+}
+}  // namespace
+
+int Engine::post_recv(Qp* qp, const RecvWr& wr) {
+  if (qp == nullptr || qp->srq != nullptr || qp->state == IBV_QPS_RESET) return EINVAL;
+  RecvWqe w;
+  if (!make_recv(wr, qp->cap.max_recv_sge, w)) return EINVAL;
+  if (!qp->rq.push(w)) return ENOMEM;
+  if (qp->state == IBV_QPS_ERR) flush(*qp);
+  return 0;
+}
+
+int Engine::post_srq_recv(Srq* srq, const RecvWr& wr) {
+  if (srq == nullptr) return EINVAL;
+  RecvWqe w;
+  if (!make_recv(wr, srq->max_sge(), w)) return EINVAL;
+  return srq->post(w) ? 0 : ENOMEM;
+}
+
+bool Engine::take_recv(Qp& qp, RecvWqe& out) {
+  if (qp.srq) return qp.srq->pop(out);
+  if (qp.rq.empty()) return false;
+  out = qp.rq.front();
+  qp.rq.pop();
+  return true;
+}
+
+// ------------------------------------------------------------ completions
+
+namespace {
+ibv_wc_opcode wc_opcode(ibv_wr_opcode op) {
+  switch (op) {
+    case IBV_WR_RDMA_WRITE:
+    case IBV_WR_RDMA_WRITE_WITH_IMM: return IBV_WC_RDMA_WRITE;
+    case IBV_WR_RDMA_READ: return IBV_WC_RDMA_READ;
+    case IBV_WR_ATOMIC_CMP_AND_SWP: return IBV_WC_COMP_SWAP;
+    case IBV_WR_ATOMIC_FETCH_AND_ADD: return IBV_WC_FETCH_ADD;
+    default: return IBV_WC_SEND;
+  }
+}
+}  // namespace
+
+void Engine::complete_send(Qp& qp, ibv_wc_status status) {
+  SendWqe& w = qp.sq.front();
+  if (status != IBV_WC_SUCCESS || qp.sq_sig_all || (w.flags & IBV_SEND_SIGNALED)) {
+    ibv_wc wc{};
+    wc.wr_id = w.wr_id;
+    wc.status = status;
+    wc.opcode = wc_opcode(w.opcode);
+    wc.byte_len = (w.kind == WqeKind::kRead || w.kind == WqeKind::kAtomic) ? static_cast<std::uint32_t>(w.length) : 0;
+    wc.qp_num = qp.qpn;
+    qp.send_cq->push(wc);
+    qp.ctr.inc(QpCounter::completions);
+  }
+  if (w.started && (w.kind == WqeKind::kRead || w.kind == WqeKind::kAtomic) && qp.req.rd_atomic_inflight > 0)
+    --qp.req.rd_atomic_inflight;
+  // Keep the cursor at or after the head.
+  if (qp.req.cursor == qp.sq.head()) {
+    ++qp.req.cursor;
+    qp.req.cursor_pkt = 0;
+  }
+  qp.sq.pop();
+}
+
+void Engine::complete_recv(Qp& qp, const RecvWqe& w, ibv_wc_status status, ibv_wc_opcode op,
+                           std::uint32_t byte_len, unsigned flags, std::uint32_t imm_or_inv, std::uint32_t src_qp) {
+  ibv_wc wc{};
+  wc.wr_id = w.wr_id;
+  wc.status = status;
+  wc.opcode = op;
+  wc.byte_len = byte_len;
+  wc.wc_flags = flags;
+  if (flags & IBV_WC_WITH_IMM) wc.imm_data = __builtin_bswap32(imm_or_inv);  // network order, as verbs defines it
+  if (flags & IBV_WC_WITH_INV) wc.invalidated_rkey = imm_or_inv;
+  wc.qp_num = qp.qpn;
+  wc.src_qp = src_qp;
+  qp.recv_cq->push(wc);
+  qp.ctr.inc(QpCounter::completions);
+}
+
+void Engine::set_error(Qp& qp) {
+  if (qp.state == IBV_QPS_ERR) return;
+  qp.state = IBV_QPS_ERR;
+  flush(qp);
+}
+
+void Engine::flush(Qp& qp) {
+  // IBTA 10.3.1.8: in ERR every outstanding WQE completes with WR_FLUSH_ERR.
+  qp.req.retry_deadline = qp.req.rnr_until = 0;
+  while (!qp.sq.empty()) complete_send(qp, IBV_WC_WR_FLUSH_ERR);
+  qp.req.cursor = qp.sq.head();
+  qp.req.cursor_pkt = 0;
+  qp.req.rd_atomic_inflight = 0;
+  if (qp.resp.have_rwqe) {
+    complete_recv(qp, qp.resp.rwqe, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV, 0);
+    qp.resp.have_rwqe = false;
+  }
+  while (!qp.rq.empty()) {
+    complete_recv(qp, qp.rq.front(), IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV, 0);
+    qp.rq.pop();
+  }
+  qp.resp.out.clear();
+  qp.resp.ack_pending = false;
+  qp.resp.in_msg = Responder::InMsg::kNone;
+}
+
+void Engine::activate(Qp& qp) {
+  if (!qp.active) {
+    qp.active = true;
+    active_.push_back(&qp);
+  }
+}
+
+// -------------------------------------------------------------- transmit
+
+TxFrame* Engine::tx_slot() {
+  TxFrame* f = tx_.emplace();
+  if (f == nullptr) {
+    port_ctr_.inc(PortCounter::tx_ring_full);
+    return nullptr;
+  }
+  f->nseg = 0;
+  f->trailer_len = 0;
+  return f;
+}
+
+wire::FrameSpec Engine::spec_for(const Qp& qp, std::uint8_t opcode, Psn psn) const {
+  wire::FrameSpec s;
+  s.eth_src = cfg_.mac;
+  s.eth_dst = qp.remote_mac;
+  s.ipver = qp.remote_ip.is_v4_mapped() ? wire::IpVersion::kV4 : wire::IpVersion::kV6;
+  s.src = cfg_.ip;
+  s.dst = qp.remote_ip;
+  s.dscp = cfg_.dscp;
+  s.ecn = cfg_.ecn;
+  s.udp_sport = qp.udp_sport;
+  s.opcode = opcode;
+  s.destqp = qp.dest_qp_num;
+  s.psn = psn;
+  return s;
+}
+
+void Engine::finish_frame(TxFrame& f, Qp& qp, const wire::FrameSpec& spec, std::uint32_t payload_len) {
+  f.hdr_len = static_cast<std::uint16_t>(wire::build_headers(wire::Bytes(f.hdr, sizeof f.hdr), spec, payload_len));
+  const std::uint8_t pad = wire::pad_for(payload_len);
+  std::memset(f.trailer, 0, pad);
+  // ICRC over L3..payload+pad, as scatter-gather: no copy of the payload.
+  const std::size_t l3 = spec.vlan ? 18 : 14;
+  wire::ConstBytes segs[kMaxSge + 3];
+  std::size_t n = 0;
+  segs[n++] = wire::ConstBytes(f.hdr + l3, f.hdr_len - l3);
+  for (std::uint8_t i = 0; i < f.nseg; ++i) segs[n++] = wire::ConstBytes(f.seg[i].p, f.seg[i].len);
+  if (pad) segs[n++] = wire::ConstBytes(f.trailer, pad);
+  const auto icrc = wire::icrc_compute(std::span<const wire::ConstBytes>(segs, n));
+  wire::icrc_store(f.trailer + pad, icrc.value_or(0));
+  f.trailer_len = static_cast<std::uint8_t>(pad + wire::kIcrcLen);
+  f.qpn = qp.qpn;
+  f.psn = spec.psn;
+  f.opcode = spec.opcode;
+  qp.ctr.inc(QpCounter::sent_pkts);
+  port_ctr_.inc(PortCounter::tx_frames);
+}
+
+// --------------------------------------------------------------- receive
+
+void Engine::rx(wire::ConstBytes frame, std::uint64_t now) {
+  port_ctr_.inc(PortCounter::rx_frames);
+  wire::Packet pkt;
+  wire::ParseOptions opts;
+  const wire::ParseStatus st = wire::parse_frame(frame, opts, pkt);
+  if (!st.ok()) {
+    if (!st.roce) port_ctr_.inc(PortCounter::rx_not_roce);
+    else if (st.reject == wire::Reject::kBadIcrc) port_ctr_.inc(PortCounter::rx_icrc_err);
+    else port_ctr_.inc(PortCounter::rx_malformed);
+    return;
+  }
+  if (pkt.info->has(wire::kOpCnp)) return;  // congestion control is not implemented yet; counted as rx_frames
+  Qp* qp = find_qp(pkt.destqp);
+  if (qp == nullptr) {
+    port_ctr_.inc(PortCounter::rx_unknown_qp);
+    return;
+  }
+  if (qp->state == IBV_QPS_RESET || qp->state == IBV_QPS_INIT || qp->state == IBV_QPS_ERR) {
+    port_ctr_.inc(PortCounter::rx_bad_state);
+    return;
+  }
+  const wire::Transport t = wire::transport_of(pkt.opcode);
+  const bool type_ok = (t == wire::Transport::kRc && qp->type == IBV_QPT_RC) ||
+                       (t == wire::Transport::kUc && qp->type == IBV_QPT_UC) ||
+                       (t == wire::Transport::kUd && qp->type == IBV_QPT_UD);
+  if (!type_ok) {
+    port_ctr_.inc(PortCounter::rx_malformed);
+    return;
+  }
+  if (qp->type != IBV_QPT_UD && !(pkt.src == qp->remote_ip)) {
+    port_ctr_.inc(PortCounter::rx_wrong_peer);
+    return;
+  }
+  if (pkt.payload_len > qp->mtu) {
+    port_ctr_.inc(PortCounter::rx_malformed);
+    return;
+  }
+  qp->ctr.inc(QpCounter::rcvd_pkts);
+  if (pkt.info->has(wire::kOpRequest)) {
+    on_request(*qp, pkt, now);
+  } else {
+    on_response(*qp, pkt, now);
+  }
+}
+
+// ------------------------------------------------------------------ poll
+
+void Engine::poll(std::uint64_t now) {
+  flush_acks();
+  for (std::size_t i = 0; i < active_.size();) {
+    Qp& qp = *active_[i];
+    on_timers(qp, now);
+    if (qp.state == IBV_QPS_RTS || qp.state == IBV_QPS_SQD) run_requester(qp, now);
+    run_responses(qp);
+    const bool idle = qp.sq.empty() && qp.resp.out.empty() && qp.req.retry_deadline == 0 && qp.req.rnr_until == 0;
+    if (idle || qp.state == IBV_QPS_ERR || qp.state == IBV_QPS_RESET) {
+      qp.active = false;
+      active_[i] = active_.back();
+      active_.pop_back();
+    } else {
+      ++i;
+    }
+  }
+}
+
+std::uint64_t Engine::next_deadline() const {
+  std::uint64_t best = 0;
+  for (const Qp* qp : active_) {
+    for (std::uint64_t d : {qp->req.retry_deadline, qp->req.rnr_until})
+      if (d != 0 && (best == 0 || d < best)) best = d;
+  }
+  return best;
+}
+
+}  // namespace uroce::transport

@@ -1,0 +1,203 @@
+// The transport engine: verbs objects plus the RC/UC/UD requester,
+// responder and completer for one port, on an injected clock.
+//
+// Frames come in through rx() and go out through a TX ring that the driver
+// drains with drain_tx(). Time is whatever the caller passes as `now` (ns),
+// so tests run on a virtual clock. Nothing here knows about DPDK, and nothing
+// on the data path (rx, poll, drain_tx, post_*, poll_cq) allocates, locks or
+// throws: every queue is a fixed ring sized when its object is created.
+//
+// The class is split by role, one file each, as rxe and eRPC do:
+// engine.cc (objects, QP state machine, dispatch), requester.cc,
+// responder.cc, completer.cc.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "stack/transport/counters.h"
+#include "stack/transport/objects.h"
+#include "stack/transport/qp.h"
+#include "stack/transport/ring.h"
+#include "stack/transport/verbs.h"
+#include "stack/wire/builder.h"
+#include "stack/wire/parser.h"
+
+namespace uroce::transport {
+
+struct EngineConfig {
+  wire::MacAddr mac{};
+  wire::IpAddr ip{};
+  std::uint32_t max_qps = 1024;
+  std::uint32_t max_mrs = 4096;
+  std::uint32_t tx_ring = 1024;
+  std::uint32_t send_window = 512;  // RC packets in flight per QP
+  std::uint32_t ackreq_every = 16;  // AckReq at least every N packets
+  std::uint8_t dscp = 0;
+  std::uint8_t ecn = 2;  // ECT(0) on data by default
+  std::uint64_t seed = 1;
+};
+
+/// A frame queued for transmission: headers in place, payload by reference
+/// into registered memory (no copy), then pad and ICRC. A driver sends it as
+/// a scatter-gather list, or flattens it with copy_to().
+struct TxFrame {
+  static constexpr std::size_t kMaxHdr = 128;
+  std::uint8_t hdr[kMaxHdr];
+  std::uint16_t hdr_len = 0;
+  struct Seg {
+    const std::uint8_t* p;
+    std::uint32_t len;
+  } seg[kMaxSge + 1];
+  std::uint8_t nseg = 0;
+  std::uint8_t trailer[8];  // pad (0..3 zero bytes) then ICRC
+  std::uint8_t trailer_len = 0;
+  std::uint8_t inline_buf[kMaxInline];  // payload copied here when it is not in an MR
+  // What the fault injector and tests may want to know without parsing.
+  std::uint32_t qpn = 0;
+  wire::Psn psn{};
+  std::uint8_t opcode = 0;
+
+  [[nodiscard]] std::size_t size() const {
+    std::size_t n = hdr_len + trailer_len;
+    for (std::uint8_t i = 0; i < nseg; ++i) n += seg[i].len;
+    return n;
+  }
+  /// Flattens into `out`; returns the length, or 0 if it does not fit.
+  std::size_t copy_to(wire::Bytes out) const;
+};
+
+struct ModifyResult {
+  int err = 0;                 // 0 or an errno value
+  const char* why = "";        // a clear reason when err != 0
+  explicit operator bool() const { return err == 0; }
+};
+
+class Engine {
+ public:
+  explicit Engine(const EngineConfig& cfg);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // ---- Verbs objects (control path; may allocate) ----
+  Pd* alloc_pd();
+  int dealloc_pd(Pd* pd);  // EBUSY while in use
+  Mr* reg_mr(Pd* pd, void* addr, std::uint64_t len, unsigned access);
+  int dereg_mr(Mr* mr);
+  Cq* create_cq(std::uint32_t cqe);
+  int destroy_cq(Cq* cq);  // EBUSY while a QP uses it
+  Srq* create_srq(Pd* pd, std::uint32_t max_wr, std::uint32_t max_sge);
+  int destroy_srq(Srq* srq);
+  Qp* create_qp(Pd* pd, const QpInitAttr& attr);
+  int destroy_qp(Qp* qp);
+  ModifyResult modify_qp(Qp* qp, const ibv_qp_attr& attr, int mask);
+  int query_qp(const Qp* qp, ibv_qp_attr& attr) const;
+  /// Static neighbour entry, used to resolve the peer's MAC at RTR and for UD.
+  void set_neighbor(const wire::IpAddr& ip, const wire::MacAddr& mac);
+
+  // ---- Data path ----
+  /// Posts a send WR. 0, or an errno: EINVAL (bad WR or QP state), ENOMEM (SQ full).
+  int post_send(Qp* qp, const SendWr& wr);
+  int post_recv(Qp* qp, const RecvWr& wr);
+  int post_srq_recv(Srq* srq, const RecvWr& wr);
+  int poll_cq(Cq* cq, std::span<ibv_wc> out) { return cq->poll(out); }
+
+  /// Processes one received frame.
+  void rx(wire::ConstBytes frame, std::uint64_t now);
+  /// Runs the requesters, READ responders, ACK flush and timers.
+  void poll(std::uint64_t now);
+  /// Hands every queued frame to fn(const TxFrame&) and empties the ring.
+  template <typename F>
+  std::size_t drain_tx(F&& fn) {
+    std::size_t n = 0;
+    while (!tx_.empty()) {
+      fn(tx_.front());
+      tx_.pop();
+      ++n;
+    }
+    return n;
+  }
+  [[nodiscard]] std::size_t tx_pending() const { return tx_.size(); }
+  /// The earliest timer deadline of any QP, or 0 if none is armed.
+  [[nodiscard]] std::uint64_t next_deadline() const;
+
+  // ---- Introspection ----
+  [[nodiscard]] const PortCounters& counters() const { return port_ctr_; }
+  [[nodiscard]] const EngineConfig& config() const { return cfg_; }
+  [[nodiscard]] Qp* find_qp(std::uint32_t qpn) const;
+  [[nodiscard]] std::size_t qp_count() const { return qps_live_; }
+  /// Sum of a counter over all QPs (live and destroyed).
+  [[nodiscard]] std::uint64_t qp_counter_total(QpCounter c) const;
+
+ private:
+  friend struct EngineTestPeer;
+
+  // engine.cc
+  void set_error(Qp& qp);
+  void flush(Qp& qp);
+  void activate(Qp& qp);
+  void complete_send(Qp& qp, ibv_wc_status status);
+  void complete_recv(Qp& qp, const RecvWqe& w, ibv_wc_status status, ibv_wc_opcode op, std::uint32_t byte_len,
+                     unsigned flags = 0, std::uint32_t imm_or_inv = 0, std::uint32_t src_qp = 0);
+  TxFrame* tx_slot();
+  wire::FrameSpec spec_for(const Qp& qp, std::uint8_t opcode, wire::Psn psn) const;
+  void finish_frame(TxFrame& f, Qp& qp, const wire::FrameSpec& spec, std::uint32_t payload_len);
+  bool take_recv(Qp& qp, RecvWqe& out);
+
+  // requester.cc
+  void run_requester(Qp& qp, std::uint64_t now);
+  bool send_next_packet(Qp& qp, std::uint64_t now);
+  void go_back(Qp& qp, wire::Psn from);
+  void arm_retry(Qp& qp, std::uint64_t now);
+
+  // responder.cc
+  void on_request(Qp& qp, const wire::Packet& pkt, std::uint64_t now);
+  void on_rc_request(Qp& qp, const wire::Packet& pkt);
+  void on_uc_request(Qp& qp, const wire::Packet& pkt);
+  void on_ud_request(Qp& qp, const wire::Packet& pkt);
+  enum class Exec : std::uint8_t { kOk, kRnr, kNakInvalid, kNakAccess, kNakOp, kDrop };
+  Exec execute(Qp& qp, const wire::Packet& pkt);
+  Exec exec_send(Qp& qp, const wire::Packet& pkt);
+  Exec exec_write(Qp& qp, const wire::Packet& pkt);
+  Exec exec_read(Qp& qp, const wire::Packet& pkt, wire::Psn psn);
+  Exec exec_atomic(Qp& qp, const wire::Packet& pkt);
+  void replay_duplicate(Qp& qp, const wire::Packet& pkt);
+  bool queue_ack(Qp& qp, std::uint8_t syndrome, wire::Psn psn);
+  bool queue_atomic_ack(Qp& qp, wire::Psn psn, std::uint64_t orig);
+  bool send_ack(Qp& qp, std::uint8_t syndrome, wire::Psn psn);
+  bool send_atomic_ack(Qp& qp, wire::Psn psn, std::uint64_t orig);
+  void run_responses(Qp& qp);
+  void schedule_ack(Qp& qp, wire::Psn psn);
+  void flush_acks();
+  void responder_error(Qp& qp, const wire::Packet& pkt, Exec e);
+
+  // completer.cc
+  void on_response(Qp& qp, const wire::Packet& pkt, std::uint64_t now);
+  bool ack_upto(Qp& qp, wire::Psn psn);
+  void retry_or_fail(Qp& qp, std::uint64_t now, bool from_timeout, std::optional<wire::Psn> from = std::nullopt);
+  void on_timers(Qp& qp, std::uint64_t now);
+
+  EngineConfig cfg_;
+  MrTable mrs_;
+  std::vector<std::unique_ptr<Pd>> pds_;
+  std::vector<std::unique_ptr<Cq>> cqs_;
+  std::vector<std::unique_ptr<Srq>> srqs_;
+  std::vector<std::unique_ptr<Qp>> qps_;  // index = qpn - kFirstQpn
+  std::size_t qps_live_ = 0;
+  std::vector<Qp*> active_;       // QPs with work or timers; fixed capacity
+  std::vector<Qp*> ack_waiters_;  // QPs with a coalesced ACK pending
+  std::map<wire::IpAddr, wire::MacAddr> neighbors_;
+  Ring<TxFrame> tx_;
+  PortCounters port_ctr_;
+  QpCounters dead_qp_ctr_;  // counters of destroyed QPs, kept for totals
+  std::uint32_t next_handle_ = 1;
+};
+
+inline constexpr std::uint32_t kFirstQpn = 0x11;  // QP0/QP1 are special in IBTA
+
+}  // namespace uroce::transport

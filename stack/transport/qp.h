@@ -1,0 +1,175 @@
+// Queue pair state. Requester, responder and completer state are separate
+// structs; each is written by one stage only (the completer also moves the
+// requester's cursor back on go-back-N, in the same single-threaded
+// pipeline), and all of a QP's state is owned by one pipeline.
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+#include "stack/transport/counters.h"
+#include "stack/transport/objects.h"
+#include "stack/transport/ring.h"
+#include "stack/transport/verbs.h"
+#include "stack/wire/addr.h"
+#include "stack/wire/psn.h"
+
+namespace uroce::transport {
+
+enum class WqeKind : std::uint8_t { kSend, kWrite, kRead, kAtomic };
+
+struct SendWqe {
+  std::uint64_t wr_id = 0;
+  ibv_wr_opcode opcode = IBV_WR_SEND;
+  WqeKind kind = WqeKind::kSend;
+  unsigned flags = 0;
+  Sge sge[kMaxSge]{};
+  std::uint32_t nsge = 0;
+  bool is_inline = false;
+  std::uint8_t inline_data[kMaxInline]{};
+  std::uint64_t length = 0;
+  std::uint32_t imm = 0;
+  std::uint32_t invalidate_rkey = 0;
+  std::uint64_t remote_addr = 0;
+  std::uint32_t rkey = 0;
+  std::uint64_t compare_add = 0;
+  std::uint64_t swap = 0;
+  // UD destination
+  Ah ah{};
+  std::uint32_t remote_qpn = 0;
+  std::uint32_t remote_qkey = 0;
+  // Progress
+  bool started = false;  // PSNs assigned
+  wire::Psn first_psn{};
+  std::uint32_t npkts = 0;           // PSNs this WQE consumes (READ: response packets)
+  std::uint32_t read_pkts_done = 0;  // READ response packets received
+};
+
+struct Requester {
+  std::uint32_t cursor = 0;      // absolute SQ index of the WQE being sent
+  std::uint32_t cursor_pkt = 0;  // packet within it
+  wire::Psn next_psn{};          // first PSN for the next never-sent WQE
+  wire::Psn sent_hi{};           // one past the highest PSN ever sent
+  wire::Psn una{};               // oldest PSN not yet acknowledged
+  std::uint32_t rd_atomic_inflight = 0;
+  std::uint32_t pkts_since_ackreq = 0;
+  std::uint64_t retry_deadline = 0;  // 0: timer off
+  std::uint64_t rnr_until = 0;       // 0: not waiting out an RNR NAK
+  std::uint8_t retry_left = 0;
+  std::uint8_t rnr_left = 0;
+  /// A go-back-N restart is under way: later out-of-sequence responses for
+  /// the same gap are ignored until progress, so one loss costs one retry.
+  bool retry_pending = false;
+  /// The next packet restarts go-back-N: it asks for an ACK, and after a
+  /// failed retry it is sent twice, so one more loss does not cost a timeout.
+  bool restart_ackreq = false;
+  bool restart_twice = false;
+};
+
+/// One executed READ or atomic, kept so a duplicate can be answered without
+/// executing again (IBTA 9.7.5.1.5).
+struct ReplayEntry {
+  bool valid = false;
+  bool atomic = false;
+  wire::Psn psn{};
+  std::uint32_t npkts = 0;
+  std::uint64_t orig = 0;  // atomic: the value returned
+};
+
+/// A response still to be sent. Responses leave in PSN order through one
+/// queue, so an ACK or atomic ACK never overtakes READ response packets.
+struct RespTx {
+  enum class Kind : std::uint8_t { kRead, kAtomicAck, kAck } kind = Kind::kAck;
+  wire::Psn psn{};  // PSN of the next packet
+  // kRead
+  std::uint32_t pkt = 0;  // index of the next packet in this response
+  std::uint32_t npkts = 0;
+  const std::uint8_t* src = nullptr;  // responder memory
+  std::uint32_t len = 0;
+  // kAtomicAck
+  std::uint64_t orig = 0;
+  // kAck (NAKs and RNR NAKs)
+  std::uint8_t syndrome = 0;
+};
+
+struct Responder {
+  wire::Psn epsn{};  // expected PSN
+  std::uint32_t msn = 0;
+  bool nak_sent = false;  // a sequence NAK is out for the current gap
+  enum class InMsg : std::uint8_t { kNone, kSend, kWrite } in_msg = InMsg::kNone;
+  bool uc_drop = false;  // UC: dropping until the next FIRST/ONLY
+  // The receive WQE being filled by a multi-packet SEND (or WRITE_WITH_IMM).
+  bool have_rwqe = false;
+  RecvWqe rwqe{};
+  std::uint64_t offset = 0;
+  // The WRITE in progress.
+  std::uint8_t* wptr = nullptr;
+  std::uint64_t wremain = 0;
+  std::array<ReplayEntry, kMaxRdAtomic> replay{};
+  std::uint32_t replay_next = 0;
+  Ring<RespTx> out{4 * kMaxRdAtomic};
+  // A coalesced ACK waiting for the end of the receive burst.
+  bool ack_pending = false;
+  bool ack_listed = false;  // on the engine's ACK flush list
+  wire::Psn ack_psn{};
+};
+
+class Qp {
+ public:
+  std::uint32_t qpn = 0;
+  ibv_qp_type type = IBV_QPT_RC;
+  ibv_qp_state state = IBV_QPS_RESET;
+  Pd* pd = nullptr;
+  Cq* send_cq = nullptr;
+  Cq* recv_cq = nullptr;
+  Srq* srq = nullptr;
+  QpCap cap{};
+  bool sq_sig_all = false;
+
+  // Attributes that govern the wire (ibv_qp_attr names).
+  std::uint32_t mtu = 1024;
+  ibv_mtu path_mtu = IBV_MTU_1024;
+  std::uint32_t dest_qp_num = 0;
+  std::uint32_t qkey = 0;
+  std::uint8_t timeout = 14;  // 4.096 us * 2^14 = 67 ms
+  std::uint8_t retry_cnt = 7;
+  std::uint8_t rnr_retry = 7;
+  std::uint8_t min_rnr_timer = 12;
+  std::uint8_t max_rd_atomic = 1;
+  std::uint8_t max_dest_rd_atomic = 1;
+  unsigned access = 0;
+  std::uint16_t pkey_index = 0;
+  std::uint8_t port_num = 1;
+  wire::Psn rq_psn{}, sq_psn{};
+
+  // The peer (RC/UC), fixed at RTR.
+  wire::IpAddr remote_ip{};
+  wire::MacAddr remote_mac{};
+  std::uint8_t traffic_class = 0;
+  std::uint16_t udp_sport = 0;
+
+  Ring<SendWqe> sq;
+  Ring<RecvWqe> rq;
+  Requester req;
+  Responder resp;
+  QpCounters ctr;
+
+  // Engine bookkeeping: on the active list when it may have work or timers.
+  bool active = false;
+  std::uint64_t handle = 0;
+};
+
+/// IBTA C9-140: the transport timer is 4.096 us * 2^timeout; 0 means infinite.
+constexpr std::uint64_t timeout_ns(std::uint8_t t) {
+  return t == 0 ? 0 : (4096ull << t);
+}
+
+/// IBTA table 45: RNR NAK timer field to the delay it encodes.
+constexpr std::uint64_t rnr_timer_ns(std::uint8_t code) {
+  constexpr std::uint32_t kUs[32] = {655360, 10,    20,    30,    40,    60,    80,    120,   160,   240,  320,
+                                     480,    640,   960,   1280,  1920,  2560,  3840,  5120,  7680,  10240, 15360,
+                                     20480,  30720, 40960, 61440, 81920, 122880, 163840, 245760, 327680, 491520};
+  return std::uint64_t{kUs[code & 31]} * 1000;
+}
+
+}  // namespace uroce::transport

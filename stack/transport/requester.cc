@@ -1,0 +1,220 @@
+// Requester: turns send WQEs into request packets (IBTA 9.7.4 / rxe_req.c's
+// role). PSNs are assigned when a WQE is first started and kept with it, so
+// go-back-N can restart at any packet of any message by moving a cursor.
+#include <cstring>
+
+#include "stack/transport/engine.h"
+
+namespace uroce::transport {
+
+using wire::Psn;
+namespace op = wire::op;
+
+namespace {
+
+std::uint8_t pick_opcode(const SendWqe& w, bool first, bool last, ibv_qp_type type) {
+  const std::uint8_t base = type == IBV_QPT_UC ? 0x20 : 0x00;
+  const bool imm = w.opcode == IBV_WR_SEND_WITH_IMM || w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
+  switch (w.kind) {
+    case WqeKind::kSend:
+      if (type == IBV_QPT_UD) return imm ? op::kUdSendOnlyImm : op::kUdSendOnly;
+      if (w.opcode == IBV_WR_SEND_WITH_INV) return first && last ? op::kRcSendOnlyInv : last ? op::kRcSendLastInv
+                                                                 : first ? op::kRcSendFirst
+                                                                         : op::kRcSendMiddle;
+      if (first && last) return base + (imm ? op::kRcSendOnlyImm : op::kRcSendOnly);
+      if (first) return base + op::kRcSendFirst;
+      if (last) return base + (imm ? op::kRcSendLastImm : op::kRcSendLast);
+      return base + op::kRcSendMiddle;
+    case WqeKind::kWrite:
+      if (first && last) return base + (imm ? op::kRcWriteOnlyImm : op::kRcWriteOnly);
+      if (first) return base + op::kRcWriteFirst;
+      if (last) return base + (imm ? op::kRcWriteLastImm : op::kRcWriteLast);
+      return base + op::kRcWriteMiddle;
+    case WqeKind::kRead: return op::kRcReadRequest;
+    case WqeKind::kAtomic:
+      return w.opcode == IBV_WR_ATOMIC_CMP_AND_SWP ? op::kRcCmpSwap : op::kRcFetchAdd;
+  }
+  return op::kRcSendOnly;
+}
+
+/// Packets a WQE occupies in PSN space (a READ: its response packets).
+std::uint32_t packets_for(std::uint64_t len, std::uint32_t mtu) {
+  return len == 0 ? 1 : static_cast<std::uint32_t>((len + mtu - 1) / mtu);
+}
+
+}  // namespace
+
+void Engine::arm_retry(Qp& qp, std::uint64_t now) {
+  if (qp.type != IBV_QPT_RC || qp.req.retry_deadline != 0) return;
+  const std::uint64_t t = timeout_ns(qp.timeout);
+  if (t != 0) qp.req.retry_deadline = now + t;
+}
+
+void Engine::run_requester(Qp& qp, std::uint64_t now) {
+  Requester& r = qp.req;
+  if (r.rnr_until != 0) return;  // waiting out an RNR NAK
+  while (r.cursor != qp.sq.tail() && qp.state != IBV_QPS_ERR) {
+    if (!send_next_packet(qp, now)) break;
+  }
+}
+
+/// Sends the packet at the cursor. False when nothing more can go now.
+bool Engine::send_next_packet(Qp& qp, std::uint64_t now) {
+  Requester& r = qp.req;
+  SendWqe& w = qp.sq.at(r.cursor);
+  const bool rc = qp.type == IBV_QPT_RC;
+
+  if (!w.started) {
+    if (qp.state == IBV_QPS_SQD) return false;  // drained: start nothing new
+    if (rc && (w.flags & IBV_SEND_FENCE) && r.rd_atomic_inflight != 0) return false;
+    const bool rd_atomic = w.kind == WqeKind::kRead || w.kind == WqeKind::kAtomic;
+    if (rd_atomic && r.rd_atomic_inflight >= qp.max_rd_atomic) return false;
+    // Local checks happen when the WQE starts (IBTA 10.7.2: reported as a completion).
+    const unsigned need = (w.kind == WqeKind::kRead || w.kind == WqeKind::kAtomic) ? IBV_ACCESS_LOCAL_WRITE : 0;
+    bool ok = w.length <= kMaxMessage && (qp.type != IBV_QPT_UD || w.length <= qp.mtu);
+    ibv_wc_status bad = IBV_WC_LOC_LEN_ERR;
+    if (ok && !w.is_inline) {
+      for (std::uint32_t i = 0; i < w.nsge && ok; ++i) {
+        std::uint8_t* p;
+        if (mrs_.check(w.sge[i].lkey, false, qp.pd, w.sge[i].addr, w.sge[i].length, need, &p) != KeyCheck::kOk) {
+          ok = false;
+          bad = IBV_WC_LOC_PROT_ERR;
+        }
+      }
+    }
+    if (!ok) {
+      // Only the head can complete (completions are in order); an error
+      // further back waits for the ones before it.
+      if (r.cursor != qp.sq.head()) return false;
+      complete_send(qp, bad);
+      set_error(qp);
+      return false;
+    }
+    w.npkts = (w.kind == WqeKind::kAtomic) ? 1 : packets_for(w.length, qp.mtu);
+    w.first_psn = r.next_psn;
+    r.next_psn += w.npkts;
+    w.started = true;
+    if (rd_atomic) ++r.rd_atomic_inflight;
+  }
+
+  const Psn psn = w.first_psn + r.cursor_pkt;
+  if (rc && distance(r.una, psn) >= static_cast<std::int32_t>(cfg_.send_window)) return false;
+  TxFrame* f = tx_slot();
+  if (f == nullptr) return false;
+
+  const bool one_packet = w.kind == WqeKind::kRead || w.kind == WqeKind::kAtomic;
+  const bool first = r.cursor_pkt == 0;
+  const bool last = one_packet || r.cursor_pkt + 1 == w.npkts;
+  const std::uint8_t opcode = pick_opcode(w, first, last, qp.type);
+  wire::FrameSpec spec = spec_for(qp, opcode, psn);
+  if (qp.type == IBV_QPT_UD) {
+    spec.dst = w.ah.dgid;
+    spec.eth_dst = w.ah.dmac;
+    spec.ipver = w.ah.dgid.is_v4_mapped() ? wire::IpVersion::kV4 : wire::IpVersion::kV6;
+    spec.destqp = w.remote_qpn;
+    // IBTA 10.2.5: a Q_Key with the high bit set means "use the QP's own".
+    spec.ext.deth_qkey = (w.remote_qkey & 0x80000000u) ? qp.qkey : w.remote_qkey;
+    spec.ext.deth_src_qp = qp.qpn;
+  }
+  spec.se = last && (w.flags & IBV_SEND_SOLICITED);
+  spec.ext.imm = w.imm;
+  spec.ext.ieth_rkey = w.invalidate_rkey;
+
+  std::uint32_t payload = 0;
+  const std::uint64_t off = std::uint64_t{r.cursor_pkt} * qp.mtu;
+  if (w.kind == WqeKind::kRead) {
+    // A READ restarted by go-back-N asks only for the bytes not yet received.
+    spec.ext.reth_va = w.remote_addr + off;
+    spec.ext.reth_rkey = w.rkey;
+    spec.ext.reth_len = static_cast<std::uint32_t>(w.length - off);
+  } else if (w.kind == WqeKind::kAtomic) {
+    spec.ext.atomic_va = w.remote_addr;
+    spec.ext.atomic_rkey = w.rkey;
+    spec.ext.atomic_swap_add = w.opcode == IBV_WR_ATOMIC_CMP_AND_SWP ? w.swap : w.compare_add;
+    spec.ext.atomic_compare = w.opcode == IBV_WR_ATOMIC_CMP_AND_SWP ? w.compare_add : 0;
+  } else {
+    payload = static_cast<std::uint32_t>(std::min<std::uint64_t>(qp.mtu, w.length - off));
+    if (w.kind == WqeKind::kWrite && first) {
+      spec.ext.reth_va = w.remote_addr;
+      spec.ext.reth_rkey = w.rkey;
+      spec.ext.reth_len = static_cast<std::uint32_t>(w.length);
+    }
+    // Payload segments: straight from registered memory, or the inline copy.
+    if (w.is_inline) {
+      std::memcpy(f->inline_buf, w.inline_data + off, payload);
+      if (payload) f->seg[f->nseg++] = {f->inline_buf, payload};
+    } else {
+      std::uint64_t skip = off;
+      std::uint32_t need = payload;
+      for (std::uint32_t i = 0; i < w.nsge && need > 0; ++i) {
+        const Sge& s = w.sge[i];
+        if (skip >= s.length) {
+          skip -= s.length;
+          continue;
+        }
+        const std::uint32_t take = static_cast<std::uint32_t>(std::min<std::uint64_t>(need, s.length - skip));
+        f->seg[f->nseg++] = {reinterpret_cast<const std::uint8_t*>(s.addr + skip), take};
+        need -= take;
+        skip = 0;
+      }
+    }
+  }
+  // AckReq on the last packet of a message, and at least every N packets.
+  ++r.pkts_since_ackreq;
+  if (rc && (last || r.pkts_since_ackreq >= cfg_.ackreq_every || r.restart_ackreq)) {
+    spec.ackreq = true;
+    r.pkts_since_ackreq = 0;
+  }
+  finish_frame(*f, qp, spec, payload);
+  if (r.restart_ackreq) {
+    r.restart_ackreq = false;
+    if (r.restart_twice) {
+      // A second copy of the restart packet (the responder treats it as a
+      // duplicate). Its payload segments point at the same memory.
+      if (TxFrame* again = tx_slot()) {
+        *again = *f;
+        if (w.is_inline && again->nseg) again->seg[0].p = again->inline_buf;
+        qp.ctr.inc(QpCounter::sent_pkts);
+        port_ctr_.inc(PortCounter::tx_frames);
+      }
+      r.restart_twice = false;
+    }
+  }
+  if (is_before(psn, r.sent_hi)) qp.ctr.inc(QpCounter::retransmitted_pkts);
+  const Psn end = psn + (one_packet ? w.npkts : 1);
+  if (!is_before(end, r.sent_hi)) r.sent_hi = end;
+
+  if (one_packet || last) {
+    ++r.cursor;
+    r.cursor_pkt = 0;
+  } else {
+    ++r.cursor_pkt;
+  }
+  if (rc) {
+    arm_retry(qp, now);
+  } else if (one_packet || last) {
+    // UC and UD: nothing comes back, the WQE is done once it is on the wire.
+    complete_send(qp, IBV_WC_SUCCESS);
+  }
+  return true;
+}
+
+void Engine::go_back(Qp& qp, Psn from) {
+  // Find the WQE holding `from`; the cursor restarts there, mid-message if
+  // need be, and everything after it is sent again (IBTA 9.7.5.2.7).
+  Requester& r = qp.req;
+  for (std::uint32_t i = qp.sq.head(); i != qp.sq.tail(); ++i) {
+    SendWqe& w = qp.sq.at(i);
+    if (!w.started) break;
+    if (in_window(from, w.first_psn, w.npkts)) {
+      r.cursor = i;
+      r.cursor_pkt = static_cast<std::uint32_t>(distance(w.first_psn, from));
+      if (w.kind == WqeKind::kRead && r.cursor_pkt > w.read_pkts_done) r.cursor_pkt = w.read_pkts_done;
+      if (w.kind == WqeKind::kAtomic) r.cursor_pkt = 0;
+      r.pkts_since_ackreq = 0;
+      return;
+    }
+  }
+}
+
+}  // namespace uroce::transport

@@ -1,0 +1,527 @@
+// Responder: checks and executes incoming requests, generates ACKs, NAKs,
+// READ responses and atomic ACKs (IBTA 9.7.5.1, rxe_resp.c's role).
+#include <atomic>
+#include <cstring>
+
+#include "stack/transport/engine.h"
+
+namespace uroce::transport {
+
+using wire::Psn;
+namespace op = wire::op;
+
+namespace {
+
+constexpr std::uint8_t kAckSyndrome = 0x1f;  // ACK, credit count invalid (as rxe sends)
+constexpr std::uint8_t kNakSeq = 0x60;
+constexpr std::uint8_t kNakInvalid = 0x61;
+constexpr std::uint8_t kNakAccess = 0x62;
+constexpr std::uint8_t kNakOp = 0x63;
+
+std::uint32_t packets_for(std::uint64_t len, std::uint32_t mtu) {
+  return len == 0 ? 1 : static_cast<std::uint32_t>((len + mtu - 1) / mtu);
+}
+
+}  // namespace
+
+/// Copies `data` into a receive WQE's SGEs starting `offset` bytes in.
+/// False on a local protection error (bad lkey, bounds, no LOCAL_WRITE).
+static bool scatter(const MrTable& mrs, const Pd* pd, const RecvWqe& w, std::uint64_t offset, wire::ConstBytes data) {
+  std::size_t done = 0;
+  for (std::uint32_t i = 0; i < w.nsge && done < data.size(); ++i) {
+    const Sge& s = w.sge[i];
+    if (offset >= s.length) {
+      offset -= s.length;
+      continue;
+    }
+    const std::uint64_t take = std::min<std::uint64_t>(data.size() - done, s.length - offset);
+    std::uint8_t* dst;
+    if (mrs.check(s.lkey, false, pd, s.addr + offset, take, IBV_ACCESS_LOCAL_WRITE, &dst) != KeyCheck::kOk)
+      return false;
+    std::memcpy(dst, data.data() + done, take);
+    done += take;
+    offset = 0;
+  }
+  return done == data.size();
+}
+
+void Engine::on_request(Qp& qp, const wire::Packet& pkt, std::uint64_t /*now*/) {
+  switch (qp.type) {
+    case IBV_QPT_RC: on_rc_request(qp, pkt); break;
+    case IBV_QPT_UC: on_uc_request(qp, pkt); break;
+    case IBV_QPT_UD: on_ud_request(qp, pkt); break;
+    default: break;
+  }
+}
+
+// ------------------------------------------------------------------- RC
+
+void Engine::on_rc_request(Qp& qp, const wire::Packet& pkt) {
+  Responder& s = qp.resp;
+  const std::int32_t d = distance(s.epsn, pkt.psn);
+  if (d > 0) {
+    // Ahead of what we expect: something was lost. One NAK per gap, naming
+    // the first missing PSN (IBTA 9.7.5.1.2); the rest are dropped.
+    qp.ctr.inc(QpCounter::out_of_sequence);
+    if (!s.nak_sent && queue_ack(qp, kNakSeq, s.epsn)) {
+      s.nak_sent = true;
+      qp.ctr.inc(QpCounter::sent_naks);
+      qp.ctr.inc(QpCounter::sent_seq_naks);
+    }
+    return;
+  }
+  if (d < 0) {
+    qp.ctr.inc(QpCounter::duplicate_request);
+    replay_duplicate(qp, pkt);
+    return;
+  }
+  const Exec e = execute(qp, pkt);
+  switch (e) {
+    case Exec::kOk:
+      if (s.nak_sent && !pkt.info->has(wire::kOpRead) && !pkt.info->has(wire::kOpAtomic)) {
+        // The gap is filled: tell the requester now, on top of the coalesced
+        // ACK below, so recovery does not hinge on a single feedback frame.
+        queue_ack(qp, kAckSyndrome, pkt.psn);
+      }
+      s.nak_sent = false;
+      // READ and atomic requests are answered by their responses.
+      if (pkt.ackreq && !pkt.info->has(wire::kOpRead) && !pkt.info->has(wire::kOpAtomic)) {
+        schedule_ack(qp, pkt.psn);
+      }
+      break;
+    case Exec::kRnr:
+      // No receive WQE: ask the requester to come back later (9.7.5.2.8).
+      if (queue_ack(qp, static_cast<std::uint8_t>(0x20 | (qp.min_rnr_timer & 31)), pkt.psn))
+        qp.ctr.inc(QpCounter::send_rnr_err);
+      break;
+    case Exec::kDrop: break;
+    default: responder_error(qp, pkt, e); break;
+  }
+}
+
+void Engine::responder_error(Qp& qp, const wire::Packet& pkt, Exec e) {
+  const std::uint8_t syn = e == Exec::kNakAccess ? kNakAccess : e == Exec::kNakOp ? kNakOp : kNakInvalid;
+  if (send_ack(qp, syn, pkt.psn)) qp.ctr.inc(QpCounter::sent_naks);
+  if (qp.resp.have_rwqe) {
+    const ibv_wc_status st = e == Exec::kNakAccess ? IBV_WC_REM_ACCESS_ERR
+                             : e == Exec::kNakOp   ? IBV_WC_REM_OP_ERR
+                                                   : IBV_WC_REM_INV_REQ_ERR;
+    complete_recv(qp, qp.resp.rwqe, st, IBV_WC_RECV, 0);
+    qp.resp.have_rwqe = false;
+  }
+  // Class B/C errors take the responder's QP to the error state (10.7.3).
+  set_error(qp);
+}
+
+Engine::Exec Engine::execute(Qp& qp, const wire::Packet& pkt) {
+  Responder& s = qp.resp;
+  const wire::OpcodeInfo& info = *pkt.info;
+  using IM = Responder::InMsg;
+  bool seq_ok;
+  switch (s.in_msg) {
+    case IM::kNone: seq_ok = info.has(wire::kOpStart); break;
+    case IM::kSend: seq_ok = info.has(wire::kOpSend) && !info.has(wire::kOpStart); break;
+    case IM::kWrite: seq_ok = info.has(wire::kOpWrite) && !info.has(wire::kOpStart); break;
+    default: seq_ok = false;
+  }
+  if (!seq_ok) {
+    qp.ctr.inc(QpCounter::bad_opcode_seq);
+    return Exec::kNakInvalid;
+  }
+  if (info.has(wire::kOpFlush) || info.has(wire::kOpAtomicWrite)) return Exec::kNakInvalid;  // not offered
+  // Every packet but the last of a multi-packet message is exactly one MTU.
+  if (info.has(wire::kOpPayload) && !info.has(wire::kOpEnd) && pkt.payload_len != qp.mtu) return Exec::kNakInvalid;
+  if (info.has(wire::kOpPayload) && info.has(wire::kOpEnd) && !info.has(wire::kOpStart) && pkt.payload_len == 0)
+    return Exec::kNakInvalid;  // a LAST packet carries at least one byte
+  if (info.has(wire::kOpSend)) return exec_send(qp, pkt);
+  if (info.has(wire::kOpWrite)) return exec_write(qp, pkt);
+  if (info.has(wire::kOpRead)) return exec_read(qp, pkt, pkt.psn);
+  if (info.has(wire::kOpAtomic)) return exec_atomic(qp, pkt);
+  return Exec::kNakInvalid;
+}
+
+Engine::Exec Engine::exec_send(Qp& qp, const wire::Packet& pkt) {
+  Responder& s = qp.resp;
+  const wire::OpcodeInfo& info = *pkt.info;
+  if (info.has(wire::kOpStart)) {
+    if (!s.have_rwqe) {
+      if (!take_recv(qp, s.rwqe)) return Exec::kRnr;
+      s.have_rwqe = true;
+    }
+    s.offset = 0;
+  }
+  if (s.offset + pkt.payload_len > s.rwqe.length) {
+    // The message does not fit the receive buffer (a local length error at
+    // the responder, reported to the requester as an invalid request).
+    complete_recv(qp, s.rwqe, IBV_WC_LOC_LEN_ERR, IBV_WC_RECV, 0);
+    s.have_rwqe = false;
+    return Exec::kNakInvalid;
+  }
+  if (!scatter(mrs_, qp.pd, s.rwqe, s.offset, pkt.payload())) {
+    complete_recv(qp, s.rwqe, IBV_WC_LOC_PROT_ERR, IBV_WC_RECV, 0);
+    s.have_rwqe = false;
+    return Exec::kNakOp;
+  }
+  s.offset += pkt.payload_len;
+  ++s.epsn;
+  if (!info.has(wire::kOpEnd)) {
+    s.in_msg = Responder::InMsg::kSend;
+    return Exec::kOk;
+  }
+  unsigned flags = 0;
+  std::uint32_t extra = 0;
+  if (const auto* imm = pkt.immdt()) {
+    flags |= IBV_WC_WITH_IMM;
+    extra = imm->imm.get();
+  }
+  if (const auto* inv = pkt.ieth()) {
+    const std::uint32_t rkey = inv->rkey.get();
+    if (!mrs_.invalidate(rkey, qp.pd)) {
+      complete_recv(qp, s.rwqe, IBV_WC_REM_INV_REQ_ERR, IBV_WC_RECV, 0);
+      s.have_rwqe = false;
+      return Exec::kNakInvalid;
+    }
+    flags |= IBV_WC_WITH_INV;
+    extra = rkey;
+  }
+  complete_recv(qp, s.rwqe, IBV_WC_SUCCESS, IBV_WC_RECV, static_cast<std::uint32_t>(s.offset), flags, extra);
+  s.have_rwqe = false;
+  s.in_msg = Responder::InMsg::kNone;
+  ++s.msn;
+  return Exec::kOk;
+}
+
+Engine::Exec Engine::exec_write(Qp& qp, const wire::Packet& pkt) {
+  Responder& s = qp.resp;
+  const wire::OpcodeInfo& info = *pkt.info;
+  const bool end = info.has(wire::kOpEnd);
+  if (info.has(wire::kOpStart)) {
+    const wire::Reth* reth = pkt.reth();
+    const std::uint32_t len = reth->dma_len.get();
+    if (end && pkt.payload_len != len) return Exec::kNakInvalid;
+    if (!end && len <= qp.mtu) return Exec::kNakInvalid;
+    if (!(qp.access & IBV_ACCESS_REMOTE_WRITE)) {
+      qp.ctr.inc(QpCounter::remote_access_err);
+      return Exec::kNakAccess;
+    }
+    std::uint8_t* p = nullptr;
+    if (len != 0 &&
+        mrs_.check(reth->rkey.get(), true, qp.pd, reth->va.get(), len, IBV_ACCESS_REMOTE_WRITE, &p) != KeyCheck::kOk) {
+      qp.ctr.inc(QpCounter::remote_access_err);
+      return Exec::kNakAccess;
+    }
+    s.wptr = p;
+    s.wremain = len;
+    s.offset = 0;
+  }
+  if (pkt.payload_len > s.wremain) return Exec::kNakInvalid;
+  if (end && pkt.payload_len != s.wremain) return Exec::kNakInvalid;
+  // WRITE with immediate consumes a receive WQE; check before touching memory
+  // so an RNR NAK leaves everything as it was.
+  const auto* imm = pkt.immdt();
+  if (imm && !s.have_rwqe) {
+    if (!take_recv(qp, s.rwqe)) return Exec::kRnr;
+    s.have_rwqe = true;
+  }
+  if (pkt.payload_len) std::memcpy(s.wptr, pkt.payload().data(), pkt.payload_len);
+  s.wptr += pkt.payload_len;
+  s.wremain -= pkt.payload_len;
+  s.offset += pkt.payload_len;
+  ++s.epsn;
+  if (!end) {
+    s.in_msg = Responder::InMsg::kWrite;
+    return Exec::kOk;
+  }
+  if (imm) {
+    complete_recv(qp, s.rwqe, IBV_WC_SUCCESS, IBV_WC_RECV_RDMA_WITH_IMM, static_cast<std::uint32_t>(s.offset),
+                  IBV_WC_WITH_IMM, imm->imm.get());
+    s.have_rwqe = false;
+  }
+  s.in_msg = Responder::InMsg::kNone;
+  ++s.msn;
+  return Exec::kOk;
+}
+
+Engine::Exec Engine::exec_read(Qp& qp, const wire::Packet& pkt, Psn psn) {
+  Responder& s = qp.resp;
+  const wire::Reth* reth = pkt.reth();
+  const std::uint32_t len = reth->dma_len.get();
+  if (!(qp.access & IBV_ACCESS_REMOTE_READ)) {
+    qp.ctr.inc(QpCounter::remote_access_err);
+    return Exec::kNakAccess;
+  }
+  std::uint8_t* p = nullptr;
+  if (len != 0 &&
+      mrs_.check(reth->rkey.get(), true, qp.pd, reth->va.get(), len, IBV_ACCESS_REMOTE_READ, &p) != KeyCheck::kOk) {
+    qp.ctr.inc(QpCounter::remote_access_err);
+    return Exec::kNakAccess;
+  }
+  if (s.out.full()) return Exec::kNakInvalid;  // more outstanding READs than we offered
+  const std::uint32_t n = packets_for(len, qp.mtu);
+  const std::uint32_t depth = qp.max_dest_rd_atomic ? qp.max_dest_rd_atomic : 1;
+  ReplayEntry& e = s.replay[s.replay_next++ % depth];
+  e = ReplayEntry{true, false, psn, n, 0};
+  s.out.push(RespTx{RespTx::Kind::kRead, psn, 0, n, p, len, 0, 0});
+  s.epsn += n;
+  ++s.msn;
+  activate(qp);
+  return Exec::kOk;
+}
+
+Engine::Exec Engine::exec_atomic(Qp& qp, const wire::Packet& pkt) {
+  Responder& s = qp.resp;
+  const wire::AtomicEth* a = pkt.atomic_eth();
+  const std::uint64_t va = a->va.get();
+  if (!(qp.access & IBV_ACCESS_REMOTE_ATOMIC)) {
+    qp.ctr.inc(QpCounter::remote_access_err);
+    return Exec::kNakAccess;
+  }
+  if (va & 7) return Exec::kNakInvalid;  // atomics must be 8-byte aligned (9.4.5)
+  std::uint8_t* p = nullptr;
+  if (mrs_.check(a->rkey.get(), true, qp.pd, va, 8, IBV_ACCESS_REMOTE_ATOMIC, &p) != KeyCheck::kOk) {
+    qp.ctr.inc(QpCounter::remote_access_err);
+    return Exec::kNakAccess;
+  }
+  std::atomic_ref<std::uint64_t> target(*reinterpret_cast<std::uint64_t*>(p));
+  std::uint64_t orig;
+  if (pkt.opcode == op::kRcCmpSwap) {
+    orig = a->compare.get();
+    target.compare_exchange_strong(orig, a->swap_add.get());  // orig ends up holding the old value
+  } else {
+    orig = target.fetch_add(a->swap_add.get());
+  }
+  const std::uint32_t depth = qp.max_dest_rd_atomic ? qp.max_dest_rd_atomic : 1;
+  s.replay[s.replay_next++ % depth] = ReplayEntry{true, true, pkt.psn, 1, orig};
+  ++s.epsn;
+  ++s.msn;
+  queue_atomic_ack(qp, pkt.psn, orig);  // if this is lost, the retry is answered from the cache
+  activate(qp);
+  return Exec::kOk;
+}
+
+void Engine::replay_duplicate(Qp& qp, const wire::Packet& pkt) {
+  Responder& s = qp.resp;
+  const std::uint32_t depth = qp.max_dest_rd_atomic ? qp.max_dest_rd_atomic : 1;
+  if (pkt.info->has(wire::kOpRead)) {
+    for (std::uint32_t i = 0; i < depth; ++i) {
+      const ReplayEntry& e = s.replay[i];
+      if (e.valid && !e.atomic && in_window(pkt.psn, e.psn, e.npkts)) {
+        // Answer again from the request as re-sent: it may ask for the tail
+        // of the original READ only (a partially answered READ).
+        const wire::Reth* reth = pkt.reth();
+        const std::uint32_t len = reth->dma_len.get();
+        std::uint8_t* p = nullptr;
+        if (len != 0 && mrs_.check(reth->rkey.get(), true, qp.pd, reth->va.get(), len, IBV_ACCESS_REMOTE_READ,
+                                   &p) != KeyCheck::kOk)
+          break;
+        if (s.out.full()) return;
+        s.out.push(RespTx{RespTx::Kind::kRead, pkt.psn, 0, packets_for(len, qp.mtu), p, len, 0, 0});
+        qp.ctr.inc(QpCounter::read_replays);
+        activate(qp);
+        return;
+      }
+    }
+    qp.ctr.inc(QpCounter::replay_miss);
+    return;
+  }
+  if (pkt.info->has(wire::kOpAtomic)) {
+    for (std::uint32_t i = 0; i < depth; ++i) {
+      const ReplayEntry& e = s.replay[i];
+      if (e.valid && e.atomic && e.psn == pkt.psn) {
+        // Never execute an atomic twice: resend the saved result.
+        queue_atomic_ack(qp, pkt.psn, e.orig);
+        qp.ctr.inc(QpCounter::atomic_replays);
+        activate(qp);
+        return;
+      }
+    }
+    qp.ctr.inc(QpCounter::replay_miss);
+    return;
+  }
+  // A duplicate SEND or WRITE is not executed again; re-ACK what we have.
+  if (pkt.ackreq) schedule_ack(qp, s.epsn - 1);
+}
+
+// ------------------------------------------------------------------- UC
+
+void Engine::on_uc_request(Qp& qp, const wire::Packet& pkt) {
+  Responder& s = qp.resp;
+  const bool start = pkt.info->has(wire::kOpStart);
+  if (pkt.psn != s.epsn || s.uc_drop) {
+    // UC has no retransmission: after a gap, drop until the next FIRST/ONLY
+    // and resynchronise on its PSN (IBTA 9.8.3). A receive WQE being filled
+    // is kept for the next message.
+    if (!start) {
+      qp.ctr.inc(QpCounter::uc_dropped);
+      s.uc_drop = true;
+      s.epsn = pkt.psn + 1;
+      return;
+    }
+    if (pkt.psn != s.epsn) qp.ctr.inc(QpCounter::out_of_sequence);
+    s.uc_drop = false;
+    s.in_msg = Responder::InMsg::kNone;
+    s.epsn = pkt.psn;
+  }
+  const Exec e = execute(qp, pkt);
+  if (e != Exec::kOk) {
+    // No NAKs on UC: the message is dropped.
+    qp.ctr.inc(QpCounter::uc_dropped);
+    s.uc_drop = true;
+    s.in_msg = Responder::InMsg::kNone;
+    s.epsn = pkt.psn + 1;
+  }
+}
+
+// ------------------------------------------------------------------- UD
+
+void Engine::on_ud_request(Qp& qp, const wire::Packet& pkt) {
+  const wire::Deth* deth = pkt.deth();
+  if (deth->qkey.get() != qp.qkey) {
+    qp.ctr.inc(QpCounter::qkey_err);
+    return;
+  }
+  RecvWqe w;
+  if (!take_recv(qp, w)) {
+    qp.ctr.inc(QpCounter::uc_dropped);  // UD has no RNR: the datagram is dropped
+    return;
+  }
+  // Verbs leaves a 40-byte GRH area at the start of a UD receive buffer.
+  // For RoCEv2 it holds the IPv6 header, or 20 zero bytes then the IPv4 header.
+  std::uint8_t grh[kGrhBytes] = {};
+  if (pkt.ipver == wire::IpVersion::kV4) {
+    std::memcpy(grh + 20, pkt.frame + pkt.l3_off, 20);
+  } else {
+    std::memcpy(grh, pkt.frame + pkt.l3_off, 40);
+  }
+  const std::uint64_t need = kGrhBytes + pkt.payload_len;
+  if (need > w.length) {
+    complete_recv(qp, w, IBV_WC_LOC_LEN_ERR, IBV_WC_RECV, 0);
+    return;
+  }
+  if (!scatter(mrs_, qp.pd, w, 0, wire::ConstBytes(grh, kGrhBytes)) ||
+      !scatter(mrs_, qp.pd, w, kGrhBytes, pkt.payload())) {
+    complete_recv(qp, w, IBV_WC_LOC_PROT_ERR, IBV_WC_RECV, 0);
+    return;
+  }
+  unsigned flags = IBV_WC_GRH;
+  std::uint32_t imm = 0;
+  if (const auto* i = pkt.immdt()) {
+    flags |= IBV_WC_WITH_IMM;
+    imm = i->imm.get();
+  }
+  complete_recv(qp, w, IBV_WC_SUCCESS, IBV_WC_RECV, static_cast<std::uint32_t>(need), flags, imm,
+                deth->src_qp.get());
+}
+
+// ------------------------------------------------------------- transmit
+
+bool Engine::queue_ack(Qp& qp, std::uint8_t syndrome, Psn psn) {
+  // Behind any responses already owed, so a NAK or RNR NAK never overtakes them.
+  RespTx* t = qp.resp.out.emplace();
+  if (t == nullptr) return false;
+  *t = RespTx{};
+  t->kind = RespTx::Kind::kAck;
+  t->psn = psn;
+  t->syndrome = syndrome;
+  activate(qp);
+  return true;
+}
+
+bool Engine::queue_atomic_ack(Qp& qp, Psn psn, std::uint64_t orig) {
+  RespTx* t = qp.resp.out.emplace();
+  if (t == nullptr) return false;
+  *t = RespTx{};
+  t->kind = RespTx::Kind::kAtomicAck;
+  t->psn = psn;
+  t->orig = orig;
+  return true;
+}
+
+bool Engine::send_ack(Qp& qp, std::uint8_t syndrome, Psn psn) {
+  TxFrame* f = tx_slot();
+  if (f == nullptr) return false;
+  wire::FrameSpec spec = spec_for(qp, op::kRcAck, psn);
+  spec.ext.aeth_syndrome = syndrome;
+  spec.ext.aeth_msn = qp.resp.msn;
+  finish_frame(*f, qp, spec, 0);
+  return true;
+}
+
+bool Engine::send_atomic_ack(Qp& qp, Psn psn, std::uint64_t orig) {
+  TxFrame* f = tx_slot();
+  if (f == nullptr) return false;
+  wire::FrameSpec spec = spec_for(qp, op::kRcAtomicAck, psn);
+  spec.ext.aeth_syndrome = kAckSyndrome;
+  spec.ext.aeth_msn = qp.resp.msn;
+  spec.ext.atomic_ack_orig = orig;
+  finish_frame(*f, qp, spec, 0);
+  return true;
+}
+
+void Engine::run_responses(Qp& qp) {
+  Responder& s = qp.resp;
+  while (!s.out.empty()) {
+    RespTx& rt = s.out.front();
+    if (rt.kind == RespTx::Kind::kAck) {
+      if (!send_ack(qp, rt.syndrome, rt.psn)) return;
+      if (rt.syndrome != kAckSyndrome) qp.ctr.inc(QpCounter::sent_naks);
+      s.out.pop();
+      continue;
+    }
+    if (rt.kind == RespTx::Kind::kAtomicAck) {
+      if (!send_atomic_ack(qp, rt.psn, rt.orig)) return;
+      s.out.pop();
+      continue;
+    }
+    TxFrame* f = tx_slot();
+    if (f == nullptr) return;
+    const bool first = rt.pkt == 0;
+    const bool last = rt.pkt + 1 == rt.npkts;
+    const std::uint8_t opcode = first && last ? op::kRcReadRespOnly
+                                : first       ? op::kRcReadRespFirst
+                                : last        ? op::kRcReadRespLast
+                                              : op::kRcReadRespMiddle;
+    const std::uint64_t off = std::uint64_t{rt.pkt} * qp.mtu;
+    const std::uint32_t payload = static_cast<std::uint32_t>(std::min<std::uint64_t>(qp.mtu, rt.len - off));
+    wire::FrameSpec spec = spec_for(qp, opcode, rt.psn);
+    spec.ext.aeth_syndrome = kAckSyndrome;
+    spec.ext.aeth_msn = s.msn;
+    if (payload) f->seg[f->nseg++] = {rt.src + off, payload};
+    finish_frame(*f, qp, spec, payload);
+    ++rt.pkt;
+    ++rt.psn;
+    if (last) s.out.pop();
+  }
+}
+
+void Engine::schedule_ack(Qp& qp, Psn psn) {
+  // ACK coalescing: one ACK per QP per receive burst, for the newest PSN.
+  Responder& s = qp.resp;
+  if (s.ack_pending) qp.ctr.inc(QpCounter::ack_deferred);
+  s.ack_pending = true;
+  s.ack_psn = psn;
+  if (!s.ack_listed) {
+    s.ack_listed = true;
+    ack_waiters_.push_back(&qp);  // capacity reserved for every QP: no allocation
+  }
+}
+
+void Engine::flush_acks() {
+  std::size_t keep = 0;
+  for (Qp* qp : ack_waiters_) {
+    Responder& s = qp->resp;
+    // Responses already owed go first: an ACK for a later PSN would
+    // otherwise overtake READ responses and look as if they were lost.
+    if (s.ack_pending && !s.out.empty()) run_responses(*qp);
+    if (s.ack_pending && qp->state != IBV_QPS_ERR && qp->state != IBV_QPS_RESET &&
+        (!s.out.empty() || !send_ack(*qp, kAckSyndrome, s.ack_psn))) {
+      ack_waiters_[keep++] = qp;  // TX ring full: try again next poll
+      continue;
+    }
+    s.ack_pending = false;
+    s.ack_listed = false;
+  }
+  ack_waiters_.resize(keep);
+}
+
+}  // namespace uroce::transport

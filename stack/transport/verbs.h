@@ -1,0 +1,97 @@
+// The verbs vocabulary of the engine. Enums and the completion and QP
+// attribute structs are rdma-core's own (infiniband/verbs.h), so a verbs
+// programmer reads the same names; work requests are our own plain structs,
+// because ibv_send_wr points at provider objects (ibv_ah) we do not have.
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <cstdint>
+#include <span>
+
+#include "stack/wire/addr.h"
+#include "stack/wire/headers.h"
+
+namespace uroce::transport {
+
+inline constexpr std::uint32_t kMaxSge = 4;
+inline constexpr std::uint32_t kMaxInline = 256;
+inline constexpr std::uint32_t kMaxRdAtomic = 16;
+inline constexpr std::uint32_t kMaxMessage = 1u << 31;  // IBTA: 2^31 bytes
+/// Bytes of the Global Route Header area at the start of a UD receive buffer.
+inline constexpr std::uint32_t kGrhBytes = 40;
+
+struct Sge {
+  std::uint64_t addr = 0;
+  std::uint32_t length = 0;
+  std::uint32_t lkey = 0;
+};
+
+/// An address handle for UD: where to send.
+struct Ah {
+  wire::IpAddr dgid{};
+  wire::MacAddr dmac{};
+  std::uint8_t traffic_class = 0;
+};
+
+struct SendWr {
+  std::uint64_t wr_id = 0;
+  ibv_wr_opcode opcode = IBV_WR_SEND;
+  unsigned send_flags = 0;  // IBV_SEND_SIGNALED | FENCE | INLINE | SOLICITED
+  std::span<const Sge> sg_list{};
+  std::uint32_t imm_data = 0;         // host order; sent big-endian
+  std::uint32_t invalidate_rkey = 0;  // IBV_WR_SEND_WITH_INV
+  // RDMA and atomics
+  std::uint64_t remote_addr = 0;
+  std::uint32_t rkey = 0;
+  std::uint64_t compare_add = 0;
+  std::uint64_t swap = 0;
+  // UD
+  const Ah* ah = nullptr;
+  std::uint32_t remote_qpn = 0;
+  std::uint32_t remote_qkey = 0;
+};
+
+struct RecvWr {
+  std::uint64_t wr_id = 0;
+  std::span<const Sge> sg_list{};
+};
+
+/// Capacities fixed at QP creation (ibv_qp_init_attr.cap).
+struct QpCap {
+  std::uint32_t max_send_wr = 128;
+  std::uint32_t max_recv_wr = 128;
+  std::uint32_t max_send_sge = kMaxSge;
+  std::uint32_t max_recv_sge = kMaxSge;
+  std::uint32_t max_inline_data = kMaxInline;
+};
+
+class Cq;
+class Srq;
+struct Pd;
+
+struct QpInitAttr {
+  ibv_qp_type qp_type = IBV_QPT_RC;
+  Cq* send_cq = nullptr;
+  Cq* recv_cq = nullptr;
+  Srq* srq = nullptr;
+  QpCap cap{};
+  bool sq_sig_all = false;
+};
+
+/// Bytes in an IBTA MTU enum value, or 0 if it is not one.
+constexpr std::uint32_t mtu_bytes(ibv_mtu m) {
+  switch (m) {
+    case IBV_MTU_256: return 256;
+    case IBV_MTU_512: return 512;
+    case IBV_MTU_1024: return 1024;
+    case IBV_MTU_2048: return 2048;
+    case IBV_MTU_4096: return 4096;
+  }
+  return 0;
+}
+
+const char* to_string(ibv_qp_state s);
+const char* to_string(ibv_wc_status s);
+
+}  // namespace uroce::transport

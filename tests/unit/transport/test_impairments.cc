@@ -1,0 +1,82 @@
+// 10,000 mixed, verified messages under loss, duplication, reordering and
+// corruption at 0, 1, 5 and 20%: nothing lost, nothing duplicated, every
+// byte right.
+#include <gtest/gtest.h>
+
+#include "tests/support/traffic.h"
+
+namespace uroce::testing {
+namespace {
+
+enum class Kind { kLoss, kDup, kReorder, kCorrupt };
+
+struct Case {
+  Kind kind;
+  int percent;
+};
+
+std::string name(const ::testing::TestParamInfo<Case>& i) {
+  const char* k[] = {"loss", "dup", "reorder", "corrupt"};
+  return std::string(k[static_cast<int>(i.param.kind)]) + "_" + std::to_string(i.param.percent);
+}
+
+class Impaired : public ::testing::TestWithParam<Case> {};
+
+TEST_P(Impaired, TenThousandMixedMessagesArriveExactlyOnce) {
+  const Case c = GetParam();
+  Pair p(static_cast<std::uint64_t>(c.percent) * 10 + static_cast<std::uint64_t>(c.kind) + 1);
+  const QpPair q = p.connect();
+  sim::Impairments imp;
+  const double pr = c.percent / 100.0;
+  switch (c.kind) {
+    case Kind::kLoss: imp.loss = pr; break;
+    case Kind::kDup: imp.dup = pr; break;
+    case Kind::kReorder: imp.reorder = pr; break;
+    case Kind::kCorrupt: imp.corrupt = pr; break;
+  }
+  p.wire.set_impairments(imp);
+  TrafficOptions o;
+  o.messages = 10000;
+  o.seed = 7 + static_cast<std::uint64_t>(c.percent);
+  Traffic t(p, q, o);
+  const TrafficResult r = t.run();
+  EXPECT_EQ(r.errors, 0u) << r.first_error;
+  if (r.errors) std::printf("    first error: %s\n", r.first_error.c_str());
+  EXPECT_EQ(r.completed, 10000u);
+  const auto& s = p.wire.stats();
+  std::printf("    wire: sent %lu delivered %lu dropped %lu dup %lu reordered %lu corrupted %lu; bytes %lu; "
+              "retransmitted %lu timeouts %lu seq-naks %lu dup-req %lu, virtual %.1f ms\n",
+              (unsigned long)s.sent, (unsigned long)s.delivered, (unsigned long)s.dropped, (unsigned long)s.duplicated,
+              (unsigned long)s.reordered, (unsigned long)s.corrupted, (unsigned long)r.bytes,
+              (unsigned long)q.a->ctr[QpCounter::retransmitted_pkts], (unsigned long)q.a->ctr[QpCounter::timeouts],
+              (unsigned long)q.b->ctr[QpCounter::sent_seq_naks], (unsigned long)q.b->ctr[QpCounter::duplicate_request],
+              p.wire.now() / 1e6);
+  if (c.percent > 0) {
+    // The impairment really happened, and recovery really ran.
+    const std::uint64_t hit = s.dropped + s.duplicated + s.reordered + s.corrupted;
+    EXPECT_GT(hit, 0u);
+  }
+  if (c.kind == Kind::kLoss && c.percent > 0) {
+    EXPECT_GT(q.a->ctr[QpCounter::retransmitted_pkts], 0u);
+  }
+  if (c.kind == Kind::kCorrupt && c.percent > 0) {
+    EXPECT_GT(p.A().counters()[PortCounter::rx_icrc_err] + p.B().counters()[PortCounter::rx_icrc_err] +
+                  p.A().counters()[PortCounter::rx_malformed] + p.B().counters()[PortCounter::rx_malformed] +
+                  p.A().counters()[PortCounter::rx_not_roce] + p.B().counters()[PortCounter::rx_not_roce],
+              0u);
+  }
+  if (c.kind == Kind::kDup && c.percent > 0) {
+    EXPECT_GT(q.b->ctr[QpCounter::duplicate_request], 0u);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(All, Impaired,
+                         ::testing::Values(Case{Kind::kLoss, 0}, Case{Kind::kLoss, 1}, Case{Kind::kLoss, 5},
+                                           Case{Kind::kLoss, 20}, Case{Kind::kDup, 1}, Case{Kind::kDup, 5},
+                                           Case{Kind::kDup, 20}, Case{Kind::kReorder, 1}, Case{Kind::kReorder, 5},
+                                           Case{Kind::kReorder, 20}, Case{Kind::kCorrupt, 1},
+                                           Case{Kind::kCorrupt, 5}, Case{Kind::kCorrupt, 20}),
+                         name);
+
+}  // namespace
+}  // namespace uroce::testing
