@@ -74,6 +74,7 @@ bool SimWire::step() {
     bool found = false;
     for (transport::Engine* e : engines_) {
       if (ev.len >= 6 && std::memcmp(data, e->config().mac.data(), 6) == 0) {
+        if (deliver_tap) deliver_tap(e, wire::ConstBytes(data, ev.len), now_);
         e->rx(wire::ConstBytes(data, ev.len), now_);
         found = true;
         break;

@@ -39,6 +39,8 @@ class SimWire {
   void set_impairments(const Impairments& imp) { imp_ = imp; }
   /// Called for every frame as it leaves an engine (before impairment).
   std::function<void(wire::ConstBytes frame, std::uint64_t now)> tap;
+  /// Called for every frame just before an engine receives it (after impairment).
+  std::function<void(const transport::Engine* to, wire::ConstBytes frame, std::uint64_t now)> deliver_tap;
 
   /// Advances virtual time until `done()` holds or `max_ns` pass.
   bool run_until(const std::function<bool()>& done, std::uint64_t max_ns);

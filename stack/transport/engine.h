@@ -167,6 +167,7 @@ class Engine {
   Exec exec_read(Qp& qp, const wire::Packet& pkt, wire::Psn psn);
   Exec exec_atomic(Qp& qp, const wire::Packet& pkt);
   void replay_duplicate(Qp& qp, const wire::Packet& pkt);
+  void settle_pending_ack(Qp& qp);
   bool queue_ack(Qp& qp, std::uint8_t syndrome, wire::Psn psn);
   bool queue_atomic_ack(Qp& qp, wire::Psn psn, std::uint64_t orig);
   bool send_ack(Qp& qp, std::uint8_t syndrome, wire::Psn psn);

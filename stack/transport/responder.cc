@@ -261,6 +261,7 @@ Engine::Exec Engine::exec_read(Qp& qp, const wire::Packet& pkt, Psn psn) {
   const std::uint32_t depth = qp.max_dest_rd_atomic ? qp.max_dest_rd_atomic : 1;
   ReplayEntry& e = s.replay[s.replay_next++ % depth];
   e = ReplayEntry{true, false, psn, n, 0};
+  settle_pending_ack(qp);
   s.out.push(RespTx{RespTx::Kind::kRead, psn, 0, n, p, len, 0, 0});
   s.epsn += n;
   ++s.msn;
@@ -314,6 +315,7 @@ void Engine::replay_duplicate(Qp& qp, const wire::Packet& pkt) {
         if (len != 0 && mrs_.check(reth->rkey.get(), true, qp.pd, reth->va.get(), len, IBV_ACCESS_REMOTE_READ,
                                    &p) != KeyCheck::kOk)
           break;
+        settle_pending_ack(qp);
         if (s.out.full()) return;
         s.out.push(RespTx{RespTx::Kind::kRead, pkt.psn, 0, packets_for(len, qp.mtu), p, len, 0, 0});
         qp.ctr.inc(QpCounter::read_replays);
@@ -415,8 +417,23 @@ void Engine::on_ud_request(Qp& qp, const wire::Packet& pkt) {
 
 // ------------------------------------------------------------- transmit
 
+void Engine::settle_pending_ack(Qp& qp) {
+  // A coalesced ACK owed for earlier PSNs goes into the ordered queue ahead
+  // of any later response, so the acknowledged PSN never goes back on the wire.
+  Responder& s = qp.resp;
+  if (!s.ack_pending) return;
+  RespTx* t = s.out.emplace();
+  if (t == nullptr) return;
+  *t = RespTx{};
+  t->kind = RespTx::Kind::kAck;
+  t->psn = s.ack_psn;
+  t->syndrome = kAckSyndrome;
+  s.ack_pending = false;
+}
+
 bool Engine::queue_ack(Qp& qp, std::uint8_t syndrome, Psn psn) {
   // Behind any responses already owed, so a NAK or RNR NAK never overtakes them.
+  settle_pending_ack(qp);
   RespTx* t = qp.resp.out.emplace();
   if (t == nullptr) return false;
   *t = RespTx{};
@@ -428,6 +445,7 @@ bool Engine::queue_ack(Qp& qp, std::uint8_t syndrome, Psn psn) {
 }
 
 bool Engine::queue_atomic_ack(Qp& qp, Psn psn, std::uint64_t orig) {
+  settle_pending_ack(qp);
   RespTx* t = qp.resp.out.emplace();
   if (t == nullptr) return false;
   *t = RespTx{};

@@ -3,6 +3,7 @@
 // byte right.
 #include <gtest/gtest.h>
 
+#include "tests/support/gbn_checker.h"
 #include "tests/support/traffic.h"
 
 namespace uroce::testing {
@@ -35,6 +36,8 @@ TEST_P(Impaired, TenThousandMixedMessagesArriveExactlyOnce) {
     case Kind::kCorrupt: imp.corrupt = pr; break;
   }
   p.wire.set_impairments(imp);
+  GbnChecker gbn(&p.B(), q.b->qpn, q.b->resp.epsn, q.b->mtu);
+  gbn.attach(p.wire);
   TrafficOptions o;
   o.messages = 10000;
   o.seed = 7 + static_cast<std::uint64_t>(c.percent);
@@ -43,6 +46,11 @@ TEST_P(Impaired, TenThousandMixedMessagesArriveExactlyOnce) {
   EXPECT_EQ(r.errors, 0u) << r.first_error;
   if (r.errors) std::printf("    first error: %s\n", r.first_error.c_str());
   EXPECT_EQ(r.completed, 10000u);
+  // Go-back-N invariants on the whole trace.
+  EXPECT_TRUE(gbn.violations().empty()) << gbn.violations().front();
+  if (c.kind == Kind::kLoss && c.percent > 0) {
+    EXPECT_GT(gbn.naks_seen(), 0u);
+  }
   const auto& s = p.wire.stats();
   std::printf("    wire: sent %lu delivered %lu dropped %lu dup %lu reordered %lu corrupted %lu; bytes %lu; "
               "retransmitted %lu timeouts %lu seq-naks %lu dup-req %lu, virtual %.1f ms\n",
