@@ -1,0 +1,107 @@
+// A built-in RC application inside uroced, until applications attach through
+// liburoce: two daemons exchange connection details over TCP (perftest-style)
+// and run verified SEND, WRITE, READ and ATOMIC traffic. Every payload is
+// checked: SENDs by the server, WRITEs by reading them back, READs against a
+// pattern the server laid down, atomics by their running value.
+//
+// It runs as the dataplane's application stage and never blocks the loop for
+// long: accept and connect are polled; only the 64-byte exchange itself waits
+// (a few ms at most, with a deadline).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "control/uroced/exchange.h"
+#include "stack/engine/dataplane.h"
+#include "stack/engine/neigh.h"
+#include "stack/transport/engine.h"
+
+namespace uroce::control {
+
+struct AppOptions {
+  enum class Role { kNone, kServer, kClient } role = Role::kNone;
+  std::uint16_t port = 18515;
+  std::string peer_host;  // client: where the server's TCP exchange listens
+  std::uint64_t messages = 1000;
+  std::uint32_t size = 4096;
+  std::vector<ibv_wr_opcode> ops = {IBV_WR_SEND, IBV_WR_RDMA_WRITE, IBV_WR_RDMA_READ, IBV_WR_ATOMIC_FETCH_AND_ADD};
+  std::uint32_t depth = 32;
+  ibv_mtu mtu = IBV_MTU_1024;
+  std::uint8_t timeout = 14;  // 4.096 us * 2^14 = 67 ms
+  std::uint8_t retry_cnt = 7;
+  std::uint8_t rnr_retry = 7;
+  bool forever = false;  // server: serve clients one after another
+};
+
+/// Parses "send,write,read,atomic" into opcodes; false on an unknown name.
+bool parse_ops(const std::string& s, std::vector<ibv_wr_opcode>& out, std::string& err);
+
+class TrafficApp {
+ public:
+  TrafficApp(transport::Engine& eng, engine::Dataplane& dp, engine::Neighbors& neigh, const AppOptions& o);
+  ~TrafficApp();
+
+  /// The application stage: returns work done.
+  std::size_t step(std::uint64_t now);
+  /// Graceful stop: the QP goes to ERR, so every outstanding WR is flushed and
+  /// its completion delivered before the app reports.
+  void shutdown();
+
+  [[nodiscard]] bool finished() const { return state_ == State::kDone; }
+  [[nodiscard]] int exit_code() const { return failed_ ? 1 : 0; }
+  [[nodiscard]] const std::string& summary() const { return summary_; }
+  [[nodiscard]] transport::Qp* qp() const { return qp_; }
+  [[nodiscard]] std::string state_name() const;
+
+ private:
+  enum class State { kListen, kConnecting, kExchange, kResolve, kRun, kFinish, kDone };
+  bool open_listener();
+  bool exchange();
+  bool connect_qp();
+  std::size_t run_client(std::uint64_t now);
+  std::size_t run_server();
+  void post_recvs();
+  void fail(const std::string& why);
+  void finish();
+  static std::uint8_t pattern(std::uint64_t id, std::size_t i) {
+    return static_cast<std::uint8_t>((id * 0x9e37) ^ (i * 131) ^ (i >> 7));
+  }
+
+  transport::Engine& eng_;
+  engine::Dataplane& dp_;
+  engine::Neighbors& neigh_;
+  AppOptions o_;
+  State state_;
+  int listen_fd_ = -1;
+  int fd_ = -1;
+  std::chrono::steady_clock::time_point deadline_{};
+  std::chrono::steady_clock::time_point started_{};
+  std::chrono::steady_clock::time_point last_resolve_{};
+  // Memory, QP
+  std::vector<std::uint8_t> mem_;
+  transport::Pd* pd_ = nullptr;
+  transport::Cq* cq_ = nullptr;
+  transport::Mr* mr_ = nullptr;
+  transport::Qp* qp_ = nullptr;
+  PeerInfo peer_{};
+  std::uint32_t psn_ = 0;
+  // Client progress
+  struct Slot {
+    bool busy = false;
+    ibv_wr_opcode op = IBV_WR_SEND;
+    std::uint64_t id = 0;
+    std::uint64_t expect = 0;  // atomics: the value before
+    int pending = 0;           // WRs still to complete (a WRITE is followed by its read-back)
+  };
+  std::vector<Slot> slots_;
+  std::uint64_t next_ = 0, completed_ = 0, bytes_ = 0, sends_ = 0, atomics_ = 0, errors_ = 0;
+  // Server progress
+  std::uint64_t recv_ok_ = 0, recv_bad_ = 0, next_send_id_ = 0;
+  bool failed_ = false;
+  std::string summary_;
+};
+
+}  // namespace uroce::control

@@ -1,0 +1,419 @@
+// uroced: the uroce dataplane daemon. One port, one poll-mode pipeline.
+//
+//   uroced --port net_memif0 --vdev net_memif0,role=server,socket=/tmp/m.sock
+//          --ip 10.0.0.1 --no-huge [--config FILE] [--app server|client ...]
+//
+// Every option can also come from a config file (key = value, same names).
+
+#include <signal.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <utility>  // boost 1.74's asio uses std::exchange without including it
+
+#include <boost/asio.hpp>
+#include <boost/program_options.hpp>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "control/uroced/app.h"
+#include "drivers/dpdk/dpdk_port.h"
+#include "drivers/pcap/pcap_io.h"
+#include "stack/engine/dataplane.h"
+#include "stack/engine/neigh.h"
+#include "stack/transport/engine.h"
+
+namespace po = boost::program_options;
+namespace asio = boost::asio;
+using namespace uroce;
+
+namespace {
+
+volatile sig_atomic_t g_stop = 0;
+void on_signal(int) { g_stop = 1; }
+
+std::uint64_t now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+}
+
+int g_log_level = 1;  // 0 debug, 1 info, 2 warn, 3 error
+
+/// Structured log line: ts=... level=... msg="..." key=value...
+void log(int level, const std::string& msg, const std::string& kv = "") {
+  if (level < g_log_level) return;
+  static const char* kNames[] = {"debug", "info", "warn", "error"};
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  char tbuf[32];
+  tm t;
+  gmtime_r(&ts.tv_sec, &t);
+  strftime(tbuf, sizeof tbuf, "%Y-%m-%dT%H:%M:%S", &t);
+  std::fprintf(stderr, "ts=%s.%06ldZ level=%s msg=\"%s\"%s%s\n", tbuf, ts.tv_nsec / 1000, kNames[level], msg.c_str(),
+               kv.empty() ? "" : " ", kv.c_str());
+}
+
+bool parse_mac(const std::string& s, wire::MacAddr& m) {
+  unsigned v[6];
+  if (std::sscanf(s.c_str(), "%x:%x:%x:%x:%x:%x", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5]) != 6) return false;
+  for (int i = 0; i < 6; ++i) {
+    if (v[i] > 255) return false;
+    m[static_cast<std::size_t>(i)] = static_cast<std::uint8_t>(v[i]);
+  }
+  return true;
+}
+
+struct Daemon {
+  std::unique_ptr<transport::Engine> eng;
+  std::unique_ptr<dpdk::Port> port;
+  std::unique_ptr<engine::Neighbors> neigh;
+  std::unique_ptr<engine::Dataplane> dp;
+  std::unique_ptr<control::TrafficApp> app;
+  pcapio::Writer capture;
+  bool capturing = false;
+  std::string name;
+
+  std::string status_json() const;
+};
+
+std::string Daemon::status_json() const {
+  std::ostringstream o;
+  o << "{\"name\": \"" << name << "\", \"ip\": \"" << eng->config().ip.to_string() << "\", \"qps\": " << eng->qp_count();
+  o << ", \"app\": \"" << (app ? app->state_name() : "none") << "\"";
+  o << ", \"port\": {";
+  const auto& pc = eng->counters();
+  for (std::size_t i = 0; i < transport::kPortCounterNames.size(); ++i)
+    o << (i ? ", " : "") << "\"" << transport::kPortCounterNames[i] << "\": " << pc.v[i];
+  o << "}, \"dataplane\": {";
+  for (std::size_t i = 0; i < static_cast<std::size_t>(engine::DpCounter::kCount); ++i)
+    o << (i ? ", " : "") << "\"" << engine::kDpCounterNames[i] << "\": " << dp->counter(static_cast<engine::DpCounter>(i));
+  o << "}, \"qp_totals\": {";
+  for (std::size_t i = 0; i < transport::kQpCounterNames.size(); ++i)
+    o << (i ? ", " : "") << "\"" << transport::kQpCounterNames[i]
+      << "\": " << eng->qp_counter_total(static_cast<transport::QpCounter>(i));
+  const auto ps = port->stats();
+  o << "}, \"ethdev\": {\"rx\": " << ps.rx_frames << ", \"tx\": " << ps.tx_frames << ", \"tx_dropped\": " << ps.tx_dropped
+    << ", \"imissed\": " << ps.hw_imissed << "}";
+  auto fault = [&](const char* n, const engine::FaultInjector& f) {
+    const auto& s = f.stats();
+    o << ", \"fault_" << n << "\": {\"config\": \"" << f.config().to_string() << "\", \"seen\": " << s.seen
+      << ", \"dropped\": " << s.dropped << ", \"duplicated\": " << s.duplicated << ", \"reordered\": " << s.reordered
+      << ", \"delayed\": " << s.delayed << ", \"corrupted\": " << s.corrupted << ", \"ecn_marked\": " << s.ecn_marked
+      << ", \"rule_hits\": " << s.rule_hits << "}";
+  };
+  fault("rx", dp->rx_faults());
+  fault("tx", dp->tx_faults());
+  o << "}";
+  return o.str();
+}
+
+/// The control socket: one line in ("status", "fault rx SPEC", "fault tx
+/// SPEC", "stop"), one line out. Served from the dataplane loop with poll().
+class ControlServer {
+ public:
+  ControlServer(asio::io_context& io, const std::string& path, Daemon& d) : acceptor_(io), d_(d) {
+    ::unlink(path.c_str());
+    asio::local::stream_protocol::endpoint ep(path);
+    acceptor_.open(ep.protocol());
+    acceptor_.bind(ep);
+    acceptor_.listen();
+    accept();
+  }
+
+ private:
+  struct Conn : std::enable_shared_from_this<Conn> {
+    explicit Conn(asio::local::stream_protocol::socket s, Daemon& d) : sock(std::move(s)), d(d) {}
+    asio::local::stream_protocol::socket sock;
+    asio::streambuf in;
+    std::string out;
+    Daemon& d;
+    void start() {
+      auto self = shared_from_this();
+      asio::async_read_until(sock, in, '\n', [self](boost::system::error_code ec, std::size_t) {
+        if (ec) return;
+        std::istream is(&self->in);
+        std::string line;
+        std::getline(is, line);
+        self->out = self->handle(line) + "\n";
+        asio::async_write(self->sock, asio::buffer(self->out), [self](boost::system::error_code, std::size_t) {});
+      });
+    }
+    std::string handle(const std::string& line) {
+      std::istringstream ls(line);
+      std::string cmd;
+      ls >> cmd;
+      if (cmd == "status") return d.status_json();
+      if (cmd == "stop") {
+        g_stop = 1;
+        return "{\"ok\": true}";
+      }
+      if (cmd == "fault") {
+        std::string dir, spec, err;
+        ls >> dir >> spec;
+        engine::FaultConfig c;
+        if (spec == "off") spec.clear();
+        if ((dir != "rx" && dir != "tx") || !engine::FaultConfig::parse(spec, c, err))
+          return "{\"ok\": false, \"error\": \"" + (err.empty() ? std::string("usage: fault rx|tx SPEC|off") : err) + "\"}";
+        (dir == "rx" ? d.dp->rx_faults() : d.dp->tx_faults()).configure(c);
+        log(1, "fault injection changed", "dir=" + dir + " config=\"" + c.to_string() + "\"");
+        return "{\"ok\": true}";
+      }
+      return "{\"ok\": false, \"error\": \"unknown command '" + cmd + "' (status, fault, stop)\"}";
+    }
+  };
+  void accept() {
+    acceptor_.async_accept([this](boost::system::error_code ec, asio::local::stream_protocol::socket s) {
+      if (!ec) std::make_shared<Conn>(std::move(s), d_)->start();
+      accept();
+    });
+  }
+  asio::local::stream_protocol::acceptor acceptor_;
+  Daemon& d_;
+};
+
+void capture_cb(void* ctx, wire::ConstBytes frame, bool /*tx*/, std::uint64_t /*now*/) {
+  auto* w = static_cast<pcapio::Writer*>(ctx);
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  w->write(frame, ts.tv_sec, ts.tv_nsec / 1000);
+}
+
+std::size_t app_cb(void* ctx, std::uint64_t now) { return static_cast<control::TrafficApp*>(ctx)->step(now); }
+
+void learn_cb(void* ctx, const wire::IpAddr& ip, const wire::MacAddr& mac) {
+  static_cast<transport::Engine*>(ctx)->set_neighbor(ip, mac);
+  char m[24];
+  std::snprintf(m, sizeof m, "%02x:%02x:%02x:%02x:%02x:%02x", mac[0], mac[1], mac[2], mac[3], mac[4], mac[5]);
+  log(1, "neighbour learned", "ip=" + ip.to_string() + " mac=" + m);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string config, port_name, ip_text, capture_path, ctl_path, fault_rx, fault_tx, app_role, app_peer, app_ops,
+      eal_extra, file_prefix, log_level;
+  std::vector<std::string> vdevs, neighbors;
+  bool no_huge = false, app_forever = false;
+  unsigned mem_mb = 512, dscp = 0, ecn = 2, idle_max_us = 200, mtu = 1024, app_port = 18515, app_depth = 32,
+           timeout = 14, retry_cnt = 7, lcore = 0;
+  std::uint64_t app_messages = 1000;
+  std::uint32_t app_size = 4096;
+  double duration = 0;
+
+  po::options_description opts("uroced options");
+  opts.add_options()("help,h", "show this help")("config,c", po::value(&config), "config file (key = value)")
+      ("port", po::value(&port_name), "ethdev name to use, e.g. net_memif0, net_af_packet0 or a PCI address")
+      ("vdev", po::value(&vdevs)->composing(), "create a DPDK vdev (repeatable), e.g. net_af_packet0,iface=veth0")
+      ("no-huge", po::bool_switch(&no_huge), "run without hugepages")
+      ("mem-mb", po::value(&mem_mb), "EAL memory in MB (default 512)")
+      ("lcore", po::value(&lcore), "the lcore to run on (default 0)")
+      ("file-prefix", po::value(&file_prefix), "EAL file prefix (needed for several daemons on one host)")
+      ("eal", po::value(&eal_extra), "extra EAL arguments, space separated")
+      ("ip", po::value(&ip_text), "the RoCE address (GID): IPv4 or IPv6")
+      ("neighbor", po::value(&neighbors)->composing(), "static neighbour IP=MAC (repeatable)")
+      ("dscp", po::value(&dscp), "DSCP for RoCE traffic, 0..63 (default 0)")
+      ("ecn", po::value(&ecn), "ECN bits on data, 0..3 (default 2 = ECT(0))")
+      ("capture", po::value(&capture_path), "write all RoCE traffic, both directions, to this pcap file")
+      ("ctl-socket", po::value(&ctl_path), "Unix socket for status and control (status, fault, stop)")
+      ("fault-rx", po::value(&fault_rx), "RX fault injection, e.g. drop=0.01,dup=0.01,reorder=0.02")
+      ("fault-tx", po::value(&fault_tx), "TX fault injection, same syntax")
+      ("idle-max-us", po::value(&idle_max_us), "longest idle sleep in us; 0 = always busy-poll (default 200)")
+      ("duration", po::value(&duration), "stop after this many seconds (0 = run until stopped)")
+      ("log-level", po::value(&log_level), "debug, info, warn or error (default info)")
+      ("app", po::value(&app_role), "built-in RC traffic: server or client")
+      ("app-peer", po::value(&app_peer), "client: host of the server's TCP exchange")
+      ("app-port", po::value(&app_port), "TCP port of the exchange (default 18515)")
+      ("app-messages", po::value(&app_messages), "messages to run (default 1000)")
+      ("app-size", po::value(&app_size), "message size in bytes, >= 8 (default 4096)")
+      ("app-ops", po::value(&app_ops), "operations: send,write,read,atomic (default all)")
+      ("app-depth", po::value(&app_depth), "messages in flight (default 32)")
+      ("app-forever", po::bool_switch(&app_forever), "server: keep serving clients")
+      ("mtu", po::value(&mtu), "path MTU: 256, 512, 1024, 2048 or 4096 (default 1024)")
+      ("timeout", po::value(&timeout), "QP timeout exponent 0..31: 4.096 us * 2^timeout (default 14)")
+      ("retry-cnt", po::value(&retry_cnt), "QP retry count 0..7 (default 7)");
+  po::variables_map vm;
+  try {
+    po::store(po::parse_command_line(argc, argv, opts), vm);
+    if (vm.count("config")) {
+      std::ifstream f(vm["config"].as<std::string>());
+      if (!f) {
+        std::fprintf(stderr, "uroced: cannot read config file '%s'\n", vm["config"].as<std::string>().c_str());
+        return 2;
+      }
+      po::store(po::parse_config_file(f, opts), vm);
+    }
+    po::notify(vm);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "uroced: %s (see --help)\n", e.what());
+    return 2;
+  }
+  if (vm.count("help")) {
+    std::cout << opts << "\n";
+    return 0;
+  }
+  auto bad = [](const std::string& why) {
+    std::fprintf(stderr, "uroced: %s\n", why.c_str());
+    return 2;
+  };
+  if (!log_level.empty()) {
+    const char* names[] = {"debug", "info", "warn", "error"};
+    g_log_level = -1;
+    for (int i = 0; i < 4; ++i)
+      if (log_level == names[i]) g_log_level = i;
+    if (g_log_level < 0) return bad("--log-level must be debug, info, warn or error");
+  }
+  if (port_name.empty()) return bad("--port is required (the ethdev to use)");
+  wire::IpAddr ip;
+  if (ip_text.empty() || !wire::IpAddr::parse(ip_text, ip)) return bad("--ip must be an IPv4 or IPv6 address");
+  if (dscp > 63) return bad("--dscp must be 0..63");
+  if (ecn > 3) return bad("--ecn must be 0..3");
+  if (mtu != 256 && mtu != 512 && mtu != 1024 && mtu != 2048 && mtu != 4096)
+    return bad("--mtu must be 256, 512, 1024, 2048 or 4096");
+  if (timeout > 31) return bad("--timeout must be 0..31");
+  if (retry_cnt > 7) return bad("--retry-cnt must be 0..7");
+  engine::FaultConfig frx, ftx;
+  std::string err;
+  if (!engine::FaultConfig::parse(fault_rx, frx, err)) return bad("--fault-rx: " + err);
+  if (!engine::FaultConfig::parse(fault_tx, ftx, err)) return bad("--fault-tx: " + err);
+  control::AppOptions ao;
+  if (!app_role.empty()) {
+    if (app_role == "server") ao.role = control::AppOptions::Role::kServer;
+    else if (app_role == "client") ao.role = control::AppOptions::Role::kClient;
+    else return bad("--app must be server or client");
+    if (ao.role == control::AppOptions::Role::kClient && app_peer.empty()) return bad("--app client needs --app-peer");
+    if (app_size < 8 || app_size > (64u << 20)) return bad("--app-size must be 8 bytes .. 64 MiB");
+    if (app_depth == 0 || app_depth > 1024) return bad("--app-depth must be 1..1024");
+    if (!app_ops.empty() && !control::parse_ops(app_ops, ao.ops, err)) return bad("--app-ops: " + err);
+    ao.peer_host = app_peer;
+    ao.port = static_cast<std::uint16_t>(app_port);
+    ao.messages = app_messages;
+    ao.size = app_size;
+    ao.depth = app_depth;
+    ao.mtu = static_cast<ibv_mtu>(__builtin_ctz(mtu) - 7);
+    ao.timeout = static_cast<std::uint8_t>(timeout);
+    ao.retry_cnt = static_cast<std::uint8_t>(retry_cnt);
+    ao.forever = app_forever;
+  }
+  std::vector<std::pair<wire::IpAddr, wire::MacAddr>> statics;
+  for (const auto& n : neighbors) {
+    const auto eq = n.find('=');
+    wire::IpAddr nip;
+    wire::MacAddr nmac;
+    if (eq == std::string::npos || !wire::IpAddr::parse(n.substr(0, eq), nip) || !parse_mac(n.substr(eq + 1), nmac))
+      return bad("--neighbor must be IP=MAC, got '" + n + "'");
+    statics.emplace_back(nip, nmac);
+  }
+
+  // EAL from the configuration.
+  std::vector<std::string> eal = {"-l", std::to_string(lcore), "--log-level=lib.eal:warning"};
+  if (no_huge) {
+    eal.push_back("--no-huge");
+    eal.push_back("-m");
+    eal.push_back(std::to_string(mem_mb));
+  }
+  if (!file_prefix.empty()) eal.push_back("--file-prefix=" + file_prefix);
+  for (const auto& v : vdevs) eal.push_back("--vdev=" + v);
+  {
+    std::istringstream es(eal_extra);
+    std::string a;
+    while (es >> a) eal.push_back(a);
+  }
+  if (!dpdk::eal_init(eal, err)) return bad(err);
+
+  Daemon d;
+  d.name = port_name;
+  dpdk::PortOptions popt;
+  popt.name = port_name;
+  d.port = dpdk::Port::open(popt, err);
+  if (!d.port) {
+    dpdk::eal_cleanup();
+    return bad("port " + port_name + ": " + err);
+  }
+  transport::EngineConfig ec;
+  ec.mac = d.port->mac();
+  ec.ip = ip;
+  ec.dscp = static_cast<std::uint8_t>(dscp);
+  ec.ecn = static_cast<std::uint8_t>(ecn);
+  ec.seed = static_cast<std::uint64_t>(now_ns());
+  d.eng = std::make_unique<transport::Engine>(ec);
+  d.neigh = std::make_unique<engine::Neighbors>(ec.mac, ip);
+  d.neigh->on_learn = learn_cb;
+  d.neigh->on_learn_ctx = d.eng.get();
+  for (const auto& [nip, nmac] : statics) {
+    d.neigh->add_static(nip, nmac);
+    d.eng->set_neighbor(nip, nmac);
+  }
+  d.dp = std::make_unique<engine::Dataplane>(*d.eng, *d.port, *d.neigh, ec.seed);
+  d.dp->rx_faults().configure(frx);
+  d.dp->tx_faults().configure(ftx);
+  engine::IdleConfig idle;
+  idle.max_sleep_us = idle_max_us;
+  d.dp->set_idle(idle);
+  if (!capture_path.empty()) {
+    if (!d.capture.open(capture_path)) return bad("--capture: " + d.capture.error());
+    d.capturing = true;
+    d.dp->set_capture(capture_cb, &d.capture);
+  }
+  char macs[24];
+  std::snprintf(macs, sizeof macs, "%02x:%02x:%02x:%02x:%02x:%02x", ec.mac[0], ec.mac[1], ec.mac[2], ec.mac[3],
+                ec.mac[4], ec.mac[5]);
+  log(1, "uroced started", "port=" + port_name + " ip=" + ip.to_string() + " mac=" + macs + " " + d.port->describe() +
+                               " fault_rx=\"" + frx.to_string() + "\" fault_tx=\"" + ftx.to_string() + "\"");
+  if (ao.role != control::AppOptions::Role::kNone) {
+    d.app = std::make_unique<control::TrafficApp>(*d.eng, *d.dp, *d.neigh, ao);
+    d.dp->set_app(app_cb, d.app.get());
+  }
+
+  asio::io_context io;
+  std::unique_ptr<ControlServer> ctl;
+  if (!ctl_path.empty()) {
+    try {
+      ctl = std::make_unique<ControlServer>(io, ctl_path, d);
+    } catch (const std::exception& e) {
+      return bad("--ctl-socket " + ctl_path + ": " + e.what());
+    }
+  }
+  signal(SIGTERM, on_signal);
+  signal(SIGINT, on_signal);
+  signal(SIGPIPE, SIG_IGN);
+
+  const std::uint64_t start = now_ns();
+  std::uint64_t last_ctl = 0, stop_at = 0;
+  int rc = 0;
+  for (;;) {
+    const std::uint64_t now = now_ns();
+    const std::size_t work = d.dp->iterate(now);
+    if (now - last_ctl > 1'000'000) {  // the control plane, about every ms
+      io.poll();
+      last_ctl = now;
+    }
+    if (duration > 0 && now - start > static_cast<std::uint64_t>(duration * 1e9)) g_stop = 1;
+    if (g_stop && stop_at == 0) {
+      // Graceful stop: QPs to ERR, completions delivered, then exit.
+      log(1, "stopping: flushing QPs");
+      stop_at = now;
+      if (d.app) d.app->shutdown();
+    }
+    if (d.app && d.app->finished()) {
+      rc = d.app->exit_code();
+      std::printf("%s\n", d.app->summary().c_str());
+      std::fflush(stdout);
+      if (!app_forever || stop_at) break;
+    }
+    if (stop_at && (!d.app || now - stop_at > 2'000'000'000ull)) break;
+    d.dp->idle(work);
+  }
+  log(1, "uroced stopped", "status=" + d.status_json());
+  if (d.capturing) d.capture.close();
+  d.app.reset();
+  d.dp.reset();
+  d.port.reset();
+  dpdk::eal_cleanup();
+  return rc;
+}

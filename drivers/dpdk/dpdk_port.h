@@ -1,0 +1,56 @@
+// An ethdev port as a PortIo: any DPDK poll-mode driver, a PCI NIC or a vdev
+// (net_ring, net_memif, net_af_packet, net_af_xdp, net_tap, net_pcap).
+// This header has no DPDK types; dpdk_port.cc is the only file that includes
+// rte_*.h.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "stack/engine/port_io.h"
+
+namespace uroce::dpdk {
+
+/// Initialises the EAL with `args` (as on a DPDK command line, without argv[0]).
+bool eal_init(const std::vector<std::string>& args, std::string& err);
+void eal_cleanup();
+
+struct PortOptions {
+  std::string name;  // ethdev name: a vdev given with --vdev, or a PCI address
+  std::uint16_t rx_desc = 1024;
+  std::uint16_t tx_desc = 1024;
+  std::uint32_t mbufs = 8191;
+  std::uint16_t data_room = 9216;  // one segment per frame up to a 9K MTU
+};
+
+struct PortStats {
+  std::uint64_t rx_frames = 0, tx_frames = 0, tx_dropped = 0, rx_linearized = 0;
+  std::uint64_t hw_ipackets = 0, hw_opackets = 0, hw_imissed = 0, hw_ierrors = 0, hw_oerrors = 0;
+};
+
+class Port : public engine::PortIo {
+ public:
+  /// Configures and starts the port; on failure returns nullptr and sets err.
+  static std::unique_ptr<Port> open(const PortOptions& o, std::string& err);
+  ~Port() override;
+
+  std::uint16_t rx_burst(engine::RxFrame* out, std::uint16_t max) override;
+  void rx_done() override;
+  bool tx(const transport::TxFrame& f) override;
+  bool tx_raw(wire::ConstBytes frame) override;
+  void tx_flush() override;
+  [[nodiscard]] wire::MacAddr mac() const override { return mac_; }
+
+  [[nodiscard]] PortStats stats() const;
+  /// Driver name and the offloads in use, for the log.
+  [[nodiscard]] std::string describe() const;
+
+ private:
+  Port() = default;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  wire::MacAddr mac_{};
+};
+
+}  // namespace uroce::dpdk

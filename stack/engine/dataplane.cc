@@ -1,0 +1,104 @@
+#include "stack/engine/dataplane.h"
+
+#include <time.h>
+
+namespace uroce::engine {
+
+Dataplane::Dataplane(transport::Engine& eng, PortIo& port, Neighbors& neigh, std::uint64_t seed)
+    : eng_(eng), port_(port), neigh_(neigh), rx_fault_(seed * 2 + 1), tx_fault_(seed * 2 + 2) {}
+
+void Dataplane::dispatch(wire::ConstBytes frame, std::uint64_t now) {
+  std::size_t reply_len = 0;
+  switch (neigh_.handle(frame, wire::Bytes(reply_, sizeof reply_), reply_len)) {
+    case Neighbors::Verdict::kReply:
+      inc(frame.size() > 13 && frame[12] == 0x08 && frame[13] == 0x00 ? DpCounter::rx_icmp_echo
+                                                                       : DpCounter::rx_arp_nd);
+      send_raw(wire::ConstBytes(reply_, reply_len), now);
+      inc(DpCounter::tx_replies);
+      return;
+    case Neighbors::Verdict::kHandled: inc(DpCounter::rx_arp_nd); return;
+    case Neighbors::Verdict::kNotMine: break;
+  }
+  // Everything else goes to the transport, which parses it, counts RoCE
+  // frames it refuses by reason, and counts non-RoCE frames as rx_not_roce.
+  const std::uint64_t before = eng_.counters()[transport::PortCounter::rx_not_roce];
+  if (capture_) capture_(capture_ctx_, frame, false, now);
+  eng_.rx(frame, now);
+  if (eng_.counters()[transport::PortCounter::rx_not_roce] != before) {
+    inc(DpCounter::rx_other);
+  } else {
+    inc(DpCounter::rx_roce);
+  }
+}
+
+void Dataplane::send_raw(wire::ConstBytes frame, std::uint64_t now) {
+  (void)now;
+  if (port_.tx_raw(frame)) inc(DpCounter::tx_frames);
+}
+
+void Dataplane::resolve(const wire::IpAddr& ip) {
+  const std::size_t n = neigh_.build_request(ip, wire::Bytes(reply_, sizeof reply_));
+  if (n && port_.tx_raw(wire::ConstBytes(reply_, n))) {
+    inc(DpCounter::neigh_requests);
+    inc(DpCounter::tx_frames);
+  }
+}
+
+std::size_t Dataplane::iterate(std::uint64_t now) {
+  std::size_t work = 0;
+  // Stage 1: receive burst, 2: dispatch.
+  RxFrame burst[32];
+  const std::uint16_t n = port_.rx_burst(burst, 32);
+  if (n) {
+    inc(DpCounter::rx_bursts);
+    inc(DpCounter::rx_frames, n);
+    work += n;
+    if (rx_fault_.active()) {
+      for (std::uint16_t i = 0; i < n; ++i)
+        rx_fault_.apply(wire::ConstBytes(burst[i].data, burst[i].len), now,
+                        [&](wire::ConstBytes f) { dispatch(f, now); });
+    } else {
+      for (std::uint16_t i = 0; i < n; ++i) dispatch(wire::ConstBytes(burst[i].data, burst[i].len), now);
+    }
+  }
+  port_.rx_done();
+  if (rx_fault_.active()) rx_fault_.release(now, [&](wire::ConstBytes f) { dispatch(f, now); });
+  // Stage 3: the transport (completer, responder, requester, timers).
+  eng_.poll(now);
+  // Stage 4: the application side.
+  if (app_) work += app_(app_ctx_, now);
+  // Stage 5: transmit.
+  eng_.poll(now);  // pick up what the app posted without waiting a loop
+  const bool faulty = tx_fault_.active();
+  work += eng_.drain_tx([&](const transport::TxFrame& f) {
+    if (capture_ || faulty) {
+      const std::size_t len = f.copy_to(wire::Bytes(flat_, sizeof flat_));
+      if (capture_) capture_(capture_ctx_, wire::ConstBytes(flat_, len), true, now);
+      if (faulty) {
+        tx_fault_.apply(wire::ConstBytes(flat_, len), now, [&](wire::ConstBytes g) { send_raw(g, now); });
+        return;
+      }
+    }
+    if (port_.tx(f)) inc(DpCounter::tx_frames);
+  });
+  if (faulty) tx_fault_.release(now, [&](wire::ConstBytes g) { send_raw(g, now); });
+  port_.tx_flush();
+  return work;
+}
+
+void Dataplane::idle(std::size_t work) {
+  if (work != 0 || idle_cfg_.max_sleep_us == 0) {
+    idle_iters_ = 0;
+    sleep_us_ = 0;
+    return;
+  }
+  if (++idle_iters_ < idle_cfg_.spin_iterations) return;
+  // Idle for a while: back off, doubling, so an idle daemon does not burn a
+  // core; any work resets it, so a busy daemon never sleeps.
+  sleep_us_ = sleep_us_ == 0 ? idle_cfg_.min_sleep_us : std::min(sleep_us_ * 2, idle_cfg_.max_sleep_us);
+  timespec ts{0, static_cast<long>(sleep_us_) * 1000};
+  nanosleep(&ts, nullptr);
+  inc(DpCounter::idle_sleeps);
+}
+
+}  // namespace uroce::engine

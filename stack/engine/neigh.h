@@ -1,0 +1,61 @@
+// Neighbour resolution and the non-RoCE frames a host must answer: ARP
+// (RFC 826) requests and replies, ICMP echo to our IPv4 address, and IPv6
+// Neighbor Solicitation/Advertisement (RFC 4861). Static entries come from
+// the configuration; learned ones from ARP/NA traffic.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+
+#include "stack/wire/addr.h"
+#include "stack/wire/be.h"
+#include "stack/wire/headers.h"
+
+namespace uroce::engine {
+
+class Neighbors {
+ public:
+  Neighbors(const wire::MacAddr& mac, const wire::IpAddr& ip) : mac_(mac), ip_(ip) {}
+
+  enum class Verdict : std::uint8_t {
+    kNotMine,  // not ARP/ICMP/ND for us: the caller decides
+    kHandled,  // consumed (learned, or ignored on purpose)
+    kReply,    // consumed, and `reply` holds a frame to send
+  };
+  /// Looks at a received frame. Fills `reply` (reply_len bytes) for kReply.
+  Verdict handle(wire::ConstBytes frame, wire::Bytes reply, std::size_t& reply_len);
+
+  /// Builds a broadcast ARP request, or an IPv6 Neighbor Solicitation, for `ip`.
+  std::size_t build_request(const wire::IpAddr& ip, wire::Bytes out) const;
+
+  void add_static(const wire::IpAddr& ip, const wire::MacAddr& mac) { table_[ip] = {mac, true}; }
+  [[nodiscard]] std::optional<wire::MacAddr> lookup(const wire::IpAddr& ip) const;
+  /// Called when a new entry is learned (the engine needs it for RTR and UD).
+  void (*on_learn)(void* ctx, const wire::IpAddr& ip, const wire::MacAddr& mac) = nullptr;
+  void* on_learn_ctx = nullptr;
+
+  [[nodiscard]] const wire::IpAddr& ip() const { return ip_; }
+  [[nodiscard]] const wire::MacAddr& mac() const { return mac_; }
+  [[nodiscard]] std::size_t size() const { return table_.size(); }
+
+ private:
+  struct Entry {
+    wire::MacAddr mac;
+    bool is_static;
+  };
+  void learn(const wire::IpAddr& ip, const wire::MacAddr& mac);
+  Verdict arp(wire::ConstBytes f, std::size_t l3, wire::Bytes reply, std::size_t& len);
+  Verdict icmp4(wire::ConstBytes f, std::size_t l3, wire::Bytes reply, std::size_t& len);
+  Verdict icmp6(wire::ConstBytes f, std::size_t l3, wire::Bytes reply, std::size_t& len);
+
+  wire::MacAddr mac_;
+  wire::IpAddr ip_;
+  std::map<wire::IpAddr, Entry> table_;
+};
+
+/// RFC 1071 one's-complement sum, continued from `sum`, unfolded.
+std::uint32_t csum_add(std::uint32_t sum, const std::uint8_t* p, std::size_t n);
+std::uint16_t csum_fold(std::uint32_t sum);
+
+}  // namespace uroce::engine

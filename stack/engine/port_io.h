@@ -1,0 +1,33 @@
+// The small device interface between the dataplane loop and a driver:
+// bursts of received frames in, frames out. drivers/dpdk implements it over
+// an ethdev port; tests implement it in memory. No DPDK types cross it.
+#pragma once
+
+#include <cstdint>
+
+#include "stack/transport/engine.h"
+#include "stack/wire/be.h"
+
+namespace uroce::engine {
+
+struct RxFrame {
+  const std::uint8_t* data = nullptr;
+  std::uint32_t len = 0;
+};
+
+class PortIo {
+ public:
+  virtual ~PortIo() = default;
+  /// Receives up to `max` frames; they stay valid until rx_done().
+  virtual std::uint16_t rx_burst(RxFrame* out, std::uint16_t max) = 0;
+  virtual void rx_done() = 0;
+  /// Queues a transport frame (headers + payload by reference + trailer).
+  virtual bool tx(const transport::TxFrame& f) = 0;
+  /// Queues raw bytes (ARP replies, injected or delayed frames).
+  virtual bool tx_raw(wire::ConstBytes frame) = 0;
+  /// Sends what is queued.
+  virtual void tx_flush() = 0;
+  [[nodiscard]] virtual wire::MacAddr mac() const = 0;
+};
+
+}  // namespace uroce::engine
