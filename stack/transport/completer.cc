@@ -113,6 +113,10 @@ void Engine::on_response(Qp& qp, const wire::Packet& pkt, std::uint64_t now) {
         const unsigned code = syn & 31;
         if (code == static_cast<unsigned>(wire::NakCode::kPsnSeqError)) {
           qp.ctr.inc(QpCounter::rcvd_seq_err);
+          // While waiting out an RNR NAK, a sequence NAK for the rest of the
+          // same message is its echo (the later packets arrived after the
+          // RNR'd one was refused): the RNR retry covers it, and nothing was lost.
+          if (r.rnr_until != 0) return;
           if (!r.retry_pending) retry_or_fail(qp, now, false, p);
           return;
         }
@@ -157,6 +161,14 @@ void Engine::on_response(Qp& qp, const wire::Packet& pkt, std::uint64_t now) {
     if (is_read_resp) {
       const std::uint64_t off = std::uint64_t{w.read_pkts_done} * qp.mtu;
       const bool last_pkt = w.read_pkts_done + 1 == w.npkts;
+      // Opcode sequence (9.7.5.2.3): a response stream starts with FIRST or
+      // ONLY, continues with MIDDLE, and ends with LAST exactly at the end.
+      const bool starts = pkt.info->has(wire::kOpStart), ends = pkt.info->has(wire::kOpEnd);
+      if (starts == w.read_stream_open || ends != last_pkt) {
+        qp.ctr.inc(QpCounter::unexpected_resp);
+        return;
+      }
+      w.read_stream_open = !ends;
       const std::uint64_t expect = last_pkt ? w.length - off : qp.mtu;
       if (pkt.payload_len != std::min<std::uint64_t>(expect, w.length)) {
         qp.ctr.inc(QpCounter::unexpected_resp);

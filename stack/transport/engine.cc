@@ -211,23 +211,35 @@ bool legal(ibv_qp_state from, ibv_qp_state to) {
 }
 
 Transition transition(ibv_qp_type t, ibv_qp_state from, ibv_qp_state to) {
+  // The kernel's qp_state_table (ib_modify_qp_is_ok) transcribes IBTA 10.3.1.
   const bool rc = t == IBV_QPT_RC, ud = t == IBV_QPT_UD;
+  constexpr int kCur = IBV_QP_CUR_STATE;
+  constexpr int kPath = IBV_QP_ALT_PATH | IBV_QP_PATH_MIG_STATE;
   const int base_init = IBV_QP_PKEY_INDEX | IBV_QP_PORT | (ud ? IBV_QP_QKEY : IBV_QP_ACCESS_FLAGS);
   if (from == IBV_QPS_RESET && to == IBV_QPS_INIT) return {base_init, 0};
   if (from == IBV_QPS_INIT && to == IBV_QPS_INIT) return {0, base_init};
   if (from == IBV_QPS_INIT && to == IBV_QPS_RTR) {
     if (ud) return {0, IBV_QP_PKEY_INDEX | IBV_QP_QKEY};
-    return {rc ? kRcRtrReq : kRcUcRtrReq, IBV_QP_PKEY_INDEX | IBV_QP_ACCESS_FLAGS};
+    return {rc ? kRcRtrReq : kRcUcRtrReq, IBV_QP_PKEY_INDEX | IBV_QP_ACCESS_FLAGS | IBV_QP_ALT_PATH};
   }
   if (from == IBV_QPS_RTR && to == IBV_QPS_RTS) {
-    if (ud) return {IBV_QP_SQ_PSN, IBV_QP_QKEY};
-    return {rc ? kRcRtsReq : IBV_QP_SQ_PSN, IBV_QP_ACCESS_FLAGS | (rc ? IBV_QP_MIN_RNR_TIMER : 0)};
+    if (ud) return {IBV_QP_SQ_PSN, kCur | IBV_QP_QKEY};
+    return {rc ? kRcRtsReq : IBV_QP_SQ_PSN,
+            kCur | IBV_QP_ACCESS_FLAGS | kPath | (rc ? IBV_QP_MIN_RNR_TIMER : 0)};
   }
-  if ((from == IBV_QPS_RTS || from == IBV_QPS_SQD || from == IBV_QPS_SQE) && to == IBV_QPS_RTS)
-    return {0, IBV_QP_ACCESS_FLAGS | IBV_QP_QKEY | (rc ? IBV_QP_MIN_RNR_TIMER | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-                                                             IBV_QP_RNR_RETRY
-                                                       : 0)};
-  if (to == IBV_QPS_SQD) return {0, IBV_QP_EN_SQD_ASYNC_NOTIFY};
+  if ((from == IBV_QPS_RTS || from == IBV_QPS_SQD) && to == IBV_QPS_RTS) {
+    if (ud) return {0, kCur | IBV_QP_QKEY};
+    return {0, kCur | IBV_QP_ACCESS_FLAGS | kPath | (rc ? IBV_QP_MIN_RNR_TIMER : 0)};
+  }
+  if (from == IBV_QPS_SQE && to == IBV_QPS_RTS) return {0, kCur | (ud ? IBV_QP_QKEY : IBV_QP_ACCESS_FLAGS)};
+  if (from == IBV_QPS_RTS && to == IBV_QPS_SQD) return {0, IBV_QP_EN_SQD_ASYNC_NOTIFY};
+  if (from == IBV_QPS_SQD && to == IBV_QPS_SQD) {
+    if (ud) return {0, IBV_QP_PKEY_INDEX | IBV_QP_QKEY};
+    const int both = IBV_QP_PORT | IBV_QP_AV | kCur | kPath | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX;
+    return {0, rc ? both | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC |
+                        IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER
+                  : both};
+  }
   return {0, 0};  // to RESET or ERR
 }
 
@@ -241,7 +253,7 @@ ModifyResult Engine::modify_qp(Qp* qp, const ibv_qp_attr& a, int mask) {
   if (to > IBV_QPS_ERR) return {EINVAL, "unknown target state"};
   if (!legal(from, to)) return {EINVAL, "illegal state transition"};
   const Transition tr = transition(qp->type, from, to);
-  const int given = mask & ~(IBV_QP_STATE | IBV_QP_CUR_STATE);
+  const int given = mask & ~IBV_QP_STATE;  // CUR_STATE only where the table allows it
   if ((given & tr.required) != tr.required) return {EINVAL, "a required attribute for this transition is missing"};
   if ((given & ~(tr.required | tr.optional)) != 0) return {EINVAL, "an attribute not allowed for this transition"};
 

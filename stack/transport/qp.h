@@ -43,6 +43,7 @@ struct SendWqe {
   wire::Psn first_psn{};
   std::uint32_t npkts = 0;           // PSNs this WQE consumes (READ: response packets)
   std::uint32_t read_pkts_done = 0;  // READ response packets received
+  bool read_stream_open = false;     // a FIRST (or ONLY) of the current response stream was seen
 };
 
 struct Requester {

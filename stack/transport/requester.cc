@@ -123,7 +123,9 @@ bool Engine::send_next_packet(Qp& qp, std::uint64_t now) {
   std::uint32_t payload = 0;
   const std::uint64_t off = std::uint64_t{r.cursor_pkt} * qp.mtu;
   if (w.kind == WqeKind::kRead) {
-    // A READ restarted by go-back-N asks only for the bytes not yet received.
+    // A READ restarted by go-back-N asks only for the bytes not yet received,
+    // and its answer is a new response stream (FIRST or ONLY first).
+    w.read_stream_open = false;
     spec.ext.reth_va = w.remote_addr + off;
     spec.ext.reth_rkey = w.rkey;
     spec.ext.reth_len = static_cast<std::uint32_t>(w.length - off);

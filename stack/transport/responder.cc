@@ -63,11 +63,7 @@ void Engine::on_rc_request(Qp& qp, const wire::Packet& pkt) {
     // Ahead of what we expect: something was lost. One NAK per gap, naming
     // the first missing PSN (IBTA 9.7.5.1.2); the rest are dropped.
     qp.ctr.inc(QpCounter::out_of_sequence);
-    if (!s.nak_sent && queue_ack(qp, kNakSeq, s.epsn)) {
-      s.nak_sent = true;
-      qp.ctr.inc(QpCounter::sent_naks);
-      qp.ctr.inc(QpCounter::sent_seq_naks);
-    }
+    if (!s.nak_sent && queue_ack(qp, kNakSeq, s.epsn)) s.nak_sent = true;  // counted when sent
     return;
   }
   if (d < 0) {
@@ -101,6 +97,11 @@ void Engine::on_rc_request(Qp& qp, const wire::Packet& pkt) {
 
 void Engine::responder_error(Qp& qp, const wire::Packet& pkt, Exec e) {
   const std::uint8_t syn = e == Exec::kNakAccess ? kNakAccess : e == Exec::kNakOp ? kNakOp : kNakInvalid;
+  // Responses already owed for earlier requests (READ data, atomic results,
+  // a coalesced ACK) go out first, in order; then the NAK; then the QP
+  // moves to ERR, which discards whatever could not be sent.
+  settle_pending_ack(qp);
+  run_responses(qp);
   if (send_ack(qp, syn, pkt.psn)) qp.ctr.inc(QpCounter::sent_naks);
   if (qp.resp.have_rwqe) {
     const ibv_wc_status st = e == Exec::kNakAccess ? IBV_WC_REM_ACCESS_ERR
@@ -482,7 +483,10 @@ void Engine::run_responses(Qp& qp) {
     RespTx& rt = s.out.front();
     if (rt.kind == RespTx::Kind::kAck) {
       if (!send_ack(qp, rt.syndrome, rt.psn)) return;
-      if (rt.syndrome != kAckSyndrome) qp.ctr.inc(QpCounter::sent_naks);
+      if (rt.syndrome != kAckSyndrome) {  // NAKs and RNR NAKs
+        qp.ctr.inc(QpCounter::sent_naks);
+        if (rt.syndrome == kNakSeq) qp.ctr.inc(QpCounter::sent_seq_naks);
+      }
       s.out.pop();
       continue;
     }
