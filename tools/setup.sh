@@ -2,7 +2,7 @@
 # uroce setup: installs the Debian packages the project needs (idempotent),
 # builds, and runs a job.
 #
-#   tools/setup.sh demo    install, build, run the main job
+#   tools/setup.sh demo    install, build, run the main job (two daemons, verified RC traffic)
 #   tools/setup.sh test    install, build (plain and ASan/UBSan), run every test suite
 #   tools/setup.sh build   install and build only
 #
@@ -67,18 +67,16 @@ build_asan() {
 }
 
 run_demo() {
-  # The main job until the daemon exists: decode the project's own fixtures.
-  log "demo: uroce-pcap --strict on pcap-fixtures/"
-  local rc=0
-  for f in pcap-fixtures/*.pcap; do
-    "$build/tools/uroce-pcap" --strict "$f" || rc=1
-  done
-  return $rc
+  # The main job: two daemons over a virtual link doing verified RC traffic.
+  log "demo: two uroced over net_memif, verified RC traffic"
+  tools/demo.sh "$build"
 }
 
 run_tests() {
-  log "tests: unit + conformance (plain build)"
-  meson test -C "$build" --suite unit --suite conformance --print-errorlogs
+  log "tests: unit + conformance + integration (plain build)"
+  meson test -C "$build" --suite unit --suite conformance --suite integration --print-errorlogs
+  log "demo (the README's first command, on the same build)"
+  tools/demo.sh "$build" 5000
   log "tests: unit + conformance + fuzz (ASan/UBSan build)"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
     meson test -C "$asan_build" --suite unit --suite conformance --suite fuzz --print-errorlogs

@@ -136,6 +136,10 @@ bool TrafficApp::exchange() {
   if (!decode(in, peer_, err)) return fail(err), false;
   if (!client && !send_all(fd_, out, sizeof out, kExchangeTimeoutMs)) return fail("exchange: send failed"), false;
   if (peer_.mtu != me.mtu) return fail("exchange: peer MTU " + std::to_string(peer_.mtu) + " differs from ours"), false;
+  if (peer_.len < mem_.size())
+    return fail("exchange: the peer's buffers (" + std::to_string(peer_.len) + " bytes) are smaller than ours (" +
+                std::to_string(mem_.size()) + "): start both sides with the same --app-size and --app-depth"),
+           false;
   return true;
 }
 

@@ -318,6 +318,8 @@ int main(int argc, char** argv) {
     eal.push_back(std::to_string(mem_mb));
   }
   if (!file_prefix.empty()) eal.push_back("--file-prefix=" + file_prefix);
+  // A vdev port needs no PCI scan (and a scan may grab devices it should not).
+  if (port_name.rfind("net_", 0) == 0 && eal_extra.find("-a ") == std::string::npos) eal.push_back("--no-pci");
   for (const auto& v : vdevs) eal.push_back("--vdev=" + v);
   {
     std::istringstream es(eal_extra);

@@ -2,12 +2,19 @@
 
 #include <time.h>
 
+#include <cstring>
+
 namespace uroce::engine {
 
 Dataplane::Dataplane(transport::Engine& eng, PortIo& port, Neighbors& neigh, std::uint64_t seed)
     : eng_(eng), port_(port), neigh_(neigh), rx_fault_(seed * 2 + 1), tx_fault_(seed * 2 + 2) {}
 
 void Dataplane::dispatch(wire::ConstBytes frame, std::uint64_t now) {
+  // af_packet and tap can hand us what we sent ourselves.
+  if (frame.size() >= 12 && std::memcmp(frame.data() + 6, port_.mac().data(), 6) == 0) {
+    inc(DpCounter::rx_own);
+    return;
+  }
   std::size_t reply_len = 0;
   switch (neigh_.handle(frame, wire::Bytes(reply_, sizeof reply_), reply_len)) {
     case Neighbors::Verdict::kReply:

@@ -24,6 +24,7 @@ namespace uroce::engine {
   X(rx_arp_nd, "ARP and IPv6 ND frames handled")                 \
   X(rx_icmp_echo, "ICMP echo requests answered")                 \
   X(rx_other, "frames that are neither, dropped")                \
+  X(rx_own, "our own frames looped back by the driver, dropped") \
   X(tx_frames, "frames queued on the port")                      \
   X(tx_replies, "ARP/ND/ICMP replies sent")                      \
   X(neigh_requests, "ARP requests and neighbour solicitations sent") \

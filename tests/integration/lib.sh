@@ -1,0 +1,102 @@
+# Shared helpers for the integration tests: network namespaces joined by a
+# veth pair, daemons started and stopped, results counted. Sourced, not run.
+set -u
+UROCED=${UROCED:?path to uroced}
+UROCE_PCAP=${UROCE_PCAP:-}
+PASS=0
+FAIL=0
+TMP=$(mktemp -d /tmp/uroce-it.XXXXXX)
+NS_A=uroce-a-$$
+NS_B=uroce-b-$$
+PIDS=""
+
+ok() { PASS=$((PASS+1)); echo "ok: $*"; }
+bad() { FAIL=$((FAIL+1)); echo "FAIL: $*"; }
+check() { if eval "$2"; then ok "$1"; else bad "$1 ($2)"; fi; }
+
+need_root() {
+  if [ "$(id -u)" -ne 0 ] || ! ip netns add uroce-probe-$$ 2>/dev/null; then
+    echo "SKIP: needs root and network namespaces"; exit 77
+  fi
+  ip netns del uroce-probe-$$
+}
+
+cleanup() {
+  for p in $PIDS; do kill -9 "$p" 2>/dev/null; done
+  wait 2>/dev/null
+  ip netns del "$NS_A" 2>/dev/null
+  ip netns del "$NS_B" 2>/dev/null
+  ip netns del "$NS_S" 2>/dev/null
+  rm -rf "$TMP"
+}
+trap cleanup EXIT
+
+# Hosts A and B, each with veth0, joined through a bridge in a third
+# "switch" namespace where loss is injected (AF_PACKET sees frames before a
+# host's own netdev ingress hook, so drops must happen on the way). Kernel
+# addresses 10.90.1.1/2 carry the TCP exchange; MTU 9000 fits 4 KiB RoCE frames.
+NS_S=uroce-s-$$
+make_link() {
+  ip netns add "$NS_A"; ip netns add "$NS_B"; ip netns add "$NS_S"
+  ip -n "$NS_S" link add br0 type bridge
+  ip -n "$NS_S" link set br0 mtu 9000 up
+  for h in a b; do
+    ns=$NS_A; [ $h = b ] && ns=$NS_B
+    ip link add u$h-$$ type veth peer name s$h-$$
+    ip link set u$h-$$ netns "$ns"; ip link set s$h-$$ netns "$NS_S"
+    ip -n "$ns" link set u$h-$$ name veth0 mtu 9000 up
+    ip -n "$NS_S" link set s$h-$$ name p$h mtu 9000 master br0 up
+    ip -n "$ns" link set lo up
+  done
+  ip -n "$NS_A" addr add 10.90.1.1/24 dev veth0
+  ip -n "$NS_B" addr add 10.90.1.2/24 dev veth0
+}
+
+# drop_roce PERCENT: drop that share of RoCEv2 frames crossing the switch.
+drop_roce() {
+  ip netns exec "$NS_S" nft -f - <<NFT
+table bridge uroce_loss {
+  chain forward {
+    type filter hook forward priority 0; policy accept;
+    udp dport 4791 numgen random mod 100 < $1 counter drop
+  }
+}
+NFT
+}
+dropped_by_nft() { ip netns exec "$NS_S" nft list table bridge uroce_loss 2>/dev/null | sed -n 's/.*counter packets \([0-9]*\).*/\1/p' | head -1; }
+no_loss() { ip netns exec "$NS_S" nft delete table bridge uroce_loss 2>/dev/null; true; }
+
+# start_daemon NS NAME ARGS... : runs uroced in NS ("" = here), output in
+# $TMP/NAME.{out,err}; sets LAST_PID (call it directly, not in $(...)).
+start_daemon() {
+  local ns=$1 name=$2; shift 2
+  if [ -n "$ns" ]; then
+    ip netns exec "$ns" "$UROCED" --no-huge --mem-mb 256 --file-prefix "$name-$$" "$@" > "$TMP/$name.out" 2> "$TMP/$name.err" &
+  else
+    "$UROCED" --no-huge --mem-mb 256 --file-prefix "$name-$$" "$@" > "$TMP/$name.out" 2> "$TMP/$name.err" &
+  fi
+  LAST_PID=$!
+  PIDS="$PIDS $LAST_PID"
+}
+
+# ctl SOCKET LINE: one request on a daemon's control socket
+ctl() { /usr/bin/python3 - "$1" "$2" <<'PY'
+import socket, sys
+s = socket.socket(socket.AF_UNIX); s.settimeout(5); s.connect(sys.argv[1])
+s.sendall((sys.argv[2] + "\n").encode()); data = b""
+while not data.endswith(b"\n"):
+    chunk = s.recv(65536)
+    if not chunk: break
+    data += chunk
+print(data.decode().strip())
+PY
+}
+# jget JSON PATH: a field from a status reply, e.g. jget "$st" port.rx_icrc_err
+jget() { /usr/bin/python3 -c 'import json,sys; d=json.loads(sys.argv[1]); 
+for k in sys.argv[2].split("."): d=d[k]
+print(d)' "$1" "$2"; }
+
+finish() {
+  echo "$PASS passed, $FAIL failed"
+  [ "$FAIL" -eq 0 ] && [ "$PASS" -gt 0 ]
+}
