@@ -200,7 +200,7 @@ int main(int argc, char** argv) {
       eal_extra, file_prefix, log_level;
   std::vector<std::string> vdevs, neighbors;
   bool no_huge = false, app_forever = false;
-  unsigned mem_mb = 512, dscp = 0, ecn = 2, idle_max_us = 200, mtu = 1024, app_port = 18515, app_depth = 32,
+  unsigned mem_mb = 512, vlan = 0, pcp = 0, dscp = 0, ecn = 2, idle_max_us = 200, mtu = 1024, app_port = 18515, app_depth = 32,
            timeout = 14, retry_cnt = 7, lcore = 0;
   std::uint64_t app_messages = 1000;
   std::uint32_t app_size = 4096;
@@ -217,6 +217,8 @@ int main(int argc, char** argv) {
       ("eal", po::value(&eal_extra), "extra EAL arguments, space separated")
       ("ip", po::value(&ip_text), "the RoCE address (GID): IPv4 or IPv6")
       ("neighbor", po::value(&neighbors)->composing(), "static neighbour IP=MAC (repeatable)")
+      ("vlan", po::value(&vlan), "802.1Q VLAN ID for all traffic, 1..4094 (default: untagged)")
+      ("pcp", po::value(&pcp), "802.1Q priority with --vlan, 0..7 (default 0)")
       ("dscp", po::value(&dscp), "DSCP for RoCE traffic, 0..63 (default 0)")
       ("ecn", po::value(&ecn), "ECN bits on data, 0..3 (default 2 = ECT(0))")
       ("capture", po::value(&capture_path), "write all RoCE traffic, both directions, to this pcap file")
@@ -272,6 +274,8 @@ int main(int argc, char** argv) {
   wire::IpAddr ip;
   if (ip_text.empty() || !wire::IpAddr::parse(ip_text, ip)) return bad("--ip must be an IPv4 or IPv6 address");
   if (dscp > 63) return bad("--dscp must be 0..63");
+  if (vm.count("vlan") && (vlan < 1 || vlan > 4094)) return bad("--vlan must be 1..4094");
+  if (pcp > 7) return bad("--pcp must be 0..7");
   if (ecn > 3) return bad("--ecn must be 0..3");
   if (mtu != 256 && mtu != 512 && mtu != 1024 && mtu != 2048 && mtu != 4096)
     return bad("--mtu must be 256, 512, 1024, 2048 or 4096");
@@ -342,9 +346,10 @@ int main(int argc, char** argv) {
   ec.ip = ip;
   ec.dscp = static_cast<std::uint8_t>(dscp);
   ec.ecn = static_cast<std::uint8_t>(ecn);
+  ec.vlan_tci = static_cast<std::uint16_t>(vlan ? (pcp << 13) | vlan : 0);
   ec.seed = static_cast<std::uint64_t>(now_ns());
   d.eng = std::make_unique<transport::Engine>(ec);
-  d.neigh = std::make_unique<engine::Neighbors>(ec.mac, ip);
+  d.neigh = std::make_unique<engine::Neighbors>(ec.mac, ip, ec.vlan_tci);
   d.neigh->on_learn = learn_cb;
   d.neigh->on_learn_ctx = d.eng.get();
   for (const auto& [nip, nmac] : statics) {

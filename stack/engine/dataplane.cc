@@ -26,6 +26,15 @@ void Dataplane::dispatch(wire::ConstBytes frame, std::uint64_t now) {
     case Neighbors::Verdict::kHandled: inc(DpCounter::rx_arp_nd); return;
     case Neighbors::Verdict::kNotMine: break;
   }
+  // With a VLAN configured, only that VLAN's frames are ours (and without
+  // one, only untagged frames).
+  const std::uint16_t want_vid = eng_.config().vlan_tci & 0x0fff;
+  std::uint16_t vid = 0;
+  if (frame.size() >= 18 && frame[12] == 0x81 && frame[13] == 0x00) vid = ((frame[14] & 0x0f) << 8) | frame[15];
+  if (vid != want_vid) {
+    inc(DpCounter::rx_other);
+    return;
+  }
   // Everything else goes to the transport, which parses it, counts RoCE
   // frames it refuses by reason, and counts non-RoCE frames as rx_not_roce.
   const std::uint64_t before = eng_.counters()[transport::PortCounter::rx_not_roce];

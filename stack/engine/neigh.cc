@@ -29,13 +29,6 @@ struct ArpHdr {
 };
 static_assert(sizeof(ArpHdr) == 28);
 
-std::size_t put_eth(wire::Bytes out, const MacAddr& dst, const MacAddr& src, std::uint16_t type) {
-  auto* e = wire::view<wire::EthHdr>(out.data());
-  e->dst = dst;
-  e->src = src;
-  e->ethertype.set(type);
-  return sizeof(wire::EthHdr);
-}
 
 /// Solicited-node multicast address and MAC for an IPv6 address (RFC 4291).
 IpAddr solicited_node(const IpAddr& ip) {
@@ -74,6 +67,21 @@ std::uint16_t csum_fold(std::uint32_t sum) {
   return static_cast<std::uint16_t>(~sum);
 }
 
+std::size_t Neighbors::put_eth(wire::Bytes out, const MacAddr& dst, std::uint16_t type) const {
+  auto* e = wire::view<wire::EthHdr>(out.data());
+  e->dst = dst;
+  e->src = mac_;
+  if (vlan_tci_ == 0) {
+    e->ethertype.set(type);
+    return sizeof(wire::EthHdr);
+  }
+  e->ethertype.set(wire::kEtherTypeVlan);
+  auto* tag = wire::view<wire::VlanTag>(out.data() + sizeof(wire::EthHdr));
+  tag->tci.set(vlan_tci_);
+  tag->ethertype.set(type);
+  return sizeof(wire::EthHdr) + sizeof(wire::VlanTag);
+}
+
 std::optional<MacAddr> Neighbors::lookup(const IpAddr& ip) const {
   auto it = table_.find(ip);
   if (it == table_.end()) return std::nullopt;
@@ -92,11 +100,14 @@ Neighbors::Verdict Neighbors::handle(ConstBytes f, wire::Bytes reply, std::size_
   if (f.size() < sizeof(wire::EthHdr)) return Verdict::kNotMine;
   std::size_t off = sizeof(wire::EthHdr);
   std::uint16_t type = wire::view<wire::EthHdr>(f.data())->ethertype.get();
+  std::uint16_t vid = 0;
   if (type == wire::kEtherTypeVlan) {
     if (f.size() < off + 4) return Verdict::kNotMine;
+    vid = wire::view<wire::VlanTag>(f.data() + off)->vid();
     type = wire::view<wire::VlanTag>(f.data() + off)->ethertype.get();
     off += 4;
   }
+  if (vid != (vlan_tci_ & 0x0fff)) return Verdict::kNotMine;  // another VLAN (or untagged when we are tagged)
   if (type == wire::kEtherTypeArp) return arp(f, off, reply, len);
   if (type == wire::kEtherTypeIpv4) return icmp4(f, off, reply, len);
   if (type == wire::kEtherTypeIpv6) return icmp6(f, off, reply, len);
@@ -114,8 +125,8 @@ Neighbors::Verdict Neighbors::arp(ConstBytes f, std::size_t l3, wire::Bytes repl
   // Learn the sender when the ARP is for us (request or reply), RFC 826's merge rule.
   if (for_us || table_.count(sender)) learn(sender, a->sha);
   if (a->oper.get() != 1 || !for_us) return Verdict::kHandled;
-  if (reply.size() < sizeof(wire::EthHdr) + sizeof(ArpHdr)) return Verdict::kHandled;
-  std::size_t n = put_eth(reply, a->sha, mac_, wire::kEtherTypeArp);
+  if (reply.size() < sizeof(wire::EthHdr) + 4 + sizeof(ArpHdr)) return Verdict::kHandled;
+  std::size_t n = put_eth(reply, a->sha, wire::kEtherTypeArp);
   auto* r = wire::view<ArpHdr>(reply.data() + n);
   *r = *a;
   r->oper.set(2);
@@ -137,8 +148,8 @@ Neighbors::Verdict Neighbors::icmp4(ConstBytes f, std::size_t l3, wire::Bytes re
   if (!(IpAddr::from_v4_bytes(ip->dst.data()) == ip_)) return Verdict::kHandled;
   const std::uint8_t* icmp = f.data() + l3 + ihl;
   if (icmp[0] != 8) return Verdict::kHandled;  // only echo requests get an answer
-  if (reply.size() < sizeof(wire::EthHdr) + total) return Verdict::kHandled;
-  std::size_t n = put_eth(reply, wire::view<wire::EthHdr>(f.data())->src, mac_, wire::kEtherTypeIpv4);
+  if (reply.size() < sizeof(wire::EthHdr) + 4 + total) return Verdict::kHandled;
+  std::size_t n = put_eth(reply, wire::view<wire::EthHdr>(f.data())->src, wire::kEtherTypeIpv4);
   std::memcpy(reply.data() + n, f.data() + l3, total);
   auto* rip = wire::view<wire::Ipv4Hdr>(reply.data() + n);
   std::swap(rip->src, rip->dst);
@@ -186,8 +197,8 @@ Neighbors::Verdict Neighbors::icmp6(ConstBytes f, std::size_t l3, wire::Bytes re
   if (auto mac = lladdr(1)) learn(src, *mac);
   // Neighbor Advertisement: solicited, override, with our link-layer address.
   constexpr std::size_t kNa = 24 + 8;
-  if (reply.size() < sizeof(wire::EthHdr) + sizeof(wire::Ipv6Hdr) + kNa) return Verdict::kHandled;
-  std::size_t n = put_eth(reply, wire::view<wire::EthHdr>(f.data())->src, mac_, wire::kEtherTypeIpv6);
+  if (reply.size() < sizeof(wire::EthHdr) + 4 + sizeof(wire::Ipv6Hdr) + kNa) return Verdict::kHandled;
+  std::size_t n = put_eth(reply, wire::view<wire::EthHdr>(f.data())->src, wire::kEtherTypeIpv6);
   auto* rip = wire::view<wire::Ipv6Hdr>(reply.data() + n);
   rip->ver_tc_flow.set(6u << 28);
   rip->payload_len.set(kNa);
@@ -212,9 +223,9 @@ Neighbors::Verdict Neighbors::icmp6(ConstBytes f, std::size_t l3, wire::Bytes re
 
 std::size_t Neighbors::build_request(const IpAddr& ip, wire::Bytes out) const {
   if (ip.is_v4_mapped()) {
-    if (out.size() < 60) return 0;
-    std::memset(out.data(), 0, 60);  // minimum Ethernet frame, zero padded
-    std::size_t n = put_eth(out, kBroadcast, mac_, wire::kEtherTypeArp);
+    if (out.size() < 64) return 0;
+    std::memset(out.data(), 0, 64);  // minimum Ethernet frame, zero padded
+    std::size_t n = put_eth(out, kBroadcast, wire::kEtherTypeArp);
     auto* a = wire::view<ArpHdr>(out.data() + n);
     a->htype.set(1);
     a->ptype.set(wire::kEtherTypeIpv4);
@@ -225,13 +236,13 @@ std::size_t Neighbors::build_request(const IpAddr& ip, wire::Bytes out) const {
     std::memcpy(a->spa.data(), ip_.v4(), 4);
     a->tha = {};
     std::memcpy(a->tpa.data(), ip.v4(), 4);
-    return 60;
+    return n + sizeof(ArpHdr) < 60 ? 60 : n + sizeof(ArpHdr);
   }
   constexpr std::size_t kNs = 24 + 8;
-  const std::size_t total = sizeof(wire::EthHdr) + sizeof(wire::Ipv6Hdr) + kNs;
+  const std::size_t total = sizeof(wire::EthHdr) + (vlan_tci_ ? 4 : 0) + sizeof(wire::Ipv6Hdr) + kNs;
   if (out.size() < total) return 0;
   const IpAddr dst = solicited_node(ip);
-  std::size_t n = put_eth(out, multicast_mac(dst), mac_, wire::kEtherTypeIpv6);
+  std::size_t n = put_eth(out, multicast_mac(dst), wire::kEtherTypeIpv6);
   auto* ip6 = wire::view<wire::Ipv6Hdr>(out.data() + n);
   ip6->ver_tc_flow.set(6u << 28);
   ip6->payload_len.set(kNs);

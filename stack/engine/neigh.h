@@ -16,7 +16,8 @@ namespace uroce::engine {
 
 class Neighbors {
  public:
-  Neighbors(const wire::MacAddr& mac, const wire::IpAddr& ip) : mac_(mac), ip_(ip) {}
+  Neighbors(const wire::MacAddr& mac, const wire::IpAddr& ip, std::uint16_t vlan_tci = 0)
+      : mac_(mac), ip_(ip), vlan_tci_(vlan_tci) {}
 
   enum class Verdict : std::uint8_t {
     kNotMine,  // not ARP/ICMP/ND for us: the caller decides
@@ -49,8 +50,10 @@ class Neighbors {
   Verdict icmp4(wire::ConstBytes f, std::size_t l3, wire::Bytes reply, std::size_t& len);
   Verdict icmp6(wire::ConstBytes f, std::size_t l3, wire::Bytes reply, std::size_t& len);
 
+  std::size_t put_eth(wire::Bytes out, const wire::MacAddr& dst, std::uint16_t type) const;
   wire::MacAddr mac_;
   wire::IpAddr ip_;
+  std::uint16_t vlan_tci_;
   std::map<wire::IpAddr, Entry> table_;
 };
 

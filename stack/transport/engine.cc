@@ -577,6 +577,8 @@ wire::FrameSpec Engine::spec_for(const Qp& qp, std::uint8_t opcode, Psn psn) con
   wire::FrameSpec s;
   s.eth_src = cfg_.mac;
   s.eth_dst = qp.remote_mac;
+  s.vlan = cfg_.vlan_tci != 0;
+  s.vlan_tci = cfg_.vlan_tci;
   s.ipver = qp.remote_ip.is_v4_mapped() ? wire::IpVersion::kV4 : wire::IpVersion::kV6;
   s.src = cfg_.ip;
   s.dst = qp.remote_ip;

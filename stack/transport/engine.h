@@ -39,6 +39,7 @@ struct EngineConfig {
   std::uint32_t ackreq_every = 16;  // AckReq at least every N packets
   std::uint8_t dscp = 0;
   std::uint8_t ecn = 2;  // ECT(0) on data by default
+  std::uint16_t vlan_tci = 0;  // 802.1Q tag on every frame; 0 = untagged
   std::uint64_t seed = 1;
 };
 

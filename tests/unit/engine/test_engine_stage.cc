@@ -1,0 +1,321 @@
+// The dataplane pieces without DPDK: neighbour handling (ARP, ICMP echo,
+// IPv6 ND, VLAN), the fault injector, and two pipelines joined by an
+// in-memory PortIo running real RC traffic through the whole loop.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <deque>
+#include <vector>
+
+#include "stack/engine/dataplane.h"
+#include "stack/engine/fault.h"
+#include "stack/engine/neigh.h"
+#include "stack/wire/builder.h"
+#include "stack/wire/parser.h"
+
+namespace uroce::engine {
+namespace {
+
+using wire::IpAddr;
+using wire::MacAddr;
+
+const MacAddr kMacA = {0x02, 0, 0, 0, 0, 0x0a};
+const MacAddr kMacB = {0x02, 0, 0, 0, 0, 0x0b};
+
+std::vector<std::uint8_t> arp_request(const MacAddr& from, const IpAddr& sender, const IpAddr& target,
+                                      std::uint16_t vlan = 0) {
+  Neighbors n(from, sender, vlan);
+  std::vector<std::uint8_t> f(128);
+  f.resize(n.build_request(target, f));
+  return f;
+}
+
+TEST(Neighbors, AnswersArpForOurAddressAndLearnsTheSender) {
+  Neighbors n(kMacA, IpAddr::from_v4(10, 0, 0, 1));
+  const auto req = arp_request(kMacB, IpAddr::from_v4(10, 0, 0, 2), IpAddr::from_v4(10, 0, 0, 1));
+  ASSERT_EQ(req.size(), 60u);
+  std::uint8_t reply[128];
+  std::size_t len = 0;
+  ASSERT_EQ(n.handle(req, reply, len), Neighbors::Verdict::kReply);
+  EXPECT_EQ(len, 42u);
+  EXPECT_EQ(0, std::memcmp(reply, kMacB.data(), 6));       // to the asker
+  EXPECT_EQ(0, std::memcmp(reply + 6, kMacA.data(), 6));   // from us
+  EXPECT_EQ(reply[14 + 7], 2);                             // ARP reply
+  EXPECT_EQ(0, std::memcmp(reply + 14 + 8, kMacA.data(), 6));  // sender hw = us
+  ASSERT_TRUE(n.lookup(IpAddr::from_v4(10, 0, 0, 2)).has_value());
+  EXPECT_EQ(*n.lookup(IpAddr::from_v4(10, 0, 0, 2)), kMacB);
+  // Not for us: no reply, nothing learned about strangers.
+  const auto other = arp_request(kMacB, IpAddr::from_v4(10, 0, 0, 3), IpAddr::from_v4(10, 0, 0, 9));
+  EXPECT_EQ(n.handle(other, reply, len), Neighbors::Verdict::kHandled);
+  EXPECT_FALSE(n.lookup(IpAddr::from_v4(10, 0, 0, 3)).has_value());
+}
+
+TEST(Neighbors, VlanTaggedArpOnlyOnOurVlan) {
+  Neighbors n(kMacA, IpAddr::from_v4(10, 0, 0, 1), 0x6064);  // PCP 3, VID 100
+  std::uint8_t reply[128];
+  std::size_t len = 0;
+  const auto tagged = arp_request(kMacB, IpAddr::from_v4(10, 0, 0, 2), IpAddr::from_v4(10, 0, 0, 1), 0x0064);
+  ASSERT_EQ(n.handle(tagged, reply, len), Neighbors::Verdict::kReply);
+  EXPECT_EQ(reply[12], 0x81);  // the reply is tagged too
+  EXPECT_EQ(((reply[14] << 8) | reply[15]) & 0x0fff, 100);
+  const auto untagged = arp_request(kMacB, IpAddr::from_v4(10, 0, 0, 2), IpAddr::from_v4(10, 0, 0, 1));
+  EXPECT_EQ(n.handle(untagged, reply, len), Neighbors::Verdict::kNotMine);
+  const auto vlan7 = arp_request(kMacB, IpAddr::from_v4(10, 0, 0, 2), IpAddr::from_v4(10, 0, 0, 1), 7);
+  EXPECT_EQ(n.handle(vlan7, reply, len), Neighbors::Verdict::kNotMine);
+}
+
+TEST(Neighbors, AnswersIcmpEchoWithValidChecksums) {
+  Neighbors n(kMacA, IpAddr::from_v4(10, 0, 0, 1));
+  std::vector<std::uint8_t> f(14 + 20 + 8 + 4, 0);
+  std::memcpy(f.data(), kMacA.data(), 6);
+  std::memcpy(f.data() + 6, kMacB.data(), 6);
+  f[12] = 0x08;
+  f[14] = 0x45;
+  f[14 + 3] = 32;  // total length
+  f[14 + 8] = 64;
+  f[14 + 9] = 1;   // ICMP
+  const std::uint8_t src[] = {10, 0, 0, 2}, dst[] = {10, 0, 0, 1};
+  std::memcpy(f.data() + 14 + 12, src, 4);
+  std::memcpy(f.data() + 14 + 16, dst, 4);
+  const std::uint16_t ipc = wire::ipv4_header_checksum(f.data() + 14, 20);
+  f[14 + 10] = static_cast<std::uint8_t>(ipc >> 8);
+  f[14 + 11] = static_cast<std::uint8_t>(ipc);
+  f[34] = 8;  // echo request
+  std::memcpy(f.data() + 42, "ping", 4);
+  std::uint8_t reply[128];
+  std::size_t len = 0;
+  ASSERT_EQ(n.handle(f, reply, len), Neighbors::Verdict::kReply);
+  EXPECT_EQ(reply[34], 0);  // echo reply
+  EXPECT_EQ(wire::ipv4_header_checksum(reply + 14, 20), 0);
+  EXPECT_EQ(csum_fold(csum_add(0, reply + 34, 12)), 0);  // ICMP checksum verifies
+  EXPECT_EQ(0, std::memcmp(reply + 14 + 16, src, 4));    // back to the sender
+}
+
+TEST(Neighbors, Ipv6SolicitationGetsAnAdvertisement) {
+  IpAddr a, b;
+  ASSERT_TRUE(IpAddr::parse("fd00::a", a));
+  ASSERT_TRUE(IpAddr::parse("fd00::b", b));
+  Neighbors na(kMacA, a), nb(kMacB, b);
+  std::uint8_t ns[128], reply[128];
+  const std::size_t nslen = nb.build_request(a, ns);  // B asks for A
+  ASSERT_GT(nslen, 0u);
+  EXPECT_EQ(ns[0], 0x33);  // solicited-node multicast MAC
+  std::size_t len = 0;
+  ASSERT_EQ(na.handle(wire::ConstBytes(ns, nslen), reply, len), Neighbors::Verdict::kReply);
+  EXPECT_EQ(*na.lookup(b), kMacB);  // A learned B from the source link-layer option
+  // B learns A from the advertisement.
+  std::uint8_t dummy[128];
+  std::size_t dl = 0;
+  EXPECT_EQ(nb.handle(wire::ConstBytes(reply, len), dummy, dl), Neighbors::Verdict::kHandled);
+  ASSERT_TRUE(nb.lookup(a).has_value());
+  EXPECT_EQ(*nb.lookup(a), kMacA);
+}
+
+std::vector<std::uint8_t> roce_frame(std::uint32_t qpn, std::uint32_t psn) {
+  wire::FrameSpec s;
+  s.opcode = wire::op::kRcSendOnly;
+  s.destqp = qpn;
+  s.psn = wire::Psn(psn);
+  s.src = IpAddr::from_v4(10, 0, 0, 2);
+  s.dst = IpAddr::from_v4(10, 0, 0, 1);
+  std::vector<std::uint8_t> f(wire::frame_len(s, 16));
+  std::vector<std::uint8_t> pl(16, 1);
+  EXPECT_EQ(wire::build_frame(f, s, pl), f.size());
+  return f;
+}
+
+TEST(Fault, ParsesAndRefusesSpecs) {
+  FaultConfig c;
+  std::string err;
+  EXPECT_TRUE(FaultConfig::parse("drop=0.1,dup=0.2,reorder=0.3,corrupt=0.01,ecn=0.5,delay_us=7,rule=dup:0x11:5:2", c, err));
+  EXPECT_DOUBLE_EQ(c.drop, 0.1);
+  ASSERT_EQ(c.rules.size(), 1u);
+  EXPECT_EQ(c.rules[0].qpn, 0x11u);
+  EXPECT_EQ(c.rules[0].times, 2u);
+  EXPECT_TRUE(c.active());
+  EXPECT_FALSE(FaultConfig::parse("drop=1.5", c, err));
+  EXPECT_NE(err.find("drop"), std::string::npos);
+  EXPECT_FALSE(FaultConfig::parse("nonsense=1", c, err));
+  EXPECT_FALSE(FaultConfig::parse("rule=explode:1:2", c, err));
+  EXPECT_FALSE(FaultConfig::parse("rule=drop:0x1000000:1", c, err));  // QPN over 24 bits
+  EXPECT_TRUE(FaultConfig::parse("", c, err));
+  EXPECT_FALSE(c.active());
+}
+
+TEST(Fault, RulesHitTheNamedPacketOnly) {
+  FaultInjector fi(1);
+  FaultConfig c;
+  std::string err;
+  ASSERT_TRUE(FaultConfig::parse("rule=drop:0x11:5,rule=dup:0x11:6,rule=ecn:0x11:7,rule=corrupt:0x11:8", c, err));
+  fi.configure(c);
+  std::vector<int> delivered;
+  for (std::uint32_t psn = 4; psn <= 9; ++psn) {
+    const auto f = roce_frame(0x11, psn);
+    int n = 0;
+    fi.apply(f, 0, [&](wire::ConstBytes g) {
+      ++n;
+      wire::Packet p;
+      const auto st = wire::parse_frame(g, wire::ParseOptions{}, p);
+      if (psn == 7) {
+        EXPECT_TRUE(st.ok());
+        EXPECT_EQ(p.ecn, 3);  // CE, and the IPv4 checksum still verifies
+      }
+      if (psn == 8) {
+        EXPECT_FALSE(st.ok());  // corrupted: the ICRC (or a header check) catches it
+      }
+    });
+    delivered.push_back(n);
+  }
+  EXPECT_EQ(delivered, (std::vector<int>{1, 0, 2, 1, 1, 1}));
+  EXPECT_EQ(fi.stats().rule_hits, 4u);
+  // Each rule applied once: the same PSNs pass untouched now.
+  int n = 0;
+  fi.apply(roce_frame(0x11, 5), 0, [&](wire::ConstBytes) { ++n; });
+  EXPECT_EQ(n, 1);
+}
+
+TEST(Fault, DelayHoldsFramesUntilTheirTime) {
+  FaultInjector fi(2);
+  FaultConfig c;
+  c.delay_us = 50;
+  fi.configure(c);
+  int n = 0;
+  fi.apply(roce_frame(0x11, 1), 1'000'000, [&](wire::ConstBytes) { ++n; });
+  EXPECT_EQ(n, 0);
+  fi.release(1'049'000, [&](wire::ConstBytes) { ++n; });
+  EXPECT_EQ(n, 0);
+  fi.release(1'050'000, [&](wire::ConstBytes) { ++n; });
+  EXPECT_EQ(n, 1);
+  // Non-RoCE frames are never touched.
+  c = FaultConfig{};
+  c.drop = 1.0;
+  fi.configure(c);
+  std::vector<std::uint8_t> arp = arp_request(kMacB, IpAddr::from_v4(10, 0, 0, 2), IpAddr::from_v4(10, 0, 0, 1));
+  n = 0;
+  fi.apply(arp, 0, [&](wire::ConstBytes) { ++n; });
+  EXPECT_EQ(n, 1);
+}
+
+// Two pipelines joined back to back in memory.
+class MemPort : public PortIo {
+ public:
+  explicit MemPort(MacAddr mac) : mac_(mac) {}
+  MemPort* peer = nullptr;
+  std::uint16_t rx_burst(RxFrame* out, std::uint16_t max) override {
+    cur_.clear();
+    while (!inbox_.empty() && cur_.size() < max) {
+      cur_.push_back(std::move(inbox_.front()));
+      inbox_.pop_front();
+    }
+    for (std::size_t i = 0; i < cur_.size(); ++i) out[i] = {cur_[i].data(), static_cast<std::uint32_t>(cur_[i].size())};
+    return static_cast<std::uint16_t>(cur_.size());
+  }
+  void rx_done() override {}
+  bool tx(const transport::TxFrame& f) override {
+    std::vector<std::uint8_t> b(f.size());
+    f.copy_to(b);
+    peer->inbox_.push_back(std::move(b));
+    return true;
+  }
+  bool tx_raw(wire::ConstBytes f) override {
+    peer->inbox_.emplace_back(f.begin(), f.end());
+    return true;
+  }
+  void tx_flush() override {}
+  MacAddr mac() const override { return mac_; }
+
+ private:
+  MacAddr mac_;
+  std::deque<std::vector<std::uint8_t>> inbox_;
+  std::vector<std::vector<std::uint8_t>> cur_;
+};
+
+TEST(Dataplane, TwoPipelinesResolveEachOtherAndCarryRcTraffic) {
+  using namespace transport;
+  struct Host {
+    std::unique_ptr<MemPort> port;
+    std::unique_ptr<Engine> eng;
+    std::unique_ptr<Neighbors> neigh;
+    std::unique_ptr<Dataplane> dp;
+    std::vector<std::uint8_t> mem = std::vector<std::uint8_t>(1 << 16);
+    Pd* pd;
+    Cq* cq;
+    Mr* mr;
+    Qp* qp;
+  } h[2];
+  for (int i = 0; i < 2; ++i) {
+    h[i].port = std::make_unique<MemPort>(i == 0 ? kMacA : kMacB);
+    EngineConfig c;
+    c.mac = h[i].port->mac();
+    c.ip = IpAddr::from_v4(10, 0, 0, static_cast<std::uint8_t>(1 + i));
+    c.vlan_tci = 42;
+    h[i].eng = std::make_unique<Engine>(c);
+    h[i].neigh = std::make_unique<Neighbors>(c.mac, c.ip, c.vlan_tci);
+    h[i].neigh->on_learn = [](void* ctx, const IpAddr& ip, const MacAddr& mac) {
+      static_cast<Engine*>(ctx)->set_neighbor(ip, mac);
+    };
+    h[i].neigh->on_learn_ctx = h[i].eng.get();
+    h[i].dp = std::make_unique<Dataplane>(*h[i].eng, *h[i].port, *h[i].neigh);
+    h[i].pd = h[i].eng->alloc_pd();
+    h[i].cq = h[i].eng->create_cq(64);
+    h[i].mr = h[i].eng->reg_mr(h[i].pd, h[i].mem.data(), h[i].mem.size(), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+    QpInitAttr ia;
+    ia.send_cq = ia.recv_cq = h[i].cq;
+    h[i].qp = h[i].eng->create_qp(h[i].pd, ia);
+  }
+  h[0].port->peer = h[1].port.get();
+  h[1].port->peer = h[0].port.get();
+  // ARP in both directions through the loop.
+  h[0].dp->resolve(IpAddr::from_v4(10, 0, 0, 2));
+  std::uint64_t now = 1'000'000;
+  for (int k = 0; k < 10; ++k, now += 1000)
+    for (auto& x : h) x.dp->iterate(now);
+  ASSERT_TRUE(h[0].neigh->lookup(IpAddr::from_v4(10, 0, 0, 2)).has_value());
+  ASSERT_TRUE(h[1].neigh->lookup(IpAddr::from_v4(10, 0, 0, 1)).has_value());
+  for (int i = 0; i < 2; ++i) {
+    Engine& e = *h[i].eng;
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_INIT;
+    a.port_num = 1;
+    a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE;
+    ASSERT_TRUE(e.modify_qp(h[i].qp, a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS));
+    a = ibv_qp_attr{};
+    a.qp_state = IBV_QPS_RTR;
+    a.path_mtu = IBV_MTU_1024;
+    a.dest_qp_num = h[1 - i].qp->qpn;
+    a.ah_attr.is_global = 1;
+    std::memcpy(a.ah_attr.grh.dgid.raw, h[1 - i].eng->config().ip.b.data(), 16);
+    ASSERT_TRUE(e.modify_qp(h[i].qp, a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                             IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER));
+    a = ibv_qp_attr{};
+    a.qp_state = IBV_QPS_RTS;
+    a.timeout = 14;
+    a.retry_cnt = 7;
+    a.rnr_retry = 7;
+    ASSERT_TRUE(e.modify_qp(h[i].qp, a, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+                                             IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC));
+  }
+  for (std::size_t i = 0; i < 5000; ++i) h[0].mem[i] = static_cast<std::uint8_t>(i * 3);
+  Sge s{reinterpret_cast<std::uint64_t>(h[0].mem.data()), 5000, h[0].mr->lkey};
+  SendWr wr;
+  wr.opcode = IBV_WR_RDMA_WRITE;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.sg_list = {&s, 1};
+  wr.remote_addr = reinterpret_cast<std::uint64_t>(h[1].mem.data()) + 8192;
+  wr.rkey = h[1].mr->rkey;
+  ASSERT_EQ(h[0].eng->post_send(h[0].qp, wr), 0);
+  ibv_wc wc[4];
+  int got = 0;
+  for (int k = 0; k < 100 && got == 0; ++k, now += 1000) {
+    for (auto& x : h) x.dp->iterate(now);
+    got = h[0].eng->poll_cq(h[0].cq, wc);
+  }
+  ASSERT_EQ(got, 1);
+  EXPECT_EQ(wc[0].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(0, std::memcmp(h[0].mem.data(), h[1].mem.data() + 8192, 5000));
+  EXPECT_GT(h[1].dp->counter(DpCounter::rx_roce), 0u);
+  EXPECT_GT(h[0].dp->counter(DpCounter::tx_replies) + h[1].dp->counter(DpCounter::tx_replies), 0u);
+}
+
+}  // namespace
+}  // namespace uroce::engine
