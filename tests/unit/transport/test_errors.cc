@@ -961,8 +961,12 @@ TEST_F(Errors, BadWorkRequestsAreRefusedAtPost) {
   Sge four = p.sge(0, 0, 4);
   w = rdma_wr(4, IBV_WR_ATOMIC_FETCH_AND_ADD, &four, p.addr(1, 0), p.rkey(1));
   EXPECT_EQ(p.A().post_send(q.a, w), EINVAL);  // an atomic needs one 8-byte SGE
-  w = send_wr(5, &eight, IBV_SEND_SIGNALED, static_cast<ibv_wr_opcode>(77));
-  EXPECT_EQ(p.A().post_send(q.a, w), EINVAL);
+  // Opcodes the engine does not offer (a real enum value each: an
+  // out-of-range enum would be undefined behaviour before we ever saw it).
+  for (ibv_wr_opcode bad_op : {IBV_WR_DRIVER1, IBV_WR_ATOMIC_WRITE, IBV_WR_LOCAL_INV, IBV_WR_BIND_MW}) {
+    w = send_wr(5, &eight, IBV_SEND_SIGNALED, bad_op);
+    EXPECT_EQ(p.A().post_send(q.a, w), EINVAL);
+  }
   EXPECT_EQ(q.a->sq.size(), 0u);
   // Full: ENOMEM, and the QP is fine.
   EXPECT_EQ(p.A().post_send(q.a, rdma_wr(6, IBV_WR_RDMA_WRITE, &eight, p.addr(1, 0), p.rkey(1))), 0);
