@@ -38,20 +38,20 @@ app() {  # link msgs size mtu -> prints "msg/s MB/s"
 
 testpmd() {  # link pktsize -> prints rx Mpps
   local link=$1 size=$2 tx rx
-  local common="--no-huge -m 256 --log-level=lib.eal:error"
+  local common="--no-huge -m 1024 --log-level=lib.eal:error"
   if [ "$link" = memif ]; then
     rm -f "$TMP/t.sock"
     timeout 12 dpdk-testpmd $common -l 0,1 --file-prefix tpa-$$ --no-pci --vdev "net_memif0,role=server,socket=$TMP/t.sock" -- \
-      --forward-mode=rxonly --auto-start --stats-period 2 > "$TMP/tp-rx.out" 2>&1 &
+      --forward-mode=rxonly --auto-start --stats-period 1 --total-num-mbufs=32768 --rxd=2048 --txd=2048 > "$TMP/tp-rx.out" 2>&1 &
     sleep 1.5
     timeout 9 dpdk-testpmd $common -l 1,0 --file-prefix tpb-$$ --no-pci --vdev "net_memif0,role=client,socket=$TMP/t.sock" -- \
-      --forward-mode=txonly --txpkts="$size" --auto-start --stats-period 2 > "$TMP/tp-tx.out" 2>&1 &
+      --forward-mode=txonly --txpkts="$size" --auto-start --stats-period 1 --total-num-mbufs=32768 --rxd=2048 --txd=2048 --burst=64 > "$TMP/tp-tx.out" 2>&1 &
   else
     ip netns exec "$NS_A" timeout 12 dpdk-testpmd $common -l 0,1 --file-prefix tpa-$$ --no-pci --vdev "net_af_packet0,$AFP" -- \
-      --forward-mode=rxonly --auto-start --stats-period 2 > "$TMP/tp-rx.out" 2>&1 &
+      --forward-mode=rxonly --auto-start --stats-period 1 --total-num-mbufs=32768 --rxd=2048 --txd=2048 > "$TMP/tp-rx.out" 2>&1 &
     sleep 1.5
     ip netns exec "$NS_B" timeout 9 dpdk-testpmd $common -l 1,0 --file-prefix tpb-$$ --no-pci --vdev "net_af_packet0,$AFP" -- \
-      --forward-mode=txonly --txpkts="$size" --auto-start --stats-period 2 > "$TMP/tp-tx.out" 2>&1 &
+      --forward-mode=txonly --txpkts="$size" --auto-start --stats-period 1 --total-num-mbufs=32768 --rxd=2048 --txd=2048 --burst=64 > "$TMP/tp-tx.out" 2>&1 &
   fi
   wait
   # The best steady 2-second Rx-pps the receiver saw.
