@@ -99,6 +99,7 @@ std::string Daemon::status_json() const {
       << "\": " << eng->qp_counter_total(static_cast<transport::QpCounter>(i));
   const auto ps = port->stats();
   o << "}, \"ethdev\": {\"rx\": " << ps.rx_frames << ", \"tx\": " << ps.tx_frames << ", \"tx_dropped\": " << ps.tx_dropped
+    << ", \"tx_zero_copy\": " << ps.tx_zero_copy << ", \"tx_copied\": " << ps.tx_copied
     << ", \"imissed\": " << ps.hw_imissed << "}";
   auto fault = [&](const char* n, const engine::FaultInjector& f) {
     const auto& s = f.stats();
@@ -199,7 +200,7 @@ int main(int argc, char** argv) {
   std::string config, port_name, ip_text, capture_path, ctl_path, fault_rx, fault_tx, app_role, app_peer, app_ops,
       eal_extra, file_prefix, log_level;
   std::vector<std::string> vdevs, neighbors;
-  bool no_huge = false, app_forever = false;
+  bool no_huge = false, app_forever = false, tx_copy = false;
   unsigned mem_mb = 512, vlan = 0, pcp = 0, dscp = 0, ecn = 2, idle_max_us = 200, mtu = 1024, app_port = 18515, app_depth = 32,
            timeout = 14, retry_cnt = 7, lcore = 0;
   std::uint64_t app_messages = 1000;
@@ -225,6 +226,7 @@ int main(int argc, char** argv) {
       ("ctl-socket", po::value(&ctl_path), "Unix socket for status and control (status, fault, stop)")
       ("fault-rx", po::value(&fault_rx), "RX fault injection, e.g. drop=0.01,dup=0.01,reorder=0.02")
       ("fault-tx", po::value(&fault_tx), "TX fault injection, same syntax")
+      ("tx-copy", po::bool_switch(&tx_copy), "always copy payloads into mbufs (no external-buffer zero-copy)")
       ("idle-max-us", po::value(&idle_max_us), "longest idle sleep in us; 0 = always busy-poll (default 200)")
       ("duration", po::value(&duration), "stop after this many seconds (0 = run until stopped)")
       ("log-level", po::value(&log_level), "debug, info, warn or error (default info)")
@@ -336,6 +338,7 @@ int main(int argc, char** argv) {
   d.name = port_name;
   dpdk::PortOptions popt;
   popt.name = port_name;
+  popt.zero_copy = !tx_copy;
   d.port = dpdk::Port::open(popt, err);
   if (!d.port) {
     dpdk::eal_cleanup();

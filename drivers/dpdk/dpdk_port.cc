@@ -42,7 +42,18 @@ struct Port::Impl {
   std::string driver;
   PortStats st;
   std::uint16_t data_room = 0;
+  // Zero-copy TX: mbufs with no data room, attached to registered memory.
+  bool zero_copy = false;
+  std::uint32_t zero_copy_min = 0;
+  rte_mempool* ext_pool = nullptr;
+  std::vector<rte_mbuf_ext_shared_info> shinfo;  // one per attach, reused round robin
+  std::uint32_t shinfo_next = 0;
 };
+
+namespace {
+// The memory belongs to the application's registered region: nothing to free.
+void ext_free_noop(void*, void*) {}
+}  // namespace
 
 std::unique_ptr<Port> Port::open(const PortOptions& o, std::string& err) {
   std::unique_ptr<Port> p(new Port());
@@ -91,6 +102,23 @@ std::unique_ptr<Port> Port::open(const PortOptions& o, std::string& err) {
     return nullptr;
   }
   rte_eth_promiscuous_enable(m.port_id);  // not all vdevs support it; harmless if not
+  if (o.zero_copy && (m.tx_offloads & RTE_ETH_TX_OFFLOAD_MULTI_SEGS) && rte_eal_iova_mode() == RTE_IOVA_VA) {
+    // IOVA == VA: registered memory needs no DMA mapping of its own. (With
+    // physical IOVAs it would have to be registered with rte_extmem_register
+    // and mapped for the device; until then such ports use the copy path.)
+    const std::string ext_name = "uroce_ext_" + std::to_string(m.port_id);
+    m.ext_pool = rte_pktmbuf_pool_create(ext_name.c_str(), o.mbufs, 256, 0, 0, socket);
+    if (m.ext_pool != nullptr) {
+      m.shinfo.resize(o.mbufs * 2);
+      for (auto& si : m.shinfo) {
+        si.free_cb = ext_free_noop;
+        si.fcb_opaque = nullptr;
+        rte_mbuf_ext_refcnt_set(&si, 1);
+      }
+      m.zero_copy = true;
+      m.zero_copy_min = o.zero_copy_min;
+    }
+  }
   rte_ether_addr mac{};
   rte_eth_macaddr_get(m.port_id, &mac);
   std::memcpy(p->mac_.data(), mac.addr_bytes, 6);
@@ -136,6 +164,17 @@ void Port::rx_done() {
 bool Port::tx(const transport::TxFrame& f) {
   Impl& m = *impl_;
   if (m.ntx == kBurst) tx_flush();
+  if (m.zero_copy) {
+    std::size_t payload = 0;
+    bool external = f.nseg > 0;
+    for (std::uint8_t i = 0; i < f.nseg; ++i) {
+      payload += f.seg[i].len;
+      // Inline payloads live in the TX ring slot, which is reused: copy those.
+      if (f.seg[i].p >= f.inline_buf && f.seg[i].p < f.inline_buf + sizeof f.inline_buf) external = false;
+    }
+    if (external && payload >= m.zero_copy_min && tx_zero_copy(f)) return true;
+  }
+  ++m.st.tx_copied;
   rte_mbuf* b = rte_pktmbuf_alloc(m.pool);
   if (b == nullptr) {
     ++m.st.tx_dropped;
@@ -151,6 +190,51 @@ bool Port::tx(const transport::TxFrame& f) {
   // The copy path: one contiguous segment that every PMD accepts.
   f.copy_to(wire::Bytes(reinterpret_cast<std::uint8_t*>(dst), n));
   m.tx[m.ntx++] = b;
+  return true;
+}
+
+bool Port::tx_zero_copy(const transport::TxFrame& f) {
+  Impl& m = *impl_;
+  // head: the headers (copied, 100 bytes or so); then one external segment per
+  // payload piece, pointing into registered memory; then pad + ICRC.
+  rte_mbuf* head = rte_pktmbuf_alloc(m.pool);
+  rte_mbuf* tail = rte_pktmbuf_alloc(m.pool);
+  if (head == nullptr || tail == nullptr) {
+    rte_pktmbuf_free(head);
+    rte_pktmbuf_free(tail);
+    return false;
+  }
+  std::memcpy(rte_pktmbuf_append(head, f.hdr_len), f.hdr, f.hdr_len);
+  for (std::uint8_t i = 0; i < f.nseg; ++i) {
+    if (f.seg[i].len == 0) continue;
+    rte_mbuf* e = rte_pktmbuf_alloc(m.ext_pool);
+    if (e == nullptr) {
+      rte_pktmbuf_free(head);
+      rte_pktmbuf_free(tail);
+      return false;
+    }
+    rte_mbuf_ext_shared_info* si = &m.shinfo[m.shinfo_next++ % m.shinfo.size()];
+    rte_mbuf_ext_refcnt_set(si, 1);
+    void* va = const_cast<std::uint8_t*>(f.seg[i].p);
+    rte_pktmbuf_attach_extbuf(e, va, reinterpret_cast<rte_iova_t>(va), static_cast<std::uint16_t>(f.seg[i].len), si);
+    e->data_off = 0;
+    e->data_len = static_cast<std::uint16_t>(f.seg[i].len);
+    e->pkt_len = e->data_len;
+    if (rte_pktmbuf_chain(head, e) != 0) {
+      rte_pktmbuf_free(e);
+      rte_pktmbuf_free(head);
+      rte_pktmbuf_free(tail);
+      return false;
+    }
+  }
+  std::memcpy(rte_pktmbuf_append(tail, f.trailer_len), f.trailer, f.trailer_len);
+  if (rte_pktmbuf_chain(head, tail) != 0) {
+    rte_pktmbuf_free(head);
+    rte_pktmbuf_free(tail);
+    return false;
+  }
+  m.tx[m.ntx++] = head;
+  ++m.st.tx_zero_copy;
   return true;
 }
 
@@ -203,7 +287,8 @@ PortStats Port::stats() const {
 std::string Port::describe() const {
   std::string s = "driver=" + impl_->driver;
   s += (impl_->tx_offloads & RTE_ETH_TX_OFFLOAD_MULTI_SEGS) ? " tx_multi_seg=on" : " tx_multi_seg=off";
-  s += " tx_path=copy";
+  s += impl_->zero_copy ? " tx_path=zero-copy(extbuf)+copy<" + std::to_string(impl_->zero_copy_min) + "B"
+                         : " tx_path=copy";
   return s;
 }
 

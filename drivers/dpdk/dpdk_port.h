@@ -22,10 +22,14 @@ struct PortOptions {
   std::uint16_t tx_desc = 1024;
   std::uint32_t mbufs = 8191;
   std::uint16_t data_room = 9216;  // one segment per frame up to a 9K MTU
+  /// Send payloads from registered memory as external buffers when the port
+  /// takes multi-segment frames and IOVA is VA; otherwise copy.
+  bool zero_copy = true;
+  std::uint32_t zero_copy_min = 256;  // below this a copy is cheaper than a chain
 };
 
 struct PortStats {
-  std::uint64_t rx_frames = 0, tx_frames = 0, tx_dropped = 0, rx_linearized = 0;
+  std::uint64_t rx_frames = 0, tx_frames = 0, tx_dropped = 0, rx_linearized = 0, tx_zero_copy = 0, tx_copied = 0;
   std::uint64_t hw_ipackets = 0, hw_opackets = 0, hw_imissed = 0, hw_ierrors = 0, hw_oerrors = 0;
 };
 
@@ -48,6 +52,7 @@ class Port : public engine::PortIo {
 
  private:
   Port() = default;
+  bool tx_zero_copy(const transport::TxFrame& f);
   struct Impl;
   std::unique_ptr<Impl> impl_;
   wire::MacAddr mac_{};
