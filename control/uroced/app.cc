@@ -114,7 +114,7 @@ bool TrafficApp::open_listener() {
 void TrafficApp::fail(const std::string& why) {
   failed_ = true;
   summary_ = "uroce app FAILED: " + why;
-  state_ = State::kDone;
+  state_ = State::kDone;  // step() publishes done_ once everything is written
 }
 
 bool TrafficApp::exchange() {
@@ -179,6 +179,11 @@ void TrafficApp::post_recvs() {
 }
 
 std::size_t TrafficApp::step(std::uint64_t now) {
+  if (stop_requested_.exchange(false, std::memory_order_acq_rel)) shutdown();
+  if (state_ == State::kDone) {
+    done_.store(true, std::memory_order_release);
+    return 0;
+  }
   switch (state_) {
     case State::kListen: {
       const int fd = ::accept(listen_fd_, nullptr, nullptr);
@@ -465,6 +470,7 @@ void TrafficApp::finish() {
   }
   summary_ = s.str();
   state_ = State::kDone;
+  if (!(o_.forever && o_.role == AppOptions::Role::kServer && !failed_)) done_.store(true, std::memory_order_release);
   if (o_.forever && o_.role == AppOptions::Role::kServer && !failed_) {
     // Ready for the next client.
     if (qp_) eng_.destroy_qp(qp_);

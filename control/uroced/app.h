@@ -9,6 +9,7 @@
 // (a few ms at most, with a deadline).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -47,10 +48,12 @@ class TrafficApp {
   /// The application stage: returns work done.
   std::size_t step(std::uint64_t now);
   /// Graceful stop: the QP goes to ERR, so every outstanding WR is flushed and
-  /// its completion delivered before the app reports.
-  void shutdown();
+  /// its completion delivered before the app reports. Safe to call from any
+  /// thread: the app's own lcore acts on it in step().
+  void request_shutdown() { stop_requested_.store(true, std::memory_order_release); }
 
-  [[nodiscard]] bool finished() const { return state_ == State::kDone; }
+  /// Readable from any thread.
+  [[nodiscard]] bool finished() const { return done_.load(std::memory_order_acquire); }
   [[nodiscard]] int exit_code() const { return failed_ ? 1 : 0; }
   [[nodiscard]] const std::string& summary() const { return summary_; }
   [[nodiscard]] transport::Qp* qp() const { return qp_; }
@@ -100,8 +103,11 @@ class TrafficApp {
   std::uint64_t next_ = 0, completed_ = 0, bytes_ = 0, sends_ = 0, atomics_ = 0, errors_ = 0;
   // Server progress
   std::uint64_t recv_ok_ = 0, recv_bad_ = 0, next_send_id_ = 0;
+  void shutdown();
   bool failed_ = false;
   std::string summary_;
+  std::atomic<bool> stop_requested_{false};
+  std::atomic<bool> done_{false};
 };
 
 }  // namespace uroce::control

@@ -13,6 +13,7 @@
 
 #include <boost/asio.hpp>
 #include <boost/program_options.hpp>
+#include <atomic>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -20,6 +21,9 @@
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include <rte_launch.h>
+#include <rte_lcore.h>
 
 #include "control/uroced/app.h"
 #include "drivers/dpdk/dpdk_port.h"
@@ -69,47 +73,106 @@ bool parse_mac(const std::string& s, wire::MacAddr& m) {
   return true;
 }
 
-struct Daemon {
+/// One poll-mode pipeline: an engine with its dataplane, on one lcore, over
+/// one port (or one shard of a port).
+struct Pipeline {
+  dpdk::Port* port = nullptr;
+  std::string port_name;
+  std::uint16_t shard = 0;
+  std::uint16_t shards = 1;
+  unsigned lcore = 0;
   std::unique_ptr<transport::Engine> eng;
-  std::unique_ptr<dpdk::Port> port;
   std::unique_ptr<engine::Neighbors> neigh;
   std::unique_ptr<engine::Dataplane> dp;
+  std::unique_ptr<pcapio::Writer> capture;
+};
+
+struct Daemon {
+  std::vector<std::unique_ptr<dpdk::Port>> ports;
+  std::vector<std::unique_ptr<Pipeline>> pipes;
   std::unique_ptr<control::TrafficApp> app;
-  pcapio::Writer capture;
-  bool capturing = false;
-  std::string name;
 
   std::string status_json() const;
 };
 
+std::atomic<bool> g_workers_stop{false};
+
+/// Which shard owns a frame: RoCE by destination QP (an engine owns every
+/// `shards`-th QPN, see EngineConfig::qpn_stride), ARP and ICMPv6 (ND) to
+/// every shard so each learns neighbours, everything else to shard 0.
+int frame_owner(wire::ConstBytes f, std::uint16_t shards) {
+  wire::Packet pkt;
+  wire::ParseOptions o;
+  o.verify_icrc = false;  // the owner checks it
+  const auto st = wire::parse_frame(f, o, pkt);
+  if (st.ok()) return static_cast<int>((pkt.destqp - transport::kFirstQpn) % shards);
+  if (st.roce) return 0;
+  std::size_t off = 12;
+  std::uint16_t type = f.size() >= 14 ? static_cast<std::uint16_t>((f[12] << 8) | f[13]) : 0;
+  if (type == wire::kEtherTypeVlan && f.size() >= 18) {
+    type = static_cast<std::uint16_t>((f[16] << 8) | f[17]);
+    off = 16;
+  }
+  if (type == wire::kEtherTypeArp) return -1;
+  if (type == wire::kEtherTypeIpv6 && f.size() >= off + 2 + 40 && f[off + 2 + 6] == 58) return -1;
+  return 0;
+}
+
+/// The loop of a pipeline on a worker lcore. (A sharded port's shard 0,
+/// which also dispatches, may run here too when it is not the first port.)
+int run_pipeline(Pipeline& p) {
+  while (!g_workers_stop.load(std::memory_order_relaxed)) {
+    const std::uint64_t now = now_ns();
+    std::size_t work = 0;
+    if (p.shards > 1 && p.shard == 0) work += p.port->dispatch(frame_owner);
+    work += p.dp->iterate(now);
+    p.dp->idle(work);
+  }
+  return 0;
+}
+
 std::string Daemon::status_json() const {
+  // Counters are read while other lcores update them: each is an aligned
+  // 64-bit load, so a value may be a moment old but is never torn.
   std::ostringstream o;
-  o << "{\"name\": \"" << name << "\", \"ip\": \"" << eng->config().ip.to_string() << "\", \"qps\": " << eng->qp_count();
-  o << ", \"app\": \"" << (app ? app->state_name() : "none") << "\"";
-  o << ", \"port\": {";
-  const auto& pc = eng->counters();
-  for (std::size_t i = 0; i < transport::kPortCounterNames.size(); ++i)
-    o << (i ? ", " : "") << "\"" << transport::kPortCounterNames[i] << "\": " << pc.v[i];
-  o << "}, \"dataplane\": {";
-  for (std::size_t i = 0; i < static_cast<std::size_t>(engine::DpCounter::kCount); ++i)
-    o << (i ? ", " : "") << "\"" << engine::kDpCounterNames[i] << "\": " << dp->counter(static_cast<engine::DpCounter>(i));
-  o << "}, \"qp_totals\": {";
-  for (std::size_t i = 0; i < transport::kQpCounterNames.size(); ++i)
-    o << (i ? ", " : "") << "\"" << transport::kQpCounterNames[i]
-      << "\": " << eng->qp_counter_total(static_cast<transport::QpCounter>(i));
-  const auto ps = port->stats();
-  o << "}, \"ethdev\": {\"rx\": " << ps.rx_frames << ", \"tx\": " << ps.tx_frames << ", \"tx_dropped\": " << ps.tx_dropped
-    << ", \"tx_zero_copy\": " << ps.tx_zero_copy << ", \"tx_copied\": " << ps.tx_copied
-    << ", \"imissed\": " << ps.hw_imissed << "}";
-  auto fault = [&](const char* n, const engine::FaultInjector& f) {
-    const auto& s = f.stats();
-    o << ", \"fault_" << n << "\": {\"config\": \"" << f.config().to_string() << "\", \"seen\": " << s.seen
-      << ", \"dropped\": " << s.dropped << ", \"duplicated\": " << s.duplicated << ", \"reordered\": " << s.reordered
-      << ", \"delayed\": " << s.delayed << ", \"corrupted\": " << s.corrupted << ", \"ecn_marked\": " << s.ecn_marked
-      << ", \"rule_hits\": " << s.rule_hits << "}";
-  };
-  fault("rx", dp->rx_faults());
-  fault("tx", dp->tx_faults());
+  o << "{\"pipelines\": " << pipes.size() << ", \"app\": \"" << (app ? (app->finished() ? "done" : "running") : "none")
+    << "\"";
+  for (std::size_t k = 0; k < pipes.size(); ++k) {
+    const Pipeline& p = *pipes[k];
+    const std::string pre = k == 0 ? "" : "_" + std::to_string(k);
+    o << ", \"pipeline" << pre << "\": {\"port\": \"" << p.port_name << "\", \"shard\": " << p.shard
+      << ", \"lcore\": " << p.lcore << ", \"ip\": \"" << p.eng->config().ip.to_string()
+      << "\", \"qps\": " << p.eng->qp_count() << "}";
+    o << ", \"port" << pre << "\": {";
+    const auto& pc = p.eng->counters();
+    for (std::size_t i = 0; i < transport::kPortCounterNames.size(); ++i)
+      o << (i ? ", " : "") << "\"" << transport::kPortCounterNames[i] << "\": " << pc.v[i];
+    o << "}, \"dataplane" << pre << "\": {";
+    for (std::size_t i = 0; i < static_cast<std::size_t>(engine::DpCounter::kCount); ++i)
+      o << (i ? ", " : "") << "\"" << engine::kDpCounterNames[i]
+        << "\": " << p.dp->counter(static_cast<engine::DpCounter>(i));
+    o << "}, \"qp_totals" << pre << "\": {";
+    for (std::size_t i = 0; i < transport::kQpCounterNames.size(); ++i)
+      o << (i ? ", " : "") << "\"" << transport::kQpCounterNames[i]
+        << "\": " << p.eng->qp_counter_total(static_cast<transport::QpCounter>(i));
+    o << "}";
+    auto fault = [&](const char* n, const engine::FaultInjector& f) {
+      const auto& st = f.stats();
+      o << ", \"fault_" << n << pre << "\": {\"config\": \"" << f.config().to_string() << "\", \"seen\": " << st.seen
+        << ", \"dropped\": " << st.dropped << ", \"duplicated\": " << st.duplicated << ", \"reordered\": "
+        << st.reordered << ", \"delayed\": " << st.delayed << ", \"corrupted\": " << st.corrupted
+        << ", \"ecn_marked\": " << st.ecn_marked << ", \"rule_hits\": " << st.rule_hits << "}";
+    };
+    fault("rx", p.dp->rx_faults());
+    fault("tx", p.dp->tx_faults());
+  }
+  for (std::size_t k = 0; k < ports.size(); ++k) {
+    const auto ps = ports[k]->stats();
+    o << ", \"ethdev" << (k ? "_" + std::to_string(k) : "") << "\": {\"rx\": " << ps.rx_frames
+      << ", \"tx\": " << ps.tx_frames << ", \"tx_dropped\": " << ps.tx_dropped << ", \"tx_zero_copy\": "
+      << ps.tx_zero_copy << ", \"tx_copied\": " << ps.tx_copied << ", \"imissed\": " << ps.hw_imissed
+      << ", \"dispatch_drops\": " << ports[k]->dispatch_drops() << "}";
+  }
   o << "}";
   return o.str();
 }
@@ -161,7 +224,12 @@ class ControlServer {
         if (spec == "off") spec.clear();
         if ((dir != "rx" && dir != "tx") || !engine::FaultConfig::parse(spec, c, err))
           return "{\"ok\": false, \"error\": \"" + (err.empty() ? std::string("usage: fault rx|tx SPEC|off") : err) + "\"}";
-        (dir == "rx" ? d.dp->rx_faults() : d.dp->tx_faults()).configure(c);
+        // The injector's config is read by the pipeline's own lcore, so live
+        // changes are taken only by a daemon with one pipeline, which this
+        // control lcore runs.
+        if (d.pipes.size() != 1)
+          return "{\"ok\": false, \"error\": \"live fault changes need a single pipeline; use --fault-rx/--fault-tx at start\"}";
+        (dir == "rx" ? d.pipes[0]->dp->rx_faults() : d.pipes[0]->dp->tx_faults()).configure(c);
         log(1, "fault injection changed", "dir=" + dir + " config=\"" + c.to_string() + "\"");
         return "{\"ok\": true}";
       }
@@ -197,7 +265,10 @@ void learn_cb(void* ctx, const wire::IpAddr& ip, const wire::MacAddr& mac) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string config, port_name, ip_text, capture_path, ctl_path, fault_rx, fault_tx, app_role, app_peer, app_ops,
+  std::vector<std::string> port_names, ip_texts;
+  std::string lcores_text;
+  unsigned shards = 1, app_pipe_idx = 0;
+  std::string config, capture_path, ctl_path, fault_rx, fault_tx, app_role, app_peer, app_ops,
       eal_extra, file_prefix, log_level;
   std::vector<std::string> vdevs, neighbors;
   bool no_huge = false, app_forever = false, tx_copy = false;
@@ -209,14 +280,17 @@ int main(int argc, char** argv) {
 
   po::options_description opts("uroced options");
   opts.add_options()("help,h", "show this help")("config,c", po::value(&config), "config file (key = value)")
-      ("port", po::value(&port_name), "ethdev name to use, e.g. net_memif0, net_af_packet0 or a PCI address")
+      ("port", po::value(&port_names)->composing(), "ethdev to use, e.g. net_memif0, net_af_packet0 or a PCI address (repeatable)")
+      ("shards", po::value(&shards), "pipelines per port, one lcore each; QPs sharded by QPN (default 1)")
+      ("lcores", po::value(&lcores_text), "lcores for the pipelines, e.g. 0,1 (default: --lcore and the next ones)")
+      ("app-pipeline", po::value(&app_pipe_idx), "which pipeline runs the built-in app (default 0)")
       ("vdev", po::value(&vdevs)->composing(), "create a DPDK vdev (repeatable), e.g. net_af_packet0,iface=veth0")
       ("no-huge", po::bool_switch(&no_huge), "run without hugepages")
       ("mem-mb", po::value(&mem_mb), "EAL memory in MB (default 512)")
-      ("lcore", po::value(&lcore), "the lcore to run on (default 0)")
+      ("lcore", po::value(&lcore), "the first lcore to run on (default 0)")
       ("file-prefix", po::value(&file_prefix), "EAL file prefix (needed for several daemons on one host)")
       ("eal", po::value(&eal_extra), "extra EAL arguments, space separated")
-      ("ip", po::value(&ip_text), "the RoCE address (GID): IPv4 or IPv6")
+      ("ip", po::value(&ip_texts)->composing(), "the RoCE address (GID), IPv4 or IPv6: one per --port, in order")
       ("neighbor", po::value(&neighbors)->composing(), "static neighbour IP=MAC (repeatable)")
       ("vlan", po::value(&vlan), "802.1Q VLAN ID for all traffic, 1..4094 (default: untagged)")
       ("pcp", po::value(&pcp), "802.1Q priority with --vlan, 0..7 (default 0)")
@@ -272,9 +346,31 @@ int main(int argc, char** argv) {
       if (log_level == names[i]) g_log_level = i;
     if (g_log_level < 0) return bad("--log-level must be debug, info, warn or error");
   }
-  if (port_name.empty()) return bad("--port is required (the ethdev to use)");
-  wire::IpAddr ip;
-  if (ip_text.empty() || !wire::IpAddr::parse(ip_text, ip)) return bad("--ip must be an IPv4 or IPv6 address");
+  if (port_names.empty()) return bad("--port is required (the ethdev to use)");
+  if (ip_texts.size() != port_names.size())
+    return bad("give one --ip per --port (" + std::to_string(port_names.size()) + " ports, " +
+               std::to_string(ip_texts.size()) + " addresses)");
+  std::vector<wire::IpAddr> ips(ip_texts.size());
+  for (std::size_t i = 0; i < ip_texts.size(); ++i)
+    if (!wire::IpAddr::parse(ip_texts[i], ips[i])) return bad("--ip must be an IPv4 or IPv6 address, got '" + ip_texts[i] + "'");
+  if (shards < 1 || shards > 64) return bad("--shards must be 1..64");
+  const std::size_t npipes = port_names.size() * shards;
+  std::vector<unsigned> lcores;
+  if (!lcores_text.empty()) {
+    std::stringstream ls(lcores_text);
+    std::string t;
+    while (std::getline(ls, t, ',')) {
+      char* end = nullptr;
+      const unsigned long v = std::strtoul(t.c_str(), &end, 10);
+      if (t.empty() || *end != '\0' || v >= RTE_MAX_LCORE) return bad("--lcores must be a comma-separated list of lcore numbers");
+      lcores.push_back(static_cast<unsigned>(v));
+    }
+  } else {
+    for (std::size_t i = 0; i < npipes; ++i) lcores.push_back(lcore + static_cast<unsigned>(i));
+  }
+  if (lcores.size() != npipes)
+    return bad("need " + std::to_string(npipes) + " lcores (ports x shards), --lcores gives " + std::to_string(lcores.size()));
+  if (app_pipe_idx >= npipes) return bad("--app-pipeline must be below the number of pipelines (" + std::to_string(npipes) + ")");
   if (dscp > 63) return bad("--dscp must be 0..63");
   if (vm.count("vlan") && (vlan < 1 || vlan > 4094)) return bad("--vlan must be 1..4094");
   if (pcp > 7) return bad("--pcp must be 0..7");
@@ -317,15 +413,20 @@ int main(int argc, char** argv) {
   }
 
   // EAL from the configuration.
-  std::vector<std::string> eal = {"-l", std::to_string(lcore), "--log-level=lib.eal:warning"};
+  std::string lcore_list;
+  for (unsigned l : lcores) lcore_list += (lcore_list.empty() ? "" : ",") + std::to_string(l);
+  std::vector<std::string> eal = {"-l", lcore_list, "--main-lcore", std::to_string(lcores[0]),
+                                  "--log-level=lib.eal:warning"};
   if (no_huge) {
     eal.push_back("--no-huge");
     eal.push_back("-m");
     eal.push_back(std::to_string(mem_mb));
   }
   if (!file_prefix.empty()) eal.push_back("--file-prefix=" + file_prefix);
-  // A vdev port needs no PCI scan (and a scan may grab devices it should not).
-  if (port_name.rfind("net_", 0) == 0 && eal_extra.find("-a ") == std::string::npos) eal.push_back("--no-pci");
+  // Vdev ports need no PCI scan (and a scan may grab devices it should not).
+  bool all_vdev = true;
+  for (const auto& pn : port_names) all_vdev = all_vdev && pn.rfind("net_", 0) == 0;
+  if (all_vdev && eal_extra.find("-a ") == std::string::npos) eal.push_back("--no-pci");
   for (const auto& v : vdevs) eal.push_back("--vdev=" + v);
   {
     std::istringstream es(eal_extra);
@@ -335,49 +436,72 @@ int main(int argc, char** argv) {
   if (!dpdk::eal_init(eal, err)) return bad(err);
 
   Daemon d;
-  d.name = port_name;
-  dpdk::PortOptions popt;
-  popt.name = port_name;
-  popt.zero_copy = !tx_copy;
-  d.port = dpdk::Port::open(popt, err);
-  if (!d.port) {
-    dpdk::eal_cleanup();
-    return bad("port " + port_name + ": " + err);
+  const std::uint64_t seed = now_ns();
+  for (std::size_t pi = 0; pi < port_names.size(); ++pi) {
+    dpdk::PortOptions popt;
+    popt.name = port_names[pi];
+    popt.zero_copy = !tx_copy;
+    popt.shards = static_cast<std::uint16_t>(shards);
+    auto port = dpdk::Port::open(popt, err);
+    if (!port) {
+      dpdk::eal_cleanup();
+      return bad("port " + port_names[pi] + ": " + err);
+    }
+    for (unsigned sh = 0; sh < shards; ++sh) {
+      auto p = std::make_unique<Pipeline>();
+      p->port = port.get();
+      p->port_name = port_names[pi];
+      p->shard = static_cast<std::uint16_t>(sh);
+      p->shards = static_cast<std::uint16_t>(shards);
+      p->lcore = lcores[d.pipes.size()];
+      transport::EngineConfig ec;
+      ec.mac = port->mac();
+      ec.ip = ips[pi];
+      ec.dscp = static_cast<std::uint8_t>(dscp);
+      ec.ecn = static_cast<std::uint8_t>(ecn);
+      ec.vlan_tci = static_cast<std::uint16_t>(vlan ? (pcp << 13) | vlan : 0);
+      ec.seed = seed + d.pipes.size();
+      ec.qpn_stride = shards;
+      ec.qpn_offset = sh;
+      p->eng = std::make_unique<transport::Engine>(ec);
+      p->neigh = std::make_unique<engine::Neighbors>(ec.mac, ec.ip, ec.vlan_tci);
+      p->neigh->answer = sh == 0;  // every shard learns; one answers
+      p->neigh->on_learn = learn_cb;
+      p->neigh->on_learn_ctx = p->eng.get();
+      for (const auto& [nip, nmac] : statics) {
+        p->neigh->add_static(nip, nmac);
+        p->eng->set_neighbor(nip, nmac);
+      }
+      engine::PortIo& pio =
+          shards > 1 ? port->shard(static_cast<std::uint16_t>(sh)) : static_cast<engine::PortIo&>(*port);
+      p->dp = std::make_unique<engine::Dataplane>(*p->eng, pio, *p->neigh, ec.seed);
+      p->dp->rx_faults().configure(frx);
+      p->dp->tx_faults().configure(ftx);
+      engine::IdleConfig idle;
+      idle.max_sleep_us = idle_max_us;
+      p->dp->set_idle(idle);
+      if (!capture_path.empty()) {
+        // One file per pipeline: the first is FILE, the others FILE.N.
+        const std::string path = d.pipes.empty() ? capture_path : capture_path + "." + std::to_string(d.pipes.size());
+        p->capture = std::make_unique<pcapio::Writer>();
+        if (!p->capture->open(path)) return bad("--capture: " + p->capture->error());
+        p->dp->set_capture(capture_cb, p->capture.get());
+      }
+      char macs[24];
+      std::snprintf(macs, sizeof macs, "%02x:%02x:%02x:%02x:%02x:%02x", ec.mac[0], ec.mac[1], ec.mac[2], ec.mac[3],
+                    ec.mac[4], ec.mac[5]);
+      log(1, "uroced started",
+          "port=" + port_names[pi] + " shard=" + std::to_string(sh) + "/" + std::to_string(shards) +
+              " lcore=" + std::to_string(p->lcore) + " ip=" + ec.ip.to_string() + " mac=" + macs + " " +
+              port->describe() + " fault_rx=\"" + frx.to_string() + "\" fault_tx=\"" + ftx.to_string() + "\"");
+      d.pipes.push_back(std::move(p));
+    }
+    d.ports.push_back(std::move(port));
   }
-  transport::EngineConfig ec;
-  ec.mac = d.port->mac();
-  ec.ip = ip;
-  ec.dscp = static_cast<std::uint8_t>(dscp);
-  ec.ecn = static_cast<std::uint8_t>(ecn);
-  ec.vlan_tci = static_cast<std::uint16_t>(vlan ? (pcp << 13) | vlan : 0);
-  ec.seed = static_cast<std::uint64_t>(now_ns());
-  d.eng = std::make_unique<transport::Engine>(ec);
-  d.neigh = std::make_unique<engine::Neighbors>(ec.mac, ip, ec.vlan_tci);
-  d.neigh->on_learn = learn_cb;
-  d.neigh->on_learn_ctx = d.eng.get();
-  for (const auto& [nip, nmac] : statics) {
-    d.neigh->add_static(nip, nmac);
-    d.eng->set_neighbor(nip, nmac);
-  }
-  d.dp = std::make_unique<engine::Dataplane>(*d.eng, *d.port, *d.neigh, ec.seed);
-  d.dp->rx_faults().configure(frx);
-  d.dp->tx_faults().configure(ftx);
-  engine::IdleConfig idle;
-  idle.max_sleep_us = idle_max_us;
-  d.dp->set_idle(idle);
-  if (!capture_path.empty()) {
-    if (!d.capture.open(capture_path)) return bad("--capture: " + d.capture.error());
-    d.capturing = true;
-    d.dp->set_capture(capture_cb, &d.capture);
-  }
-  char macs[24];
-  std::snprintf(macs, sizeof macs, "%02x:%02x:%02x:%02x:%02x:%02x", ec.mac[0], ec.mac[1], ec.mac[2], ec.mac[3],
-                ec.mac[4], ec.mac[5]);
-  log(1, "uroced started", "port=" + port_name + " ip=" + ip.to_string() + " mac=" + macs + " " + d.port->describe() +
-                               " fault_rx=\"" + frx.to_string() + "\" fault_tx=\"" + ftx.to_string() + "\"");
   if (ao.role != control::AppOptions::Role::kNone) {
-    d.app = std::make_unique<control::TrafficApp>(*d.eng, *d.dp, *d.neigh, ao);
-    d.dp->set_app(app_cb, d.app.get());
+    Pipeline& ap = *d.pipes[app_pipe_idx];
+    d.app = std::make_unique<control::TrafficApp>(*ap.eng, *ap.dp, *ap.neigh, ao);
+    ap.dp->set_app(app_cb, d.app.get());
   }
 
   asio::io_context io;
@@ -393,12 +517,23 @@ int main(int argc, char** argv) {
   signal(SIGINT, on_signal);
   signal(SIGPIPE, SIG_IGN);
 
+  // Pipelines after the first run on their own lcores; the main lcore runs
+  // the first, the control socket and the lifecycle.
+  for (std::size_t k = 1; k < d.pipes.size(); ++k) {
+    Pipeline* p = d.pipes[k].get();
+    const int lrc = rte_eal_remote_launch([](void* arg) { return run_pipeline(*static_cast<Pipeline*>(arg)); }, p,
+                                          p->lcore);
+    if (lrc != 0) return bad("cannot launch a pipeline on lcore " + std::to_string(p->lcore));
+  }
+  Pipeline& main_pipe = *d.pipes[0];
   const std::uint64_t start = now_ns();
   std::uint64_t last_ctl = 0, stop_at = 0;
   int rc = 0;
   for (;;) {
     const std::uint64_t now = now_ns();
-    const std::size_t work = d.dp->iterate(now);
+    std::size_t work = 0;
+    if (main_pipe.shards > 1) work += main_pipe.port->dispatch(frame_owner);
+    work += main_pipe.dp->iterate(now);
     if (now - last_ctl > 1'000'000) {  // the control plane, about every ms
       io.poll();
       last_ctl = now;
@@ -408,22 +543,25 @@ int main(int argc, char** argv) {
       // Graceful stop: QPs to ERR, completions delivered, then exit.
       log(1, "stopping: flushing QPs");
       stop_at = now;
-      if (d.app) d.app->shutdown();
+      if (d.app) d.app->request_shutdown();
     }
     if (d.app && d.app->finished()) {
       rc = d.app->exit_code();
       std::printf("%s\n", d.app->summary().c_str());
       std::fflush(stdout);
-      if (!app_forever || stop_at) break;
+      break;
     }
     if (stop_at && (!d.app || now - stop_at > 2'000'000'000ull)) break;
-    d.dp->idle(work);
+    main_pipe.dp->idle(work);
   }
+  g_workers_stop = true;
+  rte_eal_mp_wait_lcore();
   log(1, "uroced stopped", "status=" + d.status_json());
-  if (d.capturing) d.capture.close();
+  for (auto& p : d.pipes)
+    if (p->capture) p->capture->close();
   d.app.reset();
-  d.dp.reset();
-  d.port.reset();
+  d.pipes.clear();
+  d.ports.clear();
   dpdk::eal_cleanup();
   return rc;
 }

@@ -4,6 +4,7 @@
 #include <rte_errno.h>
 #include <rte_ethdev.h>
 #include <rte_mbuf.h>
+#include <rte_ring.h>
 
 #include <cstring>
 
@@ -30,24 +31,48 @@ bool eal_init(const std::vector<std::string>& args, std::string& err) {
 
 void eal_cleanup() { rte_eal_cleanup(); }
 
+/// One pipeline's view of the port: its TX queue, and RX either from the
+/// device queue (unsharded) or from its ring (sharded). Only its own lcore
+/// touches it.
+struct Port::Queue : engine::PortIo {
+  Port::Impl* dev = nullptr;
+  std::uint16_t txq = 0;
+  rte_ring* ring = nullptr;    // sharded RX source; nullptr = the device's RX queue 0
+  rte_ring* funnel = nullptr;  // sharded TX (shards > 0): handed to shard 0 instead of the device
+  rte_mbuf* rxb[kBurst] = {};
+  std::uint16_t nrx = 0;
+  rte_mbuf* txb[kBurst] = {};
+  std::uint16_t ntx = 0;
+  std::vector<std::uint8_t> linear;  // multi-segment frames made contiguous
+  std::vector<rte_mbuf_ext_shared_info> shinfo;  // one per zero-copy attach, reused round robin
+  std::uint32_t shinfo_next = 0;
+  PortStats st;
+  wire::MacAddr mac_{};
+
+  std::uint16_t rx_burst(engine::RxFrame* out, std::uint16_t max) override;
+  void rx_done() override;
+  bool tx(const transport::TxFrame& f) override;
+  bool tx_raw(wire::ConstBytes frame) override;
+  void tx_flush() override;
+  [[nodiscard]] wire::MacAddr mac() const override { return mac_; }
+  bool tx_zero_copy(const transport::TxFrame& f);
+};
+
 struct Port::Impl {
   std::uint16_t port_id = 0;
   rte_mempool* pool = nullptr;
-  rte_mbuf* rx[kBurst] = {};
-  std::uint16_t nrx = 0;
-  rte_mbuf* tx[kBurst] = {};
-  std::uint16_t ntx = 0;
-  std::vector<std::uint8_t> linear;  // multi-segment frames made contiguous
   std::uint64_t tx_offloads = 0;
   std::string driver;
-  PortStats st;
   std::uint16_t data_room = 0;
   // Zero-copy TX: mbufs with no data room, attached to registered memory.
   bool zero_copy = false;
   std::uint32_t zero_copy_min = 0;
   rte_mempool* ext_pool = nullptr;
-  std::vector<rte_mbuf_ext_shared_info> shinfo;  // one per attach, reused round robin
-  std::uint32_t shinfo_next = 0;
+  std::vector<std::unique_ptr<Queue>> queues;  // one per shard
+  std::vector<rte_ring*> rings;                // sharded only: RX, one per shard
+  rte_ring* tx_funnel = nullptr;               // sharded only: workers' TX, sent by shard 0
+  std::uint64_t dispatch_drops = 0;
+  std::uint64_t funnel_drops = 0;
 };
 
 namespace {
@@ -82,6 +107,10 @@ std::unique_ptr<Port> Port::open(const PortOptions& o, std::string& err) {
   // Use what the port offers; fall back cleanly when it does not.
   if (info.tx_offload_capa & RTE_ETH_TX_OFFLOAD_MULTI_SEGS) m.tx_offloads |= RTE_ETH_TX_OFFLOAD_MULTI_SEGS;
   conf.txmode.offloads = m.tx_offloads;
+  // One RX and one TX queue, whatever the sharding: shard 0 is the port's
+  // I/O lcore (it reads RX and sends every shard's TX), so any PMD works,
+  // single-queue vdevs included, and the peer sees one flow of frames.
+  const std::uint16_t nq = std::max<std::uint16_t>(1, o.shards);
   int rc = rte_eth_dev_configure(m.port_id, 1, 1, &conf);
   if (rc != 0) {
     err = "rte_eth_dev_configure: " + std::string(rte_strerror(-rc));
@@ -109,12 +138,6 @@ std::unique_ptr<Port> Port::open(const PortOptions& o, std::string& err) {
     const std::string ext_name = "uroce_ext_" + std::to_string(m.port_id);
     m.ext_pool = rte_pktmbuf_pool_create(ext_name.c_str(), o.mbufs, 256, 0, 0, socket);
     if (m.ext_pool != nullptr) {
-      m.shinfo.resize(o.mbufs * 2);
-      for (auto& si : m.shinfo) {
-        si.free_cb = ext_free_noop;
-        si.fcb_opaque = nullptr;
-        rte_mbuf_ext_refcnt_set(&si, 1);
-      }
       m.zero_copy = true;
       m.zero_copy_min = o.zero_copy_min;
     }
@@ -122,24 +145,112 @@ std::unique_ptr<Port> Port::open(const PortOptions& o, std::string& err) {
   rte_ether_addr mac{};
   rte_eth_macaddr_get(m.port_id, &mac);
   std::memcpy(p->mac_.data(), mac.addr_bytes, 6);
-  m.linear.resize(std::size_t{kBurst} * 9216);
+  for (std::uint16_t q = 0; q < nq; ++q) {
+    auto qu = std::make_unique<Queue>();
+    qu->dev = &m;
+    qu->txq = 0;
+    qu->mac_ = p->mac_;
+    qu->linear.resize(std::size_t{kBurst} * 9216);
+    if (m.zero_copy) {
+      qu->shinfo.resize(o.mbufs * 2 / nq + 64);
+      for (auto& si : qu->shinfo) {
+        si.free_cb = ext_free_noop;
+        si.fcb_opaque = nullptr;
+        rte_mbuf_ext_refcnt_set(&si, 1);
+      }
+    }
+    if (nq > 1) {
+      const std::string rn = "uroce_rx_" + std::to_string(m.port_id) + "_" + std::to_string(q);
+      qu->ring = rte_ring_create(rn.c_str(), 4096, socket, RING_F_SP_ENQ | RING_F_SC_DEQ);
+      if (qu->ring == nullptr) {
+        err = std::string("dispatch ring: ") + rte_strerror(rte_errno);
+        return nullptr;
+      }
+      m.rings.push_back(qu->ring);
+    }
+    m.queues.push_back(std::move(qu));
+  }
+  if (nq > 1) {
+    const std::string fn = "uroce_txf_" + std::to_string(m.port_id);
+    m.tx_funnel = rte_ring_create(fn.c_str(), 8192, socket, RING_F_SC_DEQ);  // many producers, one consumer
+    if (m.tx_funnel == nullptr) {
+      err = std::string("TX funnel ring: ") + rte_strerror(rte_errno);
+      return nullptr;
+    }
+    for (std::uint16_t q = 1; q < nq; ++q) m.queues[q]->funnel = m.tx_funnel;
+  }
   return p;
 }
 
 Port::~Port() {
   if (!impl_) return;
-  rx_done();
-  tx_flush();
+  for (auto& q : impl_->queues) {
+    q->rx_done();
+    q->tx_flush();
+  }
   rte_eth_dev_stop(impl_->port_id);
   rte_eth_dev_close(impl_->port_id);
+  std::vector<rte_ring*> all = impl_->rings;
+  if (impl_->tx_funnel) all.push_back(impl_->tx_funnel);
+  for (rte_ring* r : all) {
+    rte_mbuf* b;
+    while (rte_ring_sc_dequeue(r, reinterpret_cast<void**>(&b)) == 0) rte_pktmbuf_free(b);
+    rte_ring_free(r);
+  }
 }
 
-std::uint16_t Port::rx_burst(engine::RxFrame* out, std::uint16_t max) {
+std::uint16_t Port::rx_burst(engine::RxFrame* out, std::uint16_t max) { return impl_->queues[0]->rx_burst(out, max); }
+void Port::rx_done() { impl_->queues[0]->rx_done(); }
+bool Port::tx(const transport::TxFrame& f) { return impl_->queues[0]->tx(f); }
+bool Port::tx_raw(wire::ConstBytes frame) { return impl_->queues[0]->tx_raw(frame); }
+void Port::tx_flush() { impl_->queues[0]->tx_flush(); }
+engine::PortIo& Port::shard(std::uint16_t i) { return *impl_->queues.at(i); }
+std::uint64_t Port::dispatch_drops() const { return impl_->dispatch_drops + impl_->funnel_drops; }
+
+std::uint16_t Port::dispatch(Owner owner) {
   Impl& m = *impl_;
+  // The workers' transmissions first.
+  rte_mbuf* out[kBurst];
+  unsigned nout = rte_ring_sc_dequeue_burst(m.tx_funnel, reinterpret_cast<void**>(out), kBurst, nullptr);
+  if (nout) {
+    std::uint16_t sent = 0;
+    for (int tries = 0; sent < nout && tries < 4; ++tries)
+      sent += rte_eth_tx_burst(m.port_id, 0, out + sent, static_cast<std::uint16_t>(nout - sent));
+    if (sent < nout) {
+      rte_pktmbuf_free_bulk(out + sent, nout - sent);
+      m.funnel_drops += nout - sent;
+    }
+  }
+  rte_mbuf* in[kBurst];
+  const std::uint16_t n = rte_eth_rx_burst(m.port_id, 0, in, kBurst);
+  const auto nq = static_cast<std::uint16_t>(m.queues.size());
+  for (std::uint16_t i = 0; i < n; ++i) {
+    rte_mbuf* b = in[i];
+    const int o = owner(wire::ConstBytes(rte_pktmbuf_mtod(b, const std::uint8_t*), b->data_len), nq);
+    if (o < 0) {
+      // To every shard: one reference each.
+      rte_mbuf_refcnt_update(b, static_cast<int16_t>(nq - 1));
+      for (std::uint16_t q = 0; q < nq; ++q)
+        if (rte_ring_sp_enqueue(m.rings[q], b) != 0) {
+          rte_pktmbuf_free(b);
+          ++m.dispatch_drops;
+        }
+    } else if (rte_ring_sp_enqueue(m.rings[static_cast<std::size_t>(o) % nq], b) != 0) {
+      rte_pktmbuf_free(b);
+      ++m.dispatch_drops;
+    }
+  }
+  return static_cast<std::uint16_t>(n + nout);
+}
+
+std::uint16_t Port::Queue::rx_burst(engine::RxFrame* out, std::uint16_t max) {
+  Queue& m = *this;
   rx_done();
-  m.nrx = rte_eth_rx_burst(m.port_id, 0, m.rx, std::min(max, kBurst));
+  m.nrx = ring ? static_cast<std::uint16_t>(rte_ring_sc_dequeue_burst(ring, reinterpret_cast<void**>(m.rxb),
+                                                                       std::min(max, kBurst), nullptr))
+               : rte_eth_rx_burst(dev->port_id, 0, m.rxb, std::min(max, kBurst));
   for (std::uint16_t i = 0; i < m.nrx; ++i) {
-    rte_mbuf* b = m.rx[i];
+    rte_mbuf* b = m.rxb[i];
     if (b->nb_segs == 1) {
       out[i] = {rte_pktmbuf_mtod(b, const std::uint8_t*), b->data_len};
     } else {
@@ -155,16 +266,16 @@ std::uint16_t Port::rx_burst(engine::RxFrame* out, std::uint16_t max) {
   return m.nrx;
 }
 
-void Port::rx_done() {
-  Impl& m = *impl_;
-  if (m.nrx) rte_pktmbuf_free_bulk(m.rx, m.nrx);
+void Port::Queue::rx_done() {
+  Queue& m = *this;
+  if (m.nrx) rte_pktmbuf_free_bulk(m.rxb, m.nrx);
   m.nrx = 0;
 }
 
-bool Port::tx(const transport::TxFrame& f) {
-  Impl& m = *impl_;
+bool Port::Queue::tx(const transport::TxFrame& f) {
+  Queue& m = *this;
   if (m.ntx == kBurst) tx_flush();
-  if (m.zero_copy) {
+  if (dev->zero_copy) {
     std::size_t payload = 0;
     bool external = f.nseg > 0;
     for (std::uint8_t i = 0; i < f.nseg; ++i) {
@@ -172,10 +283,10 @@ bool Port::tx(const transport::TxFrame& f) {
       // Inline payloads live in the TX ring slot, which is reused: copy those.
       if (f.seg[i].p >= f.inline_buf && f.seg[i].p < f.inline_buf + sizeof f.inline_buf) external = false;
     }
-    if (external && payload >= m.zero_copy_min && tx_zero_copy(f)) return true;
+    if (external && payload >= dev->zero_copy_min && tx_zero_copy(f)) return true;
   }
   ++m.st.tx_copied;
-  rte_mbuf* b = rte_pktmbuf_alloc(m.pool);
+  rte_mbuf* b = rte_pktmbuf_alloc(dev->pool);
   if (b == nullptr) {
     ++m.st.tx_dropped;
     return false;
@@ -189,16 +300,17 @@ bool Port::tx(const transport::TxFrame& f) {
   }
   // The copy path: one contiguous segment that every PMD accepts.
   f.copy_to(wire::Bytes(reinterpret_cast<std::uint8_t*>(dst), n));
-  m.tx[m.ntx++] = b;
+  m.txb[m.ntx++] = b;
   return true;
 }
 
-bool Port::tx_zero_copy(const transport::TxFrame& f) {
-  Impl& m = *impl_;
+bool Port::Queue::tx_zero_copy(const transport::TxFrame& f) {
+  Queue& m = *this;
+  Impl& d = *dev;
   // head: the headers (copied, 100 bytes or so); then one external segment per
   // payload piece, pointing into registered memory; then pad + ICRC.
-  rte_mbuf* head = rte_pktmbuf_alloc(m.pool);
-  rte_mbuf* tail = rte_pktmbuf_alloc(m.pool);
+  rte_mbuf* head = rte_pktmbuf_alloc(d.pool);
+  rte_mbuf* tail = rte_pktmbuf_alloc(d.pool);
   if (head == nullptr || tail == nullptr) {
     rte_pktmbuf_free(head);
     rte_pktmbuf_free(tail);
@@ -207,7 +319,7 @@ bool Port::tx_zero_copy(const transport::TxFrame& f) {
   std::memcpy(rte_pktmbuf_append(head, f.hdr_len), f.hdr, f.hdr_len);
   for (std::uint8_t i = 0; i < f.nseg; ++i) {
     if (f.seg[i].len == 0) continue;
-    rte_mbuf* e = rte_pktmbuf_alloc(m.ext_pool);
+    rte_mbuf* e = rte_pktmbuf_alloc(d.ext_pool);
     if (e == nullptr) {
       rte_pktmbuf_free(head);
       rte_pktmbuf_free(tail);
@@ -233,15 +345,15 @@ bool Port::tx_zero_copy(const transport::TxFrame& f) {
     rte_pktmbuf_free(tail);
     return false;
   }
-  m.tx[m.ntx++] = head;
+  m.txb[m.ntx++] = head;
   ++m.st.tx_zero_copy;
   return true;
 }
 
-bool Port::tx_raw(wire::ConstBytes frame) {
-  Impl& m = *impl_;
+bool Port::Queue::tx_raw(wire::ConstBytes frame) {
+  Queue& m = *this;
   if (m.ntx == kBurst) tx_flush();
-  rte_mbuf* b = rte_pktmbuf_alloc(m.pool);
+  rte_mbuf* b = rte_pktmbuf_alloc(dev->pool);
   if (b == nullptr) {
     ++m.st.tx_dropped;
     return false;
@@ -253,18 +365,28 @@ bool Port::tx_raw(wire::ConstBytes frame) {
     return false;
   }
   std::memcpy(dst, frame.data(), frame.size());
-  m.tx[m.ntx++] = b;
+  m.txb[m.ntx++] = b;
   return true;
 }
 
-void Port::tx_flush() {
-  Impl& m = *impl_;
+void Port::Queue::tx_flush() {
+  Queue& m = *this;
+  if (funnel != nullptr) {
+    const unsigned n = m.ntx ? rte_ring_mp_enqueue_burst(funnel, reinterpret_cast<void**>(m.txb), m.ntx, nullptr) : 0;
+    if (n < m.ntx) {
+      rte_pktmbuf_free_bulk(m.txb + n, m.ntx - n);
+      m.st.tx_dropped += m.ntx - n;
+    }
+    m.st.tx_frames += n;
+    m.ntx = 0;
+    return;
+  }
   std::uint16_t sent = 0;
   // A few tries, then drop what the PMD will not take: never block the loop.
   for (int tries = 0; sent < m.ntx && tries < 4; ++tries)
-    sent += rte_eth_tx_burst(m.port_id, 0, m.tx + sent, static_cast<std::uint16_t>(m.ntx - sent));
+    sent += rte_eth_tx_burst(dev->port_id, txq, m.txb + sent, static_cast<std::uint16_t>(m.ntx - sent));
   if (sent < m.ntx) {
-    rte_pktmbuf_free_bulk(m.tx + sent, m.ntx - sent);
+    rte_pktmbuf_free_bulk(m.txb + sent, m.ntx - sent);
     m.st.tx_dropped += m.ntx - sent;
   }
   m.st.tx_frames += sent;
@@ -272,7 +394,15 @@ void Port::tx_flush() {
 }
 
 PortStats Port::stats() const {
-  PortStats s = impl_->st;
+  PortStats s;
+  for (const auto& q : impl_->queues) {
+    s.rx_frames += q->st.rx_frames;
+    s.tx_frames += q->st.tx_frames;
+    s.tx_dropped += q->st.tx_dropped;
+    s.rx_linearized += q->st.rx_linearized;
+    s.tx_zero_copy += q->st.tx_zero_copy;
+    s.tx_copied += q->st.tx_copied;
+  }
   rte_eth_stats e{};
   if (rte_eth_stats_get(impl_->port_id, &e) == 0) {
     s.hw_ipackets = e.ipackets;

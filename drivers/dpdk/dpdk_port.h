@@ -18,6 +18,10 @@ void eal_cleanup();
 
 struct PortOptions {
   std::string name;  // ethdev name: a vdev given with --vdev, or a PCI address
+  /// Pipelines sharing the port, one per lcore. Shard 0 is the I/O lcore:
+  /// its dispatcher reads the RX queue and hands frames to each shard's ring
+  /// by destination QP, and sends what the other shards put on the TX funnel.
+  std::uint16_t shards = 1;
   std::uint16_t rx_desc = 1024;
   std::uint16_t tx_desc = 1024;
   std::uint32_t mbufs = 8191;
@@ -50,10 +54,19 @@ class Port : public engine::PortIo {
   /// Driver name and the offloads in use, for the log.
   [[nodiscard]] std::string describe() const;
 
+  /// With shards > 1: the PortIo of shard i (its own TX queue; RX from its ring).
+  engine::PortIo& shard(std::uint16_t i);
+  /// With shards > 1, run by shard 0's lcore: one RX burst from the device,
+  /// each frame handed to the ring of `owner(frame)`; owner -1 means "every
+  /// shard" (ARP/ND, so each learns neighbours). Returns frames moved.
+  using Owner = int (*)(wire::ConstBytes frame, std::uint16_t shards);
+  std::uint16_t dispatch(Owner owner);
+  [[nodiscard]] std::uint64_t dispatch_drops() const;
+
  private:
   Port() = default;
-  bool tx_zero_copy(const transport::TxFrame& f);
   struct Impl;
+  struct Queue;
   std::unique_ptr<Impl> impl_;
   wire::MacAddr mac_{};
 };

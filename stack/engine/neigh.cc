@@ -124,7 +124,7 @@ Neighbors::Verdict Neighbors::arp(ConstBytes f, std::size_t l3, wire::Bytes repl
   const bool for_us = ip_.is_v4_mapped() && target == ip_;
   // Learn the sender when the ARP is for us (request or reply), RFC 826's merge rule.
   if (for_us || table_.count(sender)) learn(sender, a->sha);
-  if (a->oper.get() != 1 || !for_us) return Verdict::kHandled;
+  if (a->oper.get() != 1 || !for_us || !answer) return Verdict::kHandled;
   if (reply.size() < sizeof(wire::EthHdr) + 4 + sizeof(ArpHdr)) return Verdict::kHandled;
   std::size_t n = put_eth(reply, a->sha, wire::kEtherTypeArp);
   auto* r = wire::view<ArpHdr>(reply.data() + n);
@@ -147,7 +147,7 @@ Neighbors::Verdict Neighbors::icmp4(ConstBytes f, std::size_t l3, wire::Bytes re
   if (ihl < 20 || total < ihl + 8 || f.size() < l3 + total) return Verdict::kHandled;
   if (!(IpAddr::from_v4_bytes(ip->dst.data()) == ip_)) return Verdict::kHandled;
   const std::uint8_t* icmp = f.data() + l3 + ihl;
-  if (icmp[0] != 8) return Verdict::kHandled;  // only echo requests get an answer
+  if (icmp[0] != 8 || !answer) return Verdict::kHandled;  // only echo requests get an answer
   if (reply.size() < sizeof(wire::EthHdr) + 4 + total) return Verdict::kHandled;
   std::size_t n = put_eth(reply, wire::view<wire::EthHdr>(f.data())->src, wire::kEtherTypeIpv4);
   std::memcpy(reply.data() + n, f.data() + l3, total);
@@ -195,6 +195,7 @@ Neighbors::Verdict Neighbors::icmp6(ConstBytes f, std::size_t l3, wire::Bytes re
   }
   if (m[0] != 135 || ip_.is_v4_mapped() || !(target == ip_)) return Verdict::kHandled;  // NS for us only
   if (auto mac = lladdr(1)) learn(src, *mac);
+  if (!answer) return Verdict::kHandled;
   // Neighbor Advertisement: solicited, override, with our link-layer address.
   constexpr std::size_t kNa = 24 + 8;
   if (reply.size() < sizeof(wire::EthHdr) + 4 + sizeof(wire::Ipv6Hdr) + kNa) return Verdict::kHandled;

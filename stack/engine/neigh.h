@@ -35,6 +35,9 @@ class Neighbors {
   /// Called when a new entry is learned (the engine needs it for RTR and UD).
   void (*on_learn)(void* ctx, const wire::IpAddr& ip, const wire::MacAddr& mac) = nullptr;
   void* on_learn_ctx = nullptr;
+  /// Whether to answer ARP/NS/echo. When a port is sharded over several
+  /// pipelines, each learns from every ARP/ND frame but only one answers.
+  bool answer = true;
 
   [[nodiscard]] const wire::IpAddr& ip() const { return ip_; }
   [[nodiscard]] const wire::MacAddr& mac() const { return mac_; }

@@ -55,6 +55,7 @@ std::size_t TxFrame::copy_to(wire::Bytes out) const {
 }
 
 Engine::Engine(const EngineConfig& cfg) : cfg_(cfg), mrs_(cfg.max_mrs, cfg.seed), tx_(cfg.tx_ring) {
+  if (cfg_.qpn_stride == 0) cfg_.qpn_stride = 1;
   qps_.resize(cfg.max_qps);
   active_.reserve(cfg.max_qps);
   ack_waiters_.reserve(cfg.max_qps);
@@ -138,7 +139,7 @@ Qp* Engine::create_qp(Pd* pd, const QpInitAttr& attr) {
   auto slot = std::find(qps_.begin(), qps_.end(), nullptr);
   if (slot == qps_.end()) return nullptr;
   auto qp = std::make_unique<Qp>();
-  qp->qpn = kFirstQpn + static_cast<std::uint32_t>(slot - qps_.begin());
+  qp->qpn = kFirstQpn + cfg_.qpn_offset + static_cast<std::uint32_t>(slot - qps_.begin()) * cfg_.qpn_stride;
   qp->type = attr.qp_type;
   qp->pd = pd;
   qp->send_cq = attr.send_cq;
@@ -157,7 +158,7 @@ Qp* Engine::create_qp(Pd* pd, const QpInitAttr& attr) {
 
 int Engine::destroy_qp(Qp* qp) {
   if (qp == nullptr) return EINVAL;
-  const std::uint32_t idx = qp->qpn - kFirstQpn;
+  const std::uint32_t idx = (qp->qpn - kFirstQpn - cfg_.qpn_offset) / cfg_.qpn_stride;
   if (idx >= qps_.size() || qps_[idx].get() != qp) return EINVAL;
   for (std::size_t i = 0; i < dead_qp_ctr_.v.size(); ++i) dead_qp_ctr_.v[i] += qp->ctr.v[i];
   std::erase(active_, qp);
@@ -169,7 +170,9 @@ int Engine::destroy_qp(Qp* qp) {
 }
 
 Qp* Engine::find_qp(std::uint32_t qpn) const {
-  const std::uint32_t idx = qpn - kFirstQpn;
+  const std::uint32_t d = qpn - kFirstQpn - cfg_.qpn_offset;
+  if (d % cfg_.qpn_stride != 0) return nullptr;
+  const std::uint32_t idx = d / cfg_.qpn_stride;
   return idx < qps_.size() ? qps_[idx].get() : nullptr;
 }
 

@@ -40,6 +40,10 @@ struct EngineConfig {
   std::uint8_t dscp = 0;
   std::uint8_t ecn = 2;  // ECT(0) on data by default
   std::uint16_t vlan_tci = 0;  // 802.1Q tag on every frame; 0 = untagged
+  /// Sharding: this engine owns QPNs kFirstQpn + offset + k * stride, so
+  /// several engines (one per lcore) can share a port without overlap.
+  std::uint32_t qpn_stride = 1;
+  std::uint32_t qpn_offset = 0;
   std::uint64_t seed = 1;
 };
 
