@@ -197,29 +197,36 @@ Neighbors::Verdict Neighbors::icmp6(ConstBytes f, std::size_t l3, wire::Bytes re
   if (auto mac = lladdr(1)) learn(src, *mac);
   if (!answer) return Verdict::kHandled;
   // Neighbor Advertisement: solicited, override, with our link-layer address.
-  constexpr std::size_t kNa = 24 + 8;
-  if (reply.size() < sizeof(wire::EthHdr) + 4 + sizeof(wire::Ipv6Hdr) + kNa) return Verdict::kHandled;
-  std::size_t n = put_eth(reply, wire::view<wire::EthHdr>(f.data())->src, wire::kEtherTypeIpv6);
-  auto* rip = wire::view<wire::Ipv6Hdr>(reply.data() + n);
-  rip->ver_tc_flow.set(6u << 28);
-  rip->payload_len.set(kNa);
-  rip->next_header = kProtoIcmp6;
-  rip->hop_limit = 255;
-  rip->src = ip_.b;
-  rip->dst = src.b;
-  std::uint8_t* na = reply.data() + n + sizeof(wire::Ipv6Hdr);
-  std::memset(na, 0, kNa);
-  na[0] = 136;
-  na[4] = 0x60;  // solicited | override
-  std::memcpy(na + 8, ip_.b.data(), 16);
-  na[24] = 2;
-  na[25] = 1;
-  std::memcpy(na + 26, mac_.data(), 6);
-  const std::uint16_t c = icmp6_csum(ip_, src, na, kNa);
-  na[2] = static_cast<std::uint8_t>(c >> 8);
-  na[3] = static_cast<std::uint8_t>(c);
-  len = n + sizeof(wire::Ipv6Hdr) + kNa;
-  return Verdict::kReply;
+  len = build_nd(reply, wire::view<wire::EthHdr>(f.data())->src, src, 136, 0x60, ip_, 2);
+  return len ? Verdict::kReply : Verdict::kHandled;
+}
+
+std::size_t Neighbors::build_nd(wire::Bytes out, const MacAddr& dmac, const IpAddr& dst, std::uint8_t type,
+                                std::uint8_t flags, const IpAddr& target, std::uint8_t lladdr_option) const {
+  // NS (135) and NA (136) share a layout (RFC 4861 4.3/4.4): type, code,
+  // checksum, flags, target, then one link-layer address option with ours.
+  constexpr std::size_t kMsg = 24 + 8;
+  if (out.size() < sizeof(wire::EthHdr) + 4 + sizeof(wire::Ipv6Hdr) + kMsg) return 0;
+  const std::size_t n = put_eth(out, dmac, wire::kEtherTypeIpv6);
+  auto* ip6 = wire::view<wire::Ipv6Hdr>(out.data() + n);
+  ip6->ver_tc_flow.set(6u << 28);
+  ip6->payload_len.set(kMsg);
+  ip6->next_header = kProtoIcmp6;
+  ip6->hop_limit = 255;
+  ip6->src = ip_.b;
+  ip6->dst = dst.b;
+  std::uint8_t* m = out.data() + n + sizeof(wire::Ipv6Hdr);
+  std::memset(m, 0, kMsg);
+  m[0] = type;
+  m[4] = flags;
+  std::memcpy(m + 8, target.b.data(), 16);
+  m[24] = lladdr_option;
+  m[25] = 1;  // length in units of 8 bytes
+  std::memcpy(m + 26, mac_.data(), 6);
+  const std::uint16_t c = icmp6_csum(ip_, dst, m, kMsg);
+  m[2] = static_cast<std::uint8_t>(c >> 8);
+  m[3] = static_cast<std::uint8_t>(c);
+  return n + sizeof(wire::Ipv6Hdr) + kMsg;
 }
 
 std::size_t Neighbors::build_request(const IpAddr& ip, wire::Bytes out) const {
@@ -239,29 +246,9 @@ std::size_t Neighbors::build_request(const IpAddr& ip, wire::Bytes out) const {
     std::memcpy(a->tpa.data(), ip.v4(), 4);
     return n + sizeof(ArpHdr) < 60 ? 60 : n + sizeof(ArpHdr);
   }
-  constexpr std::size_t kNs = 24 + 8;
-  const std::size_t total = sizeof(wire::EthHdr) + (vlan_tci_ ? 4 : 0) + sizeof(wire::Ipv6Hdr) + kNs;
-  if (out.size() < total) return 0;
+  // Neighbor Solicitation to the target's solicited-node multicast address.
   const IpAddr dst = solicited_node(ip);
-  std::size_t n = put_eth(out, multicast_mac(dst), wire::kEtherTypeIpv6);
-  auto* ip6 = wire::view<wire::Ipv6Hdr>(out.data() + n);
-  ip6->ver_tc_flow.set(6u << 28);
-  ip6->payload_len.set(kNs);
-  ip6->next_header = kProtoIcmp6;
-  ip6->hop_limit = 255;
-  ip6->src = ip_.b;
-  ip6->dst = dst.b;
-  std::uint8_t* ns = out.data() + n + sizeof(wire::Ipv6Hdr);
-  std::memset(ns, 0, kNs);
-  ns[0] = 135;
-  std::memcpy(ns + 8, ip.b.data(), 16);
-  ns[24] = 1;
-  ns[25] = 1;
-  std::memcpy(ns + 26, mac_.data(), 6);
-  const std::uint16_t c = icmp6_csum(ip_, dst, ns, kNs);
-  ns[2] = static_cast<std::uint8_t>(c >> 8);
-  ns[3] = static_cast<std::uint8_t>(c);
-  return total;
+  return build_nd(out, multicast_mac(dst), dst, 135, 0, ip, 1);
 }
 
 }  // namespace uroce::engine

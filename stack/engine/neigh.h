@@ -54,6 +54,8 @@ class Neighbors {
   Verdict icmp6(wire::ConstBytes f, std::size_t l3, wire::Bytes reply, std::size_t& len);
 
   std::size_t put_eth(wire::Bytes out, const wire::MacAddr& dst, std::uint16_t type) const;
+  std::size_t build_nd(wire::Bytes out, const wire::MacAddr& dmac, const wire::IpAddr& dst, std::uint8_t type,
+                       std::uint8_t flags, const wire::IpAddr& target, std::uint8_t lladdr_option) const;
   wire::MacAddr mac_;
   wire::IpAddr ip_;
   std::uint16_t vlan_tci_;

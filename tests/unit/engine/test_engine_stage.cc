@@ -103,6 +103,17 @@ TEST(Neighbors, Ipv6SolicitationGetsAnAdvertisement) {
   std::size_t len = 0;
   ASSERT_EQ(na.handle(wire::ConstBytes(ns, nslen), reply, len), Neighbors::Verdict::kReply);
   EXPECT_EQ(*na.lookup(b), kMacB);  // A learned B from the source link-layer option
+  // Both messages carry a valid ICMPv6 checksum (pseudo-header + message sums to 0).
+  for (auto [frame, flen] : {std::pair<const std::uint8_t*, std::size_t>{ns, nslen}, {reply, len}}) {
+    const std::uint8_t* ip6 = frame + 14;
+    const std::size_t mlen = (std::size_t{ip6[4]} << 8) | ip6[5];
+    std::uint32_t sum = csum_add(0, ip6 + 8, 32);  // source and destination addresses
+    const std::uint8_t tail[8] = {0, 0, static_cast<std::uint8_t>(mlen >> 8), static_cast<std::uint8_t>(mlen), 0, 0, 0, 58};
+    sum = csum_add(sum, tail, 8);
+    sum = csum_add(sum, ip6 + 40, mlen);
+    EXPECT_EQ(csum_fold(sum), 0) << "ICMPv6 type " << int(ip6[40]);
+    EXPECT_EQ(flen, 14u + 40 + 32);
+  }
   // B learns A from the advertisement.
   std::uint8_t dummy[128];
   std::size_t dl = 0;
