@@ -185,7 +185,7 @@ void Engine::on_response(Qp& qp, const wire::Packet& pkt, std::uint64_t now) {
           continue;
         }
         const std::size_t take = static_cast<std::size_t>(std::min<std::uint64_t>(data.size() - done, s.length - skip));
-        std::memcpy(reinterpret_cast<void*>(s.addr + skip), data.data() + done, take);
+        std::memcpy(w.local[i] + skip, data.data() + done, take);
         done += take;
         skip = 0;
       }
@@ -195,7 +195,7 @@ void Engine::on_response(Qp& qp, const wire::Packet& pkt, std::uint64_t now) {
       if (w.read_pkts_done == w.npkts) complete_send(qp, IBV_WC_SUCCESS);
     } else {
       const std::uint64_t orig = pkt.atomic_ack()->orig.get();
-      std::memcpy(reinterpret_cast<void*>(w.sge[0].addr), &orig, sizeof orig);
+      std::memcpy(w.local[0], &orig, sizeof orig);
       w.read_pkts_done = 1;
       r.una = p + 1;
       progress = true;

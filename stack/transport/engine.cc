@@ -81,11 +81,16 @@ int Engine::dealloc_pd(Pd* pd) {
 }
 
 Mr* Engine::reg_mr(Pd* pd, void* addr, std::uint64_t len, unsigned access) {
+  return reg_mr_iova(pd, addr, len, access, reinterpret_cast<std::uint64_t>(addr));
+}
+
+Mr* Engine::reg_mr_iova(Pd* pd, void* addr, std::uint64_t len, unsigned access, std::uint64_t iova) {
   if (pd == nullptr || (addr == nullptr && len != 0)) return nullptr;
+  if (iova + len < iova) return nullptr;  // wraps the address space
   // IBTA 10.6.3.1: remote write or atomic access needs local write too.
   if ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) && !(access & IBV_ACCESS_LOCAL_WRITE))
     return nullptr;
-  return mrs_.reg(pd, addr, len, access, reinterpret_cast<std::uint64_t>(addr));
+  return mrs_.reg(pd, addr, len, access, iova);
 }
 
 int Engine::dereg_mr(Mr* mr) {

@@ -93,6 +93,10 @@ class Engine {
   Pd* alloc_pd();
   int dealloc_pd(Pd* pd);  // EBUSY while in use
   Mr* reg_mr(Pd* pd, void* addr, std::uint64_t len, unsigned access);
+  /// Registers memory that the application (and its peers) address as
+  /// [iova, iova+len) but that sits at `addr` for the engine, e.g. a shared
+  /// mapping at another address in the daemon.
+  Mr* reg_mr_iova(Pd* pd, void* addr, std::uint64_t len, unsigned access, std::uint64_t iova);
   int dereg_mr(Mr* mr);
   Cq* create_cq(std::uint32_t cqe);
   int destroy_cq(Cq* cq);  // EBUSY while a QP uses it

@@ -24,6 +24,7 @@ struct SendWqe {
   WqeKind kind = WqeKind::kSend;
   unsigned flags = 0;
   Sge sge[kMaxSge]{};
+  std::uint8_t* local[kMaxSge]{};  // each SGE's bytes in our own address space, set when the WQE starts
   std::uint32_t nsge = 0;
   bool is_inline = false;
   std::uint8_t inline_data[kMaxInline]{};

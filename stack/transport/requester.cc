@@ -74,9 +74,11 @@ bool Engine::send_next_packet(Qp& qp, std::uint64_t now) {
     bool ok = w.length <= kMaxMessage && (qp.type != IBV_QPT_UD || w.length <= qp.mtu);
     ibv_wc_status bad = IBV_WC_LOC_LEN_ERR;
     if (ok && !w.is_inline) {
+      // SGE addresses are in the application's address space (the MR's
+      // IOVA); the MR translates them to where the bytes are for us.
       for (std::uint32_t i = 0; i < w.nsge && ok; ++i) {
-        std::uint8_t* p;
-        if (mrs_.check(w.sge[i].lkey, false, qp.pd, w.sge[i].addr, w.sge[i].length, need, &p) != KeyCheck::kOk) {
+        if (mrs_.check(w.sge[i].lkey, false, qp.pd, w.sge[i].addr, w.sge[i].length, need, &w.local[i]) !=
+            KeyCheck::kOk) {
           ok = false;
           bad = IBV_WC_LOC_PROT_ERR;
         }
@@ -155,7 +157,7 @@ bool Engine::send_next_packet(Qp& qp, std::uint64_t now) {
           continue;
         }
         const std::uint32_t take = static_cast<std::uint32_t>(std::min<std::uint64_t>(need, s.length - skip));
-        f->seg[f->nseg++] = {reinterpret_cast<const std::uint8_t*>(s.addr + skip), take};
+        f->seg[f->nseg++] = {w.local[i] + skip, take};
         need -= take;
         skip = 0;
       }

@@ -268,3 +268,81 @@ TEST(Uc, MessagesArriveWholeOrNotAtAllUnderLoss) {
 
 }  // namespace
 }  // namespace uroce::testing
+
+namespace uroce::testing {
+namespace {
+
+// Applications address their buffers by their own virtual addresses; the
+// daemon maps the same pages elsewhere. MRs registered with an IOVA that is
+// not the engine's pointer must work for every operation, on both sides.
+TEST(Iova, EveryOperationTranslatesThroughTheMr) {
+  Pair p;
+  const QpPair q = p.connect();
+  constexpr std::uint64_t kIovaA = 0x10'0000'0000ull, kIovaB = 0x20'0000'0000ull;
+  Mr* ma = p.A().reg_mr_iova(p.node[0].pd, p.node[0].mem.data(), 1 << 20,
+                             IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ, kIovaA);
+  Mr* mb = p.B().reg_mr_iova(p.node[1].pd, p.node[1].mem.data(), 1 << 20,
+                             IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+                                 IBV_ACCESS_REMOTE_ATOMIC,
+                             kIovaB);
+  ASSERT_NE(ma, nullptr);
+  ASSERT_NE(mb, nullptr);
+  auto& am = p.node[0].mem;
+  auto& bm = p.node[1].mem;
+  for (int i = 0; i < 5000; ++i) am[static_cast<std::size_t>(i)] = static_cast<std::uint8_t>(i * 11);
+  std::vector<ibv_wc> wa, wb;
+  // SEND: gather by IOVA on A, scatter by IOVA on B.
+  Sge rs{kIovaB + 100000, 8192, mb->lkey};
+  ASSERT_EQ(p.B().post_recv(q.b, RecvWr{1, {&rs, 1}}), 0);
+  Sge ss{kIovaA, 5000, ma->lkey};
+  SendWr wr;
+  wr.wr_id = 1;
+  wr.opcode = IBV_WR_SEND;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.sg_list = {&ss, 1};
+  ASSERT_EQ(p.A().post_send(q.a, wr), 0);
+  // WRITE to B's IOVA space, READ it back into A's, FETCH_ADD on B.
+  wr.wr_id = 2;
+  wr.opcode = IBV_WR_RDMA_WRITE;
+  wr.remote_addr = kIovaB + 200000;
+  wr.rkey = mb->rkey;
+  ASSERT_EQ(p.A().post_send(q.a, wr), 0);
+  Sge rd{kIovaA + 300000, 5000, ma->lkey};
+  wr.wr_id = 3;
+  wr.opcode = IBV_WR_RDMA_READ;
+  wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_FENCE;
+  wr.sg_list = {&rd, 1};
+  ASSERT_EQ(p.A().post_send(q.a, wr), 0);
+  std::uint64_t v = 40;
+  std::memcpy(&bm[400000], &v, 8);
+  Sge at{kIovaA + 500000, 8, ma->lkey};
+  wr.wr_id = 4;
+  wr.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
+  wr.sg_list = {&at, 1};
+  wr.remote_addr = kIovaB + 400000;
+  wr.compare_add = 2;
+  ASSERT_EQ(p.A().post_send(q.a, wr), 0);
+  ASSERT_TRUE(p.wire.run_until([&] { p.poll(0, wa); p.poll(1, wb); return wa.size() == 4 && wb.size() == 1; }, 1'000'000'000));
+  for (const auto& w : wa) EXPECT_EQ(w.status, IBV_WC_SUCCESS) << w.wr_id;
+  EXPECT_EQ(wb[0].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(0, std::memcmp(&bm[100000], &am[0], 5000));
+  EXPECT_EQ(0, std::memcmp(&bm[200000], &am[0], 5000));
+  EXPECT_EQ(0, std::memcmp(&am[300000], &am[0], 5000));
+  std::uint64_t orig, now_v;
+  std::memcpy(&orig, &am[500000], 8);
+  std::memcpy(&now_v, &bm[400000], 8);
+  EXPECT_EQ(orig, 40u);
+  EXPECT_EQ(now_v, 42u);
+  // An address outside the MR's IOVA range is refused, not dereferenced.
+  Sge outside{reinterpret_cast<std::uint64_t>(am.data()), 8, ma->lkey};  // the engine's pointer, not the IOVA
+  wr.wr_id = 5;
+  wr.opcode = IBV_WR_SEND;
+  wr.sg_list = {&outside, 1};
+  ASSERT_EQ(p.A().post_send(q.a, wr), 0);
+  wa.clear();
+  ASSERT_TRUE(p.wire.run_until([&] { p.poll(0, wa); return !wa.empty(); }, 1'000'000'000));
+  EXPECT_EQ(wa[0].status, IBV_WC_LOC_PROT_ERR);
+}
+
+}  // namespace
+}  // namespace uroce::testing
