@@ -10,7 +10,7 @@ never copied):
   UROCE_PCAP_BINARY --json --strict FILE            (must exit 0)
   tshark -r FILE -d udp.port==4791,infiniband --disable-protocol rpcordma
          --disable-protocol tftp -o udp.ignore_ipv6_zero_checksum:TRUE
-         --disable-heuristic eth_over_ib ... (see check_tshark.py)
+         --disable-heuristic eth_over_ib ... (oracle_common.DECODE_ARGS)
          -T fields -E separator=/t -E occurrence=f -e frame.number -e ...
 
 `--disable-protocol tftp`: Huawei HiNIC uses its QPN as UDP source port (69
@@ -39,37 +39,18 @@ import collections
 import ipaddress
 import json
 import os
+import re
 import subprocess
 import sys
 
 sys.dont_write_bytecode = True  # do not leave __pycache__ in the source tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ib_opcodes as ib  # noqa: E402
-from check_tshark import (EXT, EXT_KEYS, Tally, p_bytes, p_int, run_tshark, tshark_version,  # noqa: E402
-                          DECODE_ARGS)
+import oracle_common as oc  # noqa: E402
+from oracle_common import EXT, EXT_KEYS, FIELDS, p_bytes, p_int  # noqa: E402
 
-import re  # noqa: E402
-
-TSHARK_ARGS = DECODE_ARGS + ["--disable-protocol", "tftp"]
+TSHARK_ARGS = oc.DECODE_ARGS + ["--disable-protocol", "tftp"]
 UDP_RE = re.compile(r"^eth:ethertype:(?:vlan:ethertype:)*(ip|ipv6)(?::ipv6\.[\w.]+)*:udp(?::|$)")
-
-FIELDS = [
-    "frame.number", "frame.protocols",
-    "ip.src", "ip.dst", "ipv6.src", "ipv6.dst",
-    "vlan.priority", "vlan.dei", "vlan.id",
-    "ip.dsfield.dscp", "ip.dsfield.ecn", "ipv6.tclass.dscp", "ipv6.tclass.ecn",
-    "udp.srcport", "udp.dstport", "udp.length",
-    "infiniband.bth.opcode", "infiniband.bth.se", "infiniband.bth.m", "infiniband.bth.padcnt",
-    "infiniband.bth.p_key", "infiniband.reserved", "infiniband.bth.destqp", "infiniband.bth.a",
-    "infiniband.bth.psn",
-    "infiniband.deth", "infiniband.deth.q_key", "infiniband.deth.srcqp",
-    "infiniband.reth", "infiniband.reth.va", "infiniband.reth.r_key", "infiniband.reth.dmalen",
-    "infiniband.atomiceth", "infiniband.atomiceth.swapdt", "infiniband.atomiceth.cmpdt",
-    "infiniband.aeth", "infiniband.aeth.syndrome", "infiniband.aeth.msn",
-    "infiniband.atomicacketh", "infiniband.atomicacketh.origremdt",
-    "infiniband.immdt", "infiniband.ieth",
-    "infiniband.vendor", "infiniband.invariant.crc",
-]
 
 QP_FIELDS = ["packets", "payload_bytes", "messages", "psn_gaps", "psn_repeats", "acks", "rnr_naks", "cnps",
              "ecn_ce"]
@@ -200,10 +181,7 @@ def check_file(t, binary, path, skipped):
     t.passed += 1
 
     # --- tshark
-    args = ["-r", path] + TSHARK_ARGS + ["-T", "fields", "-E", "separator=/t", "-E", "occurrence=f"]
-    for fld in FIELDS:
-        args += ["-e", fld]
-    rows = [line.split("\t") for line in run_tshark(args).splitlines() if line.strip()]
+    rows = oc.tshark_fields(path, TSHARK_ARGS)
     nframes = len(rows)
     theirs = {}
     for row in rows:
@@ -336,7 +314,7 @@ def main(args, t):
             if n.endswith(".pcap") or n.endswith(".pcapng"):
                 files.append(os.path.join(dirpath, n))
     files.sort()
-    print("using %s; %d capture files under %s" % (tshark_version(), len(files), root))
+    print("using %s; %d capture files under %s" % (oc.tshark_version(), len(files), root))
     if not t.ok(files, "no *.pcap / *.pcapng under %s" % root):
         return
     skipped = collections.Counter()
@@ -347,10 +325,7 @@ def main(args, t):
             import traceback
             traceback.print_exc()
             t.ok(False, "%s: aborted: %s: %s" % (path, type(e).__name__, e))
-    for opc, n in sorted(skipped.items()):
-        print("SKIPPED: %s does not dissect the headers after the BTH of opcode 0x%02x (%s), %d frame(s): "
-              "BTH fields and payload_len compared; extension headers and ICRC not compared"
-              % (tshark_version(), opc, ib.op_name(opc), n))
+    oc.print_skipped(oc.tshark_version(), skipped)
 
 
 if __name__ == "__main__":
@@ -361,12 +336,4 @@ if __name__ == "__main__":
     ap.add_argument("--exclude-dir", action="append", default=[], metavar="NAME",
                     help="do not descend into subdirectories with this name (e.g. 'bad' for pcap-fixtures)")
     parsed = ap.parse_args()
-    tally = Tally()
-    try:
-        main(parsed, tally)
-    except Exception as e:
-        import traceback
-        traceback.print_exc()
-        tally.ok(False, "aborted: %s: %s" % (type(e).__name__, e))
-    print("%d passed, %d failed" % (tally.passed, tally.failed))
-    sys.exit(0 if tally.failed == 0 and tally.passed > 0 else 1)
+    oc.run(main, parsed)

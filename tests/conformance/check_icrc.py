@@ -32,6 +32,10 @@ import struct
 import sys
 import zlib
 
+sys.dont_write_bytecode = True  # do not leave __pycache__ in the source tree
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import oracle_common as oc  # noqa: E402
+
 logging.getLogger("scapy.runtime").setLevel(logging.ERROR)
 logging.getLogger("scapy").setLevel(logging.ERROR)
 
@@ -41,29 +45,9 @@ from scapy.layers.inet import IP, UDP  # noqa: E402
 from scapy.contrib.roce import BTH  # noqa: E402  (binds UDP dport 4791 -> BTH)
 
 ROCE_PORT = 4791
-MAX_PRINTED = 20
 HERE = os.path.dirname(os.path.abspath(__file__))
 HW_CNP = os.path.normpath(os.path.join(HERE, "..", "..", "..", "shared", "captures", "hw-cx4lx", "cnp.pcap"))
 HW_CNP_ICRC = bytes.fromhex("82fd002a")
-
-
-class Tally:
-    def __init__(self):
-        self.passed = 0
-        self.failed = 0
-        self.printed = 0
-
-    def ok(self, cond, msg):
-        if cond:
-            self.passed += 1
-            return True
-        self.failed += 1
-        if self.printed < MAX_PRINTED:
-            print("MISMATCH: " + msg)
-        elif self.printed == MAX_PRINTED:
-            print("... (further mismatches not printed)")
-        self.printed += 1
-        return False
 
 
 def l3_offset(frame):
@@ -256,12 +240,4 @@ if __name__ == "__main__":
     if len(sys.argv) != 2:
         print("usage: /usr/bin/python3 check_icrc.py DIR")
         sys.exit(2)
-    tally = Tally()
-    try:
-        main(sys.argv, tally)
-    except Exception as e:  # an unreadable input is a failure, not a crash without a verdict
-        import traceback
-        traceback.print_exc()
-        tally.ok(False, "aborted: %s: %s" % (type(e).__name__, e))
-    print("%d passed, %d failed" % (tally.passed, tally.failed))
-    sys.exit(0 if tally.failed == 0 and tally.passed > 0 else 1)
+    oc.run(main, sys.argv)

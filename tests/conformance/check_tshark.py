@@ -28,7 +28,7 @@ A frame with _ws.malformed or an expert item of severity Error (8388608,
 Annex A17, and RFC 6935/6936's tunnel exemption for IPv6); without this preference tshark
 reports every IPv6 RoCEv2 frame as an Error "Illegal checksum value (0)".
 
-`--disable-heuristic ...` (PAYLOAD_HEURISTICS below): tshark's guesses at
+`--disable-heuristic ...` (PAYLOAD_HEURISTICS in oracle_common.py): tshark's guesses at
 upper-layer protocols inside the random payloads are off; they otherwise hide
 the ICRC field or flag the guessed protocol as malformed.
 
@@ -44,133 +44,23 @@ import collections
 import json
 import os
 import re
-import subprocess
 import sys
 
 sys.dont_write_bytecode = True  # do not leave __pycache__ in the source tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ib_opcodes as ib  # noqa: E402
+import oracle_common as oc  # noqa: E402
+from oracle_common import EXT, EXT_KEYS, FIELDS, p_bytes, p_int  # noqa: E402
 
-MAX_PRINTED = 20
-TSHARK = os.environ.get("TSHARK", "tshark")
-# Heuristic dissectors that tshark 4.0 runs on InfiniBand payloads. They guess
-# at upper-layer protocols in what is random data here (a 1-byte UD payload
-# becomes "Ethernet over IB", EoIB...), then tshark stops showing the ICRC or
-# reports the guessed protocol as malformed. The IB headers do not depend on
-# them, so they are all off.
-PAYLOAD_HEURISTICS = ["eth_over_ib", "mellanox_eoib", "iser_infiniband", "nvme_rdma", "smb_direct_infiniband",
-                      "smcr_infiniband", "lnet_ib", "sdp_infiniband", "fc_infiniband"]
-DECODE_ARGS = ["-d", "udp.port==4791,infiniband", "--disable-protocol", "rpcordma",
-               "-o", "udp.ignore_ipv6_zero_checksum:TRUE"]
-for _h in PAYLOAD_HEURISTICS:
-    DECODE_ARGS += ["--disable-heuristic", _h]
 PI_WARN = 0x00600000
 PI_ERROR = 0x00800000
 AGG = "\x1f"  # aggregator for multi-occurrence fields in pass 2
 
-FIELDS = [
-    "frame.number", "frame.protocols",
-    "vlan.priority", "vlan.dei", "vlan.id",
-    "ip.dsfield.dscp", "ip.dsfield.ecn", "ipv6.tclass.dscp", "ipv6.tclass.ecn",
-    "udp.srcport", "udp.dstport", "udp.length",
-    "infiniband.bth.opcode", "infiniband.bth.se", "infiniband.bth.m", "infiniband.bth.padcnt",
-    "infiniband.bth.tver", "infiniband.bth.p_key", "infiniband.reserved", "infiniband.bth.destqp",
-    "infiniband.bth.a", "infiniband.bth.psn",
-    "infiniband.deth", "infiniband.deth.q_key", "infiniband.deth.srcqp",
-    "infiniband.reth", "infiniband.reth.va", "infiniband.reth.r_key", "infiniband.reth.dmalen",
-    "infiniband.atomiceth", "infiniband.atomiceth.swapdt", "infiniband.atomiceth.cmpdt",
-    "infiniband.aeth", "infiniband.aeth.syndrome", "infiniband.aeth.msn",
-    "infiniband.atomicacketh", "infiniband.atomicacketh.origremdt",
-    "infiniband.immdt", "infiniband.ieth",
-    "infiniband.vendor", "infiniband.invariant.crc",
-]
-
 PROTO_RE = re.compile(r"^eth:ethertype:(?:vlan:ethertype:)*(ip|ipv6):udp:infiniband(?::|$)")
 
 
-class Tally:
-    def __init__(self):
-        self.passed = 0
-        self.failed = 0
-        self.printed = 0
-
-    def ok(self, cond, msg):
-        if cond:
-            self.passed += 1
-            return True
-        self.failed += 1
-        if self.printed < MAX_PRINTED:
-            print("MISMATCH: " + (msg() if callable(msg) else msg))
-        elif self.printed == MAX_PRINTED:
-            print("... (further mismatches not printed)")
-        self.printed += 1
-        return False
-
-
-def run_tshark(args):
-    cmd = [TSHARK] + args
-    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    err = "\n".join(l for l in r.stderr.splitlines() if "Running as user" not in l)
-    if r.returncode != 0:
-        raise RuntimeError("tshark failed (%d): %s\n%s" % (r.returncode, " ".join(cmd), err))
-    return r.stdout
-
-
-def tshark_version():
-    try:
-        out = subprocess.run([TSHARK, "--version"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                             text=True).stdout
-        m = re.search(r"\b(\d+\.\d+\.\d+)\b", out)
-        return "tshark " + m.group(1)
-    except (OSError, AttributeError):
-        return "tshark (version unknown)"
-
-
-def p_int(s):
-    """An integer as tshark prints it: decimal, or 0x-prefixed hex."""
-    if s is None or s == "":
-        return None
-    s = s.strip()
-    if s.lower().startswith("0x"):
-        return int(s, 16)
-    if s in ("True", "False"):
-        return 1 if s == "True" else 0
-    return int(s, 10)
-
-
-def p_bytes(s):
-    """An FT_BYTES field (hex digits, optionally ':'-separated) as a big-endian integer."""
-    if s is None or s == "":
-        return None
-    return int(s.replace(":", "").strip(), 16)
-
-
-# (jsonl key, tshark field, parser) per extension header, keyed by the
-# tshark presence field. AtomicETH's VA and R_Key are dissected by tshark 4.0
-# under the RETH field names (infiniband.reth.va / infiniband.reth.r_key).
-EXT = [
-    ("infiniband.deth", "DETH", [("deth_qkey", "infiniband.deth.q_key", p_int),
-                                 ("deth_src_qp", "infiniband.deth.srcqp", p_int)]),
-    ("infiniband.reth", "RETH", [("reth_va", "infiniband.reth.va", p_int),
-                                 ("reth_rkey", "infiniband.reth.r_key", p_int),
-                                 ("reth_len", "infiniband.reth.dmalen", p_int)]),
-    ("infiniband.atomiceth", "AtomicETH", [("atomic_va", "infiniband.reth.va", p_int),
-                                           ("atomic_rkey", "infiniband.reth.r_key", p_int),
-                                           ("atomic_swap_add", "infiniband.atomiceth.swapdt", p_int),
-                                           ("atomic_compare", "infiniband.atomiceth.cmpdt", p_int)]),
-    ("infiniband.aeth", "AETH", [("aeth_syndrome", "infiniband.aeth.syndrome", p_int),
-                                 ("aeth_msn", "infiniband.aeth.msn", p_int)]),
-    ("infiniband.atomicacketh", "AtomicAckETH", [("atomic_ack_orig", "infiniband.atomicacketh.origremdt", p_int)]),
-    ("infiniband.immdt", "ImmDt", [("imm", "infiniband.immdt", p_bytes)]),
-    ("infiniband.ieth", "IETH", [("ieth_rkey", "infiniband.ieth", p_bytes)]),
-]
-EXT_KEYS = {"deth_qkey", "deth_src_qp", "feth", "reth_va", "reth_rkey", "reth_len", "atomic_va", "atomic_rkey",
-            "atomic_swap_add", "atomic_compare", "aeth_syndrome", "aeth_msn", "atomic_ack_orig", "imm",
-            "ieth_rkey"}
-
-
 def check_errors(t, pcap, nframes):
-    out = run_tshark(["-r", pcap] + DECODE_ARGS + [
+    out = oc.run_tshark(["-r", pcap] + oc.DECODE_ARGS + [
         "-Y", "_ws.malformed || _ws.expert.severity >= %d" % PI_WARN,
         "-T", "fields", "-E", "separator=/t", "-E", "occurrence=a", "-E", "aggregator=" + AGG,
         "-e", "frame.number", "-e", "_ws.malformed", "-e", "_ws.expert.severity", "-e", "_ws.expert.message"])
@@ -206,13 +96,10 @@ def main(argv, t):
     jsonl = os.path.join(d, "frames.jsonl")
     with open(jsonl) as f:
         specs = [json.loads(line) for line in f if line.strip()]
-    version = tshark_version()
+    version = oc.tshark_version()
     print("using %s" % version)
 
-    args = ["-r", pcap] + DECODE_ARGS + ["-T", "fields", "-E", "separator=/t", "-E", "occurrence=f"]
-    for fld in FIELDS:
-        args += ["-e", fld]
-    rows = [line.split("\t") for line in run_tshark(args).splitlines() if line.strip()]
+    rows = oc.tshark_fields(pcap)
     t.ok(len(rows) == len(specs), "tshark sees %d frames in %s, %s has %d lines"
          % (len(rows), pcap, jsonl, len(specs)))
 
@@ -316,10 +203,7 @@ def main(argv, t):
     ops_seen = collections.Counter(s.get("opcode") for s in specs)
     print("%s: %d frames, %d opcodes; fields compared: %s" % (
         pcap, len(specs), len(ops_seen), ", ".join("%s=%d" % kv for kv in sorted(compared.items()))))
-    for opc, n in sorted(not_dissected.items()):
-        print("SKIPPED: %s does not dissect the headers after the BTH of opcode 0x%02x (%s), %d frame(s): "
-              "BTH fields and payload_len compared; extension headers and ICRC not compared"
-              % (version, opc, ib.op_name(opc), n))
+    oc.print_skipped(version, not_dissected)
     t.ok(len(specs) > 0, "%s is empty" % jsonl)
 
 
@@ -327,12 +211,4 @@ if __name__ == "__main__":
     if len(sys.argv) != 2:
         print("usage: /usr/bin/python3 check_tshark.py DIR")
         sys.exit(2)
-    tally = Tally()
-    try:
-        main(sys.argv, tally)
-    except Exception as e:
-        import traceback
-        traceback.print_exc()
-        tally.ok(False, "aborted: %s: %s" % (type(e).__name__, e))
-    print("%d passed, %d failed" % (tally.passed, tally.failed))
-    sys.exit(0 if tally.failed == 0 and tally.passed > 0 else 1)
+    oc.run(main, sys.argv)

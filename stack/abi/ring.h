@@ -1,0 +1,119 @@
+// A view of one shared-memory ring (see uroce_abi.h for the protocol). The
+// same code runs in the application and in the daemon, each mapping the ring
+// at its own address. Lock-free, single producer and single consumer, and
+// allocation-free.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <type_traits>
+
+#include "stack/abi/uroce_abi.h"
+
+namespace uroce::abi {
+
+template <typename E>
+concept RingEntry = std::is_trivially_copyable_v<E> && std::is_standard_layout_v<E> && requires(E e) { e.seq; };
+
+enum class AttachError { kOk, kTooSmall, kBadMagic, kBadVersion, kBadKind, kBadEntrySize, kBadEntries };
+const char* to_string(AttachError e);
+
+template <RingEntry E>
+class Ring {
+ public:
+  Ring() = default;
+
+  /// Lays out a new ring in `mem` (uroce_ring_bytes(entries, sizeof(E)) bytes).
+  static Ring create(void* mem, std::uint32_t entries, uroce_ring_kind kind, std::uint32_t handle) {
+    std::memset(mem, 0, uroce_ring_bytes(entries, sizeof(E)));
+    auto* h = static_cast<uroce_ring_header*>(mem);
+    h->magic = UROCE_ABI_MAGIC;
+    h->major = UROCE_ABI_MAJOR;
+    h->minor = UROCE_ABI_MINOR;
+    h->kind = kind;
+    h->entries = entries;
+    h->entry_size = sizeof(E);
+    h->handle = handle;
+    return Ring(h);
+  }
+
+  /// Attaches to a ring laid out by the other side, checking everything a
+  /// hostile or stale peer could have got wrong before trusting it.
+  static AttachError attach(void* mem, std::size_t bytes, uroce_ring_kind kind, Ring& out) {
+    if (bytes < sizeof(uroce_ring_header)) return AttachError::kTooSmall;
+    auto* h = static_cast<uroce_ring_header*>(mem);
+    if (h->magic != UROCE_ABI_MAGIC) return AttachError::kBadMagic;
+    if (!uroce_abi_compatible(h->major, h->minor)) return AttachError::kBadVersion;
+    if (h->kind != static_cast<std::uint32_t>(kind)) return AttachError::kBadKind;
+    if (h->entry_size != sizeof(E)) return AttachError::kBadEntrySize;
+    if (h->entries == 0 || (h->entries & (h->entries - 1)) != 0 || h->entries > (1u << 20)) return AttachError::kBadEntries;
+    if (bytes < uroce_ring_bytes(h->entries, sizeof(E))) return AttachError::kTooSmall;
+    out = Ring(h);
+    return AttachError::kOk;
+  }
+
+  /// Producer: false when full.
+  bool push(const E& e) {
+    const std::uint32_t i = prod_;
+    if (i - load(&h_->cons, std::memory_order_acquire) >= h_->entries) return false;
+    E& slot = slots_[i & mask_];
+    std::memcpy(static_cast<void*>(&slot), &e, offsetof_seq());
+    std::memcpy(reinterpret_cast<char*>(&slot) + offsetof_seq() + 4, reinterpret_cast<const char*>(&e) + offsetof_seq() + 4,
+                sizeof(E) - offsetof_seq() - 4);
+    store(&slot.seq, i + 1, std::memory_order_release);  // the valid flag, last
+    prod_ = i + 1;
+    store(&h_->prod, prod_, std::memory_order_release);
+    return true;
+  }
+
+  /// Consumer: false when empty.
+  bool pop(E& out) {
+    const std::uint32_t i = cons_;
+    E& slot = slots_[i & mask_];
+    if (load(&slot.seq, std::memory_order_acquire) != i + 1) return false;
+    std::memcpy(&out, &slot, sizeof(E));
+    cons_ = i + 1;
+    store(&h_->cons, cons_, std::memory_order_release);
+    return true;
+  }
+
+  [[nodiscard]] std::uint32_t capacity() const { return h_->entries; }
+  [[nodiscard]] std::uint32_t handle() const { return h_->handle; }
+  [[nodiscard]] bool valid() const { return h_ != nullptr; }
+
+ private:
+  explicit Ring(uroce_ring_header* h)
+      : h_(h), slots_(reinterpret_cast<E*>(h + 1)), mask_(h->entries - 1), prod_(load(&h->prod, std::memory_order_acquire)),
+        cons_(load(&h->cons, std::memory_order_acquire)) {}
+  static constexpr std::size_t offsetof_seq() {
+    static_assert(std::is_same_v<decltype(E::seq), std::uint32_t>);
+    return offsetof(E, seq);
+  }
+  static std::uint32_t load(std::uint32_t* p, std::memory_order o) { return std::atomic_ref<std::uint32_t>(*p).load(o); }
+  static void store(std::uint32_t* p, std::uint32_t v, std::memory_order o) {
+    std::atomic_ref<std::uint32_t>(*p).store(v, o);
+  }
+
+  uroce_ring_header* h_ = nullptr;
+  E* slots_ = nullptr;
+  std::uint32_t mask_ = 0;
+  std::uint32_t prod_ = 0;  // local copies: each side only trusts its own index
+  std::uint32_t cons_ = 0;
+};
+
+inline const char* to_string(AttachError e) {
+  switch (e) {
+    case AttachError::kOk: return "ok";
+    case AttachError::kTooSmall: return "shared memory too small for the ring";
+    case AttachError::kBadMagic: return "not a uroce ring (bad magic)";
+    case AttachError::kBadVersion: return "ABI major version mismatch";
+    case AttachError::kBadKind: return "wrong ring kind";
+    case AttachError::kBadEntrySize: return "entry size does not match this ABI";
+    case AttachError::kBadEntries: return "entry count is not a power of two in 1..2^20";
+  }
+  return "?";
+}
+
+}  // namespace uroce::abi

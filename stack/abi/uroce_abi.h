@@ -1,0 +1,142 @@
+/*
+ * The uroce shared-memory ABI, version 1.
+ *
+ * An application and uroced share memory: rings of work requests and
+ * completions live there, and so do registered buffers. Nothing on the fast
+ * path crosses a system call. This header is the contract; it is plain C so
+ * any language can speak it, and every offset is pinned by a static assert.
+ *
+ * Rings. Each ring is a uroce_ring_header followed by `entries` fixed-size
+ * entries (a power of two). One side produces, the other consumes:
+ *   send ring (per QP):   application -> daemon   uroce_send_entry
+ *   recv ring (per QP):   application -> daemon   uroce_recv_entry
+ *   srq ring (per SRQ):   application -> daemon   uroce_recv_entry
+ *   cq ring   (per CQ):   daemon -> application   uroce_cq_entry
+ *
+ * Protocol (single producer, single consumer):
+ *   produce(i): wait until i - cons < entries; write entry i % entries;
+ *               then store seq = i + 1 (release) -- the seq is the valid
+ *               flag and is written last; then store prod = i + 1 (release).
+ *   consume(i): entry i % entries is ready when its seq == i + 1 (acquire);
+ *               read it; then store cons = i + 1 (release).
+ * prod and cons are each written by one side only, and sit on cache lines of
+ * their own, so the two sides never write the same line.
+ *
+ * Versioning. The application and the daemon exchange (major, minor) when the
+ * application attaches; each ring header repeats it. A different major is
+ * refused; a newer minor may only add fields in reserved space.
+ */
+#ifndef UROCE_ABI_H
+#define UROCE_ABI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#define UROCE_STATIC_ASSERT(c, m) static_assert(c, m)
+#else
+#define UROCE_STATIC_ASSERT(c, m) _Static_assert(c, m)
+#endif
+
+#define UROCE_ABI_MAGIC 0x45524f55u /* "UORE" read little-endian */
+#define UROCE_ABI_MAJOR 1
+#define UROCE_ABI_MINOR 0
+#define UROCE_ABI_CACHELINE 64
+#define UROCE_ABI_MAX_SGE 4
+
+enum uroce_ring_kind { UROCE_RING_SEND = 1, UROCE_RING_RECV = 2, UROCE_RING_SRQ = 3, UROCE_RING_CQ = 4 };
+
+/* Three cache lines: what the ring is, the producer index, the consumer index. */
+struct uroce_ring_header {
+  uint32_t magic;      /* UROCE_ABI_MAGIC */
+  uint16_t major;      /* UROCE_ABI_MAJOR */
+  uint16_t minor;      /* UROCE_ABI_MINOR */
+  uint32_t kind;       /* enum uroce_ring_kind */
+  uint32_t entries;    /* a power of two */
+  uint32_t entry_size; /* sizeof the entry type, checked on attach */
+  uint32_t handle;     /* the QP/CQ/SRQ handle it belongs to */
+  uint8_t reserved0[UROCE_ABI_CACHELINE - 24];
+  uint32_t prod; /* written by the producer only */
+  uint8_t reserved1[UROCE_ABI_CACHELINE - 4];
+  uint32_t cons; /* written by the consumer only */
+  uint8_t reserved2[UROCE_ABI_CACHELINE - 4];
+};
+
+struct uroce_sge {
+  uint64_t addr; /* in the application's address space */
+  uint32_t length;
+  uint32_t lkey;
+};
+
+/* A send work request: 128 bytes. Names and values follow ibv_send_wr. */
+struct uroce_send_entry {
+  uint64_t wr_id;
+  uint8_t opcode;      /* enum ibv_wr_opcode */
+  uint8_t num_sge;     /* <= UROCE_ABI_MAX_SGE */
+  uint16_t send_flags; /* enum ibv_send_flags */
+  uint32_t imm_or_inv; /* immediate data (host order) or the rkey to invalidate */
+  uint64_t remote_addr;
+  uint32_t rkey;
+  uint32_t remote_qpn; /* UD */
+  uint64_t compare_add;
+  uint64_t swap;
+  uint32_t remote_qkey; /* UD */
+  uint32_t ah;          /* UD: an address handle made on the control socket */
+  uint32_t reserved;
+  uint32_t seq; /* valid flag: entry index + 1, written last */
+  struct uroce_sge sg_list[UROCE_ABI_MAX_SGE];
+};
+
+/* A receive work request: 80 bytes. */
+struct uroce_recv_entry {
+  uint64_t wr_id;
+  uint32_t num_sge;
+  uint32_t seq; /* valid flag, written last */
+  struct uroce_sge sg_list[UROCE_ABI_MAX_SGE];
+};
+
+/* A completion: 64 bytes. Names and values follow ibv_wc. */
+struct uroce_cq_entry {
+  uint64_t wr_id;
+  uint32_t status; /* enum ibv_wc_status */
+  uint32_t opcode; /* enum ibv_wc_opcode */
+  uint32_t vendor_err;
+  uint32_t byte_len;
+  uint32_t imm_or_inv; /* imm_data (network order, as in ibv_wc) or invalidated_rkey */
+  uint32_t qp_num;
+  uint32_t src_qp;
+  uint32_t wc_flags;
+  uint16_t pkey_index;
+  uint8_t reserved[18];
+  uint32_t seq; /* valid flag, written last */
+};
+
+UROCE_STATIC_ASSERT(sizeof(struct uroce_ring_header) == 3 * UROCE_ABI_CACHELINE, "ring header is 3 cache lines");
+UROCE_STATIC_ASSERT(offsetof(struct uroce_ring_header, prod) == UROCE_ABI_CACHELINE, "prod on its own line");
+UROCE_STATIC_ASSERT(offsetof(struct uroce_ring_header, cons) == 2 * UROCE_ABI_CACHELINE, "cons on its own line");
+UROCE_STATIC_ASSERT(sizeof(struct uroce_sge) == 16, "sge is 16 bytes");
+UROCE_STATIC_ASSERT(sizeof(struct uroce_send_entry) == 128, "send entry is 128 bytes");
+UROCE_STATIC_ASSERT(offsetof(struct uroce_send_entry, seq) == 60, "send entry seq at 60");
+UROCE_STATIC_ASSERT(offsetof(struct uroce_send_entry, sg_list) == 64, "send entry SGEs at 64");
+UROCE_STATIC_ASSERT(sizeof(struct uroce_recv_entry) == 80, "recv entry is 80 bytes");
+UROCE_STATIC_ASSERT(offsetof(struct uroce_recv_entry, seq) == 12, "recv entry seq at 12");
+UROCE_STATIC_ASSERT(sizeof(struct uroce_cq_entry) == 64, "cq entry is one cache line");
+UROCE_STATIC_ASSERT(offsetof(struct uroce_cq_entry, seq) == 60, "cq entry seq at 60");
+
+/* Bytes of shared memory a ring of `entries` entries of `entry_size` needs. */
+static inline size_t uroce_ring_bytes(uint32_t entries, uint32_t entry_size) {
+  return sizeof(struct uroce_ring_header) + (size_t)entries * entry_size;
+}
+
+/* Whether a peer speaking (major, minor) can attach to us. */
+static inline int uroce_abi_compatible(uint16_t major, uint16_t minor) {
+  (void)minor; /* minor versions only add fields in reserved space */
+  return major == UROCE_ABI_MAJOR;
+}
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* UROCE_ABI_H */
