@@ -248,10 +248,12 @@ std::size_t TrafficApp::step(std::uint64_t now) {
     }
     case State::kRun: return o_.role == AppOptions::Role::kClient ? run_client(now) : run_server();
     case State::kFinish: {
-      // Drain flushed completions after a stop or an error.
+      // Deliver what the stop flushed: every outstanding WR completes (with
+      // WR_FLUSH_ERR) before the app reports.
       ibv_wc wc[32];
-      while (eng_.poll_cq(cq_, wc) > 0) {
-      }
+      int n;
+      while ((n = eng_.poll_cq(cq_, wc)) > 0)
+        for (int i = 0; i < n; ++i) flushed_ += wc[i].status == IBV_WC_WR_FLUSH_ERR;
       finish();
       return 1;
     }
@@ -447,7 +449,7 @@ void TrafficApp::shutdown() {
     eng_.modify_qp(qp_, a, IBV_QP_STATE);
   }
   if (state_ != State::kDone) {
-    if (summary_.empty()) summary_ = "uroce app: stopped by signal";
+    stopped_ = true;
     state_ = State::kFinish;
   }
 }
@@ -458,20 +460,27 @@ void TrafficApp::finish() {
   std::ostringstream s;
   if (o_.role == AppOptions::Role::kClient) {
     const std::uint64_t retx = qp_ ? qp_->ctr[QpCounter::retransmitted_pkts] : 0;
-    if (!failed_) s << "uroce app: OK ";
+    if (stopped_) s << "uroce app: stopped by signal; " << flushed_ << " outstanding WRs flushed and delivered; ";
+    else if (!failed_) s << "uroce app: OK ";
     else s << summary_ << "\n  ";
     s << completed_ << " messages (" << (sends_) << " SENDs verified by the server), " << bytes_ << " bytes verified, "
       << retx << " retransmissions, " << (qp_ ? qp_->ctr[QpCounter::timeouts] : 0) << " timeouts, " << secs << " s, "
       << (secs > 0 ? bytes_ / secs / 1e6 : 0) << " MB/s, " << (secs > 0 ? completed_ / secs : 0) << " msg/s";
   } else {
     if (!summary_.empty() && failed_) s << summary_ << "\n  ";
+    if (qp_ != nullptr) {  // a client was being served
+      ++clients_;
+      total_ok_ += recv_ok_;
+    }
     s << "uroce app server: " << recv_ok_ << " SENDs verified, " << recv_bad_ << " bad";
-    if (!summary_.empty() && !failed_) s << " (" << summary_ << ")";
+    if (o_.forever) s << " (" << clients_ << " clients served, " << total_ok_ << " SENDs verified in all)";
+    if (stopped_) s << "; stopped by signal, " << flushed_ << " posted receives flushed and delivered";
   }
   summary_ = s.str();
   state_ = State::kDone;
-  if (!(o_.forever && o_.role == AppOptions::Role::kServer && !failed_)) done_.store(true, std::memory_order_release);
-  if (o_.forever && o_.role == AppOptions::Role::kServer && !failed_) {
+  const bool serve_again = o_.forever && o_.role == AppOptions::Role::kServer && !failed_ && !stopped_;
+  if (!serve_again) done_.store(true, std::memory_order_release);
+  if (serve_again) {
     // Ready for the next client.
     if (qp_) eng_.destroy_qp(qp_);
     qp_ = nullptr;

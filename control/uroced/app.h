@@ -103,6 +103,9 @@ class TrafficApp {
   std::uint64_t next_ = 0, completed_ = 0, bytes_ = 0, sends_ = 0, atomics_ = 0, errors_ = 0;
   // Server progress
   std::uint64_t recv_ok_ = 0, recv_bad_ = 0, next_send_id_ = 0;
+  std::uint64_t flushed_ = 0;  // completions with WR_FLUSH_ERR delivered after a stop
+  std::uint64_t clients_ = 0, total_ok_ = 0;  // server: clients served, SENDs verified in all
+  bool stopped_ = false;
   void shutdown();
   bool failed_ = false;
   std::string summary_;

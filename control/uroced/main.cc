@@ -461,6 +461,7 @@ int main(int argc, char** argv) {
       ec.ecn = static_cast<std::uint8_t>(ecn);
       ec.vlan_tci = static_cast<std::uint16_t>(vlan ? (pcp << 13) | vlan : 0);
       ec.seed = seed + d.pipes.size();
+      ec.ipv4_checksum_offload = port->ipv4_checksum_offload();
       ec.qpn_stride = shards;
       ec.qpn_offset = sh;
       p->eng = std::make_unique<transport::Engine>(ec);

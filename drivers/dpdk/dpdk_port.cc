@@ -56,6 +56,7 @@ struct Port::Queue : engine::PortIo {
   void tx_flush() override;
   [[nodiscard]] wire::MacAddr mac() const override { return mac_; }
   bool tx_zero_copy(const transport::TxFrame& f);
+  void mark_offloads(rte_mbuf* b, const transport::TxFrame& f) const;
 };
 
 struct Port::Impl {
@@ -106,6 +107,7 @@ std::unique_ptr<Port> Port::open(const PortOptions& o, std::string& err) {
   rte_eth_conf conf{};
   // Use what the port offers; fall back cleanly when it does not.
   if (info.tx_offload_capa & RTE_ETH_TX_OFFLOAD_MULTI_SEGS) m.tx_offloads |= RTE_ETH_TX_OFFLOAD_MULTI_SEGS;
+  if (info.tx_offload_capa & RTE_ETH_TX_OFFLOAD_IPV4_CKSUM) m.tx_offloads |= RTE_ETH_TX_OFFLOAD_IPV4_CKSUM;
   conf.txmode.offloads = m.tx_offloads;
   // One RX and one TX queue, whatever the sharding: shard 0 is the port's
   // I/O lcore (it reads RX and sends every shard's TX), so any PMD works,
@@ -300,8 +302,19 @@ bool Port::Queue::tx(const transport::TxFrame& f) {
   }
   // The copy path: one contiguous segment that every PMD accepts.
   f.copy_to(wire::Bytes(reinterpret_cast<std::uint8_t*>(dst), n));
+  mark_offloads(b, f);
   m.txb[m.ntx++] = b;
   return true;
+}
+
+void Port::Queue::mark_offloads(rte_mbuf* b, const transport::TxFrame& f) const {
+  if (!(dev->tx_offloads & RTE_ETH_TX_OFFLOAD_IPV4_CKSUM) || f.hdr_len < 34) return;
+  const bool vlan = f.hdr[12] == 0x81 && f.hdr[13] == 0x00;
+  const std::size_t l2 = vlan ? 18 : 14;
+  if (f.hdr[l2 - 2] != 0x08 || f.hdr[l2 - 1] != 0x00) return;  // IPv6 has no header checksum
+  b->l2_len = l2;
+  b->l3_len = 20;
+  b->ol_flags |= RTE_MBUF_F_TX_IPV4 | RTE_MBUF_F_TX_IP_CKSUM;
 }
 
 bool Port::Queue::tx_zero_copy(const transport::TxFrame& f) {
@@ -345,6 +358,7 @@ bool Port::Queue::tx_zero_copy(const transport::TxFrame& f) {
     rte_pktmbuf_free(tail);
     return false;
   }
+  mark_offloads(head, f);
   m.txb[m.ntx++] = head;
   ++m.st.tx_zero_copy;
   return true;
@@ -414,8 +428,11 @@ PortStats Port::stats() const {
   return s;
 }
 
+bool Port::ipv4_checksum_offload() const { return (impl_->tx_offloads & RTE_ETH_TX_OFFLOAD_IPV4_CKSUM) != 0; }
+
 std::string Port::describe() const {
   std::string s = "driver=" + impl_->driver;
+  s += ipv4_checksum_offload() ? " tx_ipv4_cksum=offload" : " tx_ipv4_cksum=software";
   s += (impl_->tx_offloads & RTE_ETH_TX_OFFLOAD_MULTI_SEGS) ? " tx_multi_seg=on" : " tx_multi_seg=off";
   s += impl_->zero_copy ? " tx_path=zero-copy(extbuf)+copy<" + std::to_string(impl_->zero_copy_min) + "B"
                          : " tx_path=copy";

@@ -51,6 +51,8 @@ class Port : public engine::PortIo {
   [[nodiscard]] wire::MacAddr mac() const override { return mac_; }
 
   [[nodiscard]] PortStats stats() const;
+  /// Whether the port computes IPv4 header checksums on transmit.
+  [[nodiscard]] bool ipv4_checksum_offload() const;
   /// Driver name and the offloads in use, for the log.
   [[nodiscard]] std::string describe() const;
 

@@ -592,6 +592,7 @@ wire::FrameSpec Engine::spec_for(const Qp& qp, std::uint8_t opcode, Psn psn) con
   s.dst = qp.remote_ip;
   s.dscp = cfg_.dscp;
   s.ecn = cfg_.ecn;
+  s.ipv4_checksum = !cfg_.ipv4_checksum_offload;
   s.udp_sport = qp.udp_sport;
   s.opcode = opcode;
   s.destqp = qp.dest_qp_num;

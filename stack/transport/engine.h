@@ -44,6 +44,9 @@ struct EngineConfig {
   /// several engines (one per lcore) can share a port without overlap.
   std::uint32_t qpn_stride = 1;
   std::uint32_t qpn_offset = 0;
+  /// The port computes IPv4 header checksums (TX offload): frames leave the
+  /// engine with the field zero. (It is not covered by the ICRC.)
+  bool ipv4_checksum_offload = false;
   std::uint64_t seed = 1;
 };
 

@@ -67,7 +67,7 @@ std::size_t build_headers(Bytes out, const FrameSpec& spec, std::size_t payload_
     ip->proto = kIpProtoUdp;
     std::memcpy(ip->src.data(), spec.src.v4(), 4);
     std::memcpy(ip->dst.data(), spec.dst.v4(), 4);
-    ip->csum.set(ipv4_header_checksum(p + off, sizeof(Ipv4Hdr)));
+    if (spec.ipv4_checksum) ip->csum.set(ipv4_header_checksum(p + off, sizeof(Ipv4Hdr)));
   } else {
     auto* ip = view<Ipv6Hdr>(p + off);
     ip->ver_tc_flow.set((6u << 28) | (std::uint32_t{tos} << 20) | (spec.flow_label & 0xfffff));

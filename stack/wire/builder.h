@@ -51,6 +51,7 @@ struct FrameSpec {
   std::uint8_t ttl = 64;
   std::uint16_t ip_id = 0;
   bool dont_fragment = true;
+  bool ipv4_checksum = true;  // false: leave 0 for a NIC checksum offload to fill
   std::uint32_t flow_label = 0;  // IPv6
   // L4
   std::uint16_t udp_sport = kRoceSportMin;

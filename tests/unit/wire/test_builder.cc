@@ -32,6 +32,23 @@ TEST(Builder, LengthsChecksumAndDefaults) {
   for (int i = 0; i < 3; ++i) EXPECT_EQ(f[14 + 20 + 8 + 12 + 5 + i], 0);  // pad bytes are zero
 }
 
+TEST(Builder, LeavesTheIpv4ChecksumToAnOffloadWhenAsked) {
+  FrameSpec s;
+  s.opcode = op::kRcSendOnly;
+  s.ipv4_checksum = false;
+  std::vector<std::uint8_t> f(frame_len(s, 4));
+  const std::uint8_t pl[4] = {1, 2, 3, 4};
+  ASSERT_EQ(build_frame(f, s, pl), f.size());
+  EXPECT_EQ(f[14 + 10], 0);
+  EXPECT_EQ(f[14 + 11], 0);
+  // The ICRC masks the checksum, so filling it in later keeps the ICRC valid.
+  const std::uint16_t c = ipv4_header_checksum(f.data() + 14, 20);
+  f[14 + 10] = static_cast<std::uint8_t>(c >> 8);
+  f[14 + 11] = static_cast<std::uint8_t>(c);
+  Packet pkt;
+  EXPECT_TRUE(parse_frame(f, ParseOptions{}, pkt).ok());
+}
+
 TEST(Builder, RefusesBadRequests) {
   FrameSpec s;
   s.opcode = 0x15;  // reserved
