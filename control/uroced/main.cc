@@ -155,7 +155,19 @@ std::string Daemon::status_json() const {
     for (std::size_t i = 0; i < transport::kQpCounterNames.size(); ++i)
       o << (i ? ", " : "") << "\"" << transport::kQpCounterNames[i]
         << "\": " << p.eng->qp_counter_total(static_cast<transport::QpCounter>(i));
-    o << "}";
+    o << "}, \"qp_list" << pre << "\": [";
+    bool first = true;
+    p.eng->for_each_qp([&](const transport::Qp& q) {
+      const char* type = q.type == IBV_QPT_RC ? "RC" : q.type == IBV_QPT_UC ? "UC" : "UD";
+      o << (first ? "" : ", ") << "{\"qpn\": " << q.qpn << ", \"type\": \"" << type << "\", \"state\": \""
+        << transport::to_string(q.state) << "\", \"dest_qpn\": " << q.dest_qp_num << ", \"peer\": \""
+        << q.remote_ip.to_string() << "\", \"sq_depth\": " << q.sq.size();
+      for (std::size_t i = 0; i < transport::kQpCounterNames.size(); ++i)
+        o << ", \"" << transport::kQpCounterNames[i] << "\": " << q.ctr.v[i];
+      o << "}";
+      first = false;
+    });
+    o << "]";
     auto fault = [&](const char* n, const engine::FaultInjector& f) {
       const auto& st = f.stats();
       o << ", \"fault_" << n << pre << "\": {\"config\": \"" << f.config().to_string() << "\", \"seen\": " << st.seen

@@ -142,6 +142,12 @@ class Engine {
   [[nodiscard]] const PortCounters& counters() const { return port_ctr_; }
   [[nodiscard]] const EngineConfig& config() const { return cfg_; }
   [[nodiscard]] Qp* find_qp(std::uint32_t qpn) const;
+  /// Calls fn(const Qp&) for every live QP (control path: status, tools).
+  template <typename F>
+  void for_each_qp(F&& fn) const {
+    for (const auto& q : qps_)
+      if (q) fn(static_cast<const Qp&>(*q));
+  }
   [[nodiscard]] std::size_t qp_count() const { return qps_live_; }
   /// Sum of a counter over all QPs (live and destroyed).
   [[nodiscard]] std::uint64_t qp_counter_total(QpCounter c) const;

@@ -14,9 +14,19 @@ start_daemon "$NS_A" srv --port net_af_packet0 --vdev "net_af_packet0,$AFP" --ip
 spid=$LAST_PID
 sleep 1
 start_daemon "$NS_B" cli --port net_af_packet0 --vdev "net_af_packet0,$AFP" --ip 10.90.2.2 --lcore 1 \
-  --app client --app-peer 10.90.1.1 --app-messages 100000000
+  --app client --app-peer 10.90.1.1 --app-messages 100000000 --ctl-socket "$TMP/cli.ctl"
 cpid=$LAST_PID
 sleep 1.5
+if [ -n "${UROCE_CTL:-}" ]; then
+  "$UROCE_CTL" --socket "$TMP/cli.ctl" status > "$TMP/ctl-status.txt"; s1=$?
+  sed 's/^/  ctl| /' "$TMP/ctl-status.txt" | head -8
+  check "uroce-ctl status lists the QP in RTS with traffic" "[ $s1 -eq 0 ] && grep -qE '^  0x[0-9a-f]{6} RC   RTS +0x[0-9a-f]{6} 10.90.2.1 +[1-9]' '$TMP/ctl-status.txt'"
+  "$UROCE_CTL" --socket "$TMP/cli.ctl" watch --count 2 --interval 200 > "$TMP/ctl-watch.txt"; s2=$?
+  clear_seq=$(printf '\033[2J')
+  check "uroce-ctl watch redraws in place, with rates the second time" "[ $s2 -eq 0 ] && [ \$(grep -c 'uroced: 1 pipeline' '$TMP/ctl-watch.txt') -eq 2 ] && grep -q '/s)' '$TMP/ctl-watch.txt' && grep -qF '$clear_seq' '$TMP/ctl-watch.txt'"
+  "$UROCE_CTL" --socket "$TMP/no-such.ctl" status > "$TMP/ctl-bad.txt" 2>&1; s3=$?
+  check "uroce-ctl on a dead socket: a clear error, exit 2" "[ $s3 -eq 2 ] && grep -q 'cannot talk to uroced' '$TMP/ctl-bad.txt'"
+fi
 kill -TERM "$cpid"
 t0=$(date +%s%N)
 wait "$cpid"; crc=$?

@@ -1,0 +1,170 @@
+// uroce-ctl: talks to a running uroced over its control socket.
+//
+//   uroce-ctl [--socket PATH] status          ports, pipelines, QPs and counters
+//   uroce-ctl [--socket PATH] json            the raw status object
+//   uroce-ctl [--socket PATH] watch [--interval MS] [--count N]
+//                                            a live view, updated in place, with rates
+//   uroce-ctl [--socket PATH] fault rx|tx SPEC|off
+//   uroce-ctl [--socket PATH] stop
+//
+// Exit status: 0 ok, 1 the daemon refused the request, 2 usage or connection error.
+
+#include <getopt.h>
+#include <unistd.h>
+
+#include <utility>  // boost 1.74's asio uses std::exchange without including it
+
+#include <boost/asio.hpp>
+#include <boost/property_tree/json_parser.hpp>
+#include <boost/property_tree/ptree.hpp>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+
+namespace asio = boost::asio;
+namespace pt = boost::property_tree;
+
+namespace {
+
+bool request(const std::string& path, const std::string& line, std::string& reply, std::string& err) {
+  try {
+    asio::io_context io;
+    asio::local::stream_protocol::socket s(io);
+    s.connect(asio::local::stream_protocol::endpoint(path));
+    asio::write(s, asio::buffer(line + "\n"));
+    asio::streambuf buf;
+    asio::read_until(s, buf, '\n');
+    std::istream is(&buf);
+    std::getline(is, reply);
+    return true;
+  } catch (const std::exception& e) {
+    err = "cannot talk to uroced at " + path + ": " + e.what();
+    return false;
+  }
+}
+
+std::uint64_t num(const pt::ptree& t, const std::string& path) { return t.get<std::uint64_t>(path, 0); }
+
+/// Human view of a status object. With `prev` and `secs`, rates too.
+void render(const pt::ptree& st, const pt::ptree* prev, double secs) {
+  const unsigned n = st.get<unsigned>("pipelines", 0);
+  auto rate = [&](const std::string& key) -> std::string {
+    if (!prev || secs <= 0) return "";
+    const double r = (static_cast<double>(num(st, key)) - static_cast<double>(num(*prev, key))) / secs;
+    char b[32];
+    std::snprintf(b, sizeof b, " (%.0f/s)", r);
+    return b;
+  };
+  std::printf("uroced: %u pipeline%s, app %s\n", n, n == 1 ? "" : "s", st.get<std::string>("app", "?").c_str());
+  for (unsigned k = 0; k < n; ++k) {
+    const std::string pre = k == 0 ? "" : "_" + std::to_string(k);
+    const auto& p = st.get_child("pipeline" + pre);
+    std::printf("\npipeline %u: port %s shard %u lcore %u ip %s, %u QPs\n", k, p.get<std::string>("port").c_str(),
+                p.get<unsigned>("shard"), p.get<unsigned>("lcore"), p.get<std::string>("ip").c_str(),
+                p.get<unsigned>("qps"));
+    std::printf("  rx %lu%s  roce %lu%s  tx %lu%s\n", num(st, "dataplane" + pre + ".rx_frames"),
+                rate("dataplane" + pre + ".rx_frames").c_str(), num(st, "dataplane" + pre + ".rx_roce"),
+                rate("dataplane" + pre + ".rx_roce").c_str(), num(st, "dataplane" + pre + ".tx_frames"),
+                rate("dataplane" + pre + ".tx_frames").c_str());
+    std::printf("  dropped: malformed %lu  bad ICRC %lu  unknown QP %lu  other %lu  ARP/ND %lu  idle sleeps %lu\n",
+                num(st, "port" + pre + ".rx_malformed"), num(st, "port" + pre + ".rx_icrc_err"),
+                num(st, "port" + pre + ".rx_unknown_qp"), num(st, "dataplane" + pre + ".rx_other"),
+                num(st, "dataplane" + pre + ".rx_arp_nd"), num(st, "dataplane" + pre + ".idle_sleeps"));
+    std::printf("  %-8s %-4s %-5s %-8s %-16s %12s %12s %8s %8s %6s %6s\n", "QPN", "type", "state", "dest", "peer",
+                "sent", "rcvd", "retx", "timeout", "naks", "rnr");
+    if (auto qps = st.get_child_optional("qp_list" + pre)) {
+      for (const auto& [_, q] : *qps) {
+        std::printf("  0x%06x %-4s %-5s 0x%06x %-16s %12lu %12lu %8lu %8lu %6lu %6lu\n", q.get<unsigned>("qpn"),
+                    q.get<std::string>("type").c_str(), q.get<std::string>("state").c_str(),
+                    q.get<unsigned>("dest_qpn"), q.get<std::string>("peer").c_str(), num(q, "sent_pkts"),
+                    num(q, "rcvd_pkts"), num(q, "retransmitted_pkts"), num(q, "timeouts"), num(q, "sent_naks"),
+                    num(q, "send_rnr_err"));
+      }
+    }
+  }
+}
+
+bool parse(const std::string& text, pt::ptree& out, std::string& err) {
+  try {
+    std::istringstream is(text);
+    pt::read_json(is, out);
+    return true;
+  } catch (const std::exception& e) {
+    err = std::string("bad reply from uroced: ") + e.what();
+    return false;
+  }
+}
+
+void usage(FILE* f) {
+  std::fprintf(f,
+               "usage: uroce-ctl [--socket PATH] status|json|watch|stop|fault rx|tx SPEC|off\n"
+               "       watch: [--interval MS] [--count N]\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string path = "/run/uroce/uroced.sock";
+  unsigned interval = 1000, count = 0;
+  static const option kLong[] = {{"socket", required_argument, nullptr, 's'},
+                                 {"interval", required_argument, nullptr, 'i'},
+                                 {"count", required_argument, nullptr, 'n'},
+                                 {"help", no_argument, nullptr, 'h'},
+                                 {nullptr, 0, nullptr, 0}};
+  int c;
+  while ((c = getopt_long(argc, argv, "s:i:n:h", kLong, nullptr)) != -1) {
+    switch (c) {
+      case 's': path = optarg; break;
+      case 'i': interval = static_cast<unsigned>(std::strtoul(optarg, nullptr, 10)); break;
+      case 'n': count = static_cast<unsigned>(std::strtoul(optarg, nullptr, 10)); break;
+      case 'h': usage(stdout); return 0;
+      default: usage(stderr); return 2;
+    }
+  }
+  if (optind >= argc) {
+    usage(stderr);
+    return 2;
+  }
+  const std::string cmd = argv[optind];
+  std::string reply, err;
+  if (cmd == "status" || cmd == "json") {
+    if (!request(path, "status", reply, err)) return std::fprintf(stderr, "uroce-ctl: %s\n", err.c_str()), 2;
+    if (cmd == "json") return std::printf("%s\n", reply.c_str()), 0;
+    pt::ptree st;
+    if (!parse(reply, st, err)) return std::fprintf(stderr, "uroce-ctl: %s\n", err.c_str()), 2;
+    render(st, nullptr, 0);
+    return 0;
+  }
+  if (cmd == "watch") {
+    pt::ptree prev;
+    bool have_prev = false;
+    auto last = std::chrono::steady_clock::now();
+    for (unsigned i = 0; count == 0 || i < count; ++i) {
+      if (!request(path, "status", reply, err)) return std::fprintf(stderr, "uroce-ctl: %s\n", err.c_str()), 2;
+      pt::ptree st;
+      if (!parse(reply, st, err)) return std::fprintf(stderr, "uroce-ctl: %s\n", err.c_str()), 2;
+      const auto now = std::chrono::steady_clock::now();
+      std::printf("\033[H\033[2J");  // home and clear: the view updates in place
+      render(st, have_prev ? &prev : nullptr, std::chrono::duration<double>(now - last).count());
+      std::fflush(stdout);
+      prev = st;
+      have_prev = true;
+      last = now;
+      if (count == 0 || i + 1 < count) std::this_thread::sleep_for(std::chrono::milliseconds(interval));
+    }
+    return 0;
+  }
+  std::string line;
+  for (int i = optind; i < argc; ++i) line += (i > optind ? " " : "") + std::string(argv[i]);
+  if (cmd != "stop" && cmd != "fault") {
+    usage(stderr);
+    return 2;
+  }
+  if (!request(path, line, reply, err)) return std::fprintf(stderr, "uroce-ctl: %s\n", err.c_str()), 2;
+  std::printf("%s\n", reply.c_str());
+  return reply.find("\"ok\": true") != std::string::npos ? 0 : 1;
+}
