@@ -26,6 +26,7 @@
 #include <rte_lcore.h>
 
 #include "control/uroced/app.h"
+#include "control/uroced/sessions.h"
 #include "drivers/dpdk/dpdk_port.h"
 #include "drivers/pcap/pcap_io.h"
 #include "stack/engine/dataplane.h"
@@ -91,6 +92,7 @@ struct Daemon {
   std::vector<std::unique_ptr<dpdk::Port>> ports;
   std::vector<std::unique_ptr<Pipeline>> pipes;
   std::unique_ptr<control::TrafficApp> app;
+  std::unique_ptr<control::SessionServer> sessions;
 
   std::string status_json() const;
 };
@@ -136,7 +138,7 @@ std::string Daemon::status_json() const {
   // 64-bit load, so a value may be a moment old but is never torn.
   std::ostringstream o;
   o << "{\"pipelines\": " << pipes.size() << ", \"app\": \"" << (app ? (app->finished() ? "done" : "running") : "none")
-    << "\"";
+    << "\", \"sessions\": " << (sessions ? sessions->sessions() : 0);
   for (std::size_t k = 0; k < pipes.size(); ++k) {
     const Pipeline& p = *pipes[k];
     const std::string pre = k == 0 ? "" : "_" + std::to_string(k);
@@ -266,6 +268,7 @@ void capture_cb(void* ctx, wire::ConstBytes frame, bool /*tx*/, std::uint64_t /*
 }
 
 std::size_t app_cb(void* ctx, std::uint64_t now) { return static_cast<control::TrafficApp*>(ctx)->step(now); }
+std::size_t sessions_cb(void* ctx, std::uint64_t) { return static_cast<control::SessionServer*>(ctx)->step(); }
 
 void learn_cb(void* ctx, const wire::IpAddr& ip, const wire::MacAddr& mac) {
   static_cast<transport::Engine*>(ctx)->set_neighbor(ip, mac);
@@ -278,7 +281,8 @@ void learn_cb(void* ctx, const wire::IpAddr& ip, const wire::MacAddr& mac) {
 
 int main(int argc, char** argv) {
   std::vector<std::string> port_names, ip_texts;
-  std::string lcores_text;
+  std::string lcores_text, app_socket;
+  unsigned app_socket_mode = 0660;
   unsigned shards = 1, app_pipe_idx = 0;
   std::string config, capture_path, ctl_path, fault_rx, fault_tx, app_role, app_peer, app_ops,
       eal_extra, file_prefix, log_level;
@@ -296,6 +300,8 @@ int main(int argc, char** argv) {
       ("shards", po::value(&shards), "pipelines per port, one lcore each; QPs sharded by QPN (default 1)")
       ("lcores", po::value(&lcores_text), "lcores for the pipelines, e.g. 0,1 (default: --lcore and the next ones)")
       ("app-pipeline", po::value(&app_pipe_idx), "which pipeline runs the built-in app (default 0)")
+      ("app-socket", po::value(&app_socket), "Unix socket where applications (liburoce) attach")
+      ("app-socket-mode", po::value(&app_socket_mode), "permissions of the application socket (default 0660, octal)")
       ("vdev", po::value(&vdevs)->composing(), "create a DPDK vdev (repeatable), e.g. net_af_packet0,iface=veth0")
       ("no-huge", po::bool_switch(&no_huge), "run without hugepages")
       ("mem-mb", po::value(&mem_mb), "EAL memory in MB (default 512)")
@@ -382,6 +388,8 @@ int main(int argc, char** argv) {
   }
   if (lcores.size() != npipes)
     return bad("need " + std::to_string(npipes) + " lcores (ports x shards), --lcores gives " + std::to_string(lcores.size()));
+  if (!app_socket.empty() && npipes != 1) return bad("--app-socket needs a single pipeline for now (one port, --shards 1)");
+  if (!app_socket.empty() && !app_role.empty()) return bad("--app-socket and the built-in --app are exclusive");
   if (app_pipe_idx >= npipes) return bad("--app-pipeline must be below the number of pipelines (" + std::to_string(npipes) + ")");
   if (dscp > 63) return bad("--dscp must be 0..63");
   if (vm.count("vlan") && (vlan < 1 || vlan > 4094)) return bad("--vlan must be 1..4094");
@@ -518,6 +526,17 @@ int main(int argc, char** argv) {
   }
 
   asio::io_context io;
+  if (!app_socket.empty()) {
+    try {
+      d.sessions = std::make_unique<control::SessionServer>(
+          io, app_socket, app_socket_mode, *d.pipes[0]->eng, control::SessionLimits{},
+          [](void* ctx, const wire::IpAddr& ip) { static_cast<engine::Dataplane*>(ctx)->resolve(ip); },
+          d.pipes[0]->dp.get());
+    } catch (const std::exception& e) {
+      return bad("--app-socket " + app_socket + ": " + e.what());
+    }
+    d.pipes[0]->dp->set_app(sessions_cb, d.sessions.get());
+  }
   std::unique_ptr<ControlServer> ctl;
   if (!ctl_path.empty()) {
     try {
@@ -573,6 +592,7 @@ int main(int argc, char** argv) {
   for (auto& p : d.pipes)
     if (p->capture) p->capture->close();
   d.app.reset();
+  d.sessions.reset();
   d.pipes.clear();
   d.ports.clear();
   dpdk::eal_cleanup();

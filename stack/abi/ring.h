@@ -80,6 +80,8 @@ class Ring {
   }
 
   [[nodiscard]] std::uint32_t capacity() const { return h_->entries; }
+  /// Producer: entries that can be pushed now.
+  [[nodiscard]] std::uint32_t space() const { return h_->entries - (prod_ - load(&h_->cons, std::memory_order_acquire)); }
   [[nodiscard]] std::uint32_t handle() const { return h_->handle; }
   [[nodiscard]] bool valid() const { return h_ != nullptr; }
 

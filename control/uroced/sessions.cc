@@ -1,0 +1,506 @@
+#include "control/uroced/sessions.h"
+
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <bit>
+#include <chrono>
+#include <cerrno>
+#include <cstring>
+
+namespace uroce::control {
+
+namespace asio = boost::asio;
+using namespace transport;
+
+namespace {
+
+struct Mapping {
+  void* addr = nullptr;
+  std::size_t len = 0;
+  void unmap() {
+    if (addr && addr != MAP_FAILED) ::munmap(addr, len);
+    addr = nullptr;
+  }
+};
+
+/// A memfd with `len` bytes mapped here; the fd goes to the application.
+bool make_shared(std::size_t len, Mapping& m, int& fd) {
+  fd = ::memfd_create("uroce-ring", MFD_CLOEXEC);
+  if (fd < 0) return false;
+  if (::ftruncate(fd, static_cast<off_t>(len)) != 0) {
+    ::close(fd);
+    return false;
+  }
+  m.addr = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  m.len = len;
+  if (m.addr == MAP_FAILED) {
+    ::close(fd);
+    m.addr = nullptr;
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+struct SessionServer::Session {
+  explicit Session(asio::local::stream_protocol::socket s) : sock(std::move(s)) {}
+  asio::local::stream_protocol::socket sock;
+  std::uint32_t id = 0;
+  bool hello = false;
+  std::uint32_t next_handle = 1;
+  struct MrRes {
+    Mr* mr;
+    Mapping map;
+  };
+  struct CqRes {
+    Cq* cq;
+    Mapping map;
+    abi::Ring<uroce_cq_entry> ring;
+  };
+  struct QpRes {
+    Qp* qp;
+    Mapping map;
+    abi::Ring<uroce_send_entry> sq;
+    abi::Ring<uroce_recv_entry> rq;
+    std::uint32_t send_cq, recv_cq;
+  };
+  std::map<std::uint32_t, Pd*> pds;
+  std::map<std::uint32_t, MrRes> mrs;
+  std::map<std::uint32_t, CqRes> cqs;
+  std::map<std::uint32_t, QpRes> qps;
+  std::uint64_t mr_bytes = 0;
+  std::vector<std::uint8_t> in;  // bytes received, not yet a whole message
+  std::vector<int> in_fds;
+};
+
+SessionServer::SessionServer(asio::io_context& io, const std::string& path, unsigned mode, Engine& eng,
+                             const SessionLimits& limits, Resolve resolve, void* resolve_ctx)
+    : resolve_(resolve), resolve_ctx_(resolve_ctx), acceptor_(io), eng_(eng), limits_(limits), path_(path) {
+  ::unlink(path.c_str());
+  asio::local::stream_protocol::endpoint ep(path);
+  acceptor_.open(ep.protocol());
+  acceptor_.bind(ep);
+  // The socket's permissions decide who may connect.
+  ::chmod(path.c_str(), mode);
+  acceptor_.listen();
+  accept();
+}
+
+SessionServer::~SessionServer() {
+  for (auto& [id, s] : sessions_) close(*s);
+  ::unlink(path_.c_str());
+}
+
+void SessionServer::accept() {
+  acceptor_.async_accept([this](boost::system::error_code ec, asio::local::stream_protocol::socket sock) {
+    if (!ec) {
+      auto s = std::make_shared<Session>(std::move(sock));
+      s->id = next_session_++;
+      sessions_[s->id] = s;
+      wait_read(s);
+    }
+    accept();
+  });
+}
+
+void SessionServer::wait_read(const std::shared_ptr<Session>& s) {
+  s->sock.async_wait(asio::socket_base::wait_read, [this, s](boost::system::error_code ec) {
+    if (ec) return;
+    on_readable(s);
+  });
+}
+
+void SessionServer::on_readable(const std::shared_ptr<Session>& s) {
+  // recvmsg, for the file descriptors that come with a request.
+  std::uint8_t buf[UROCE_MSG_MAX];
+  alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int) * 4)];
+  iovec iov{buf, sizeof buf};
+  msghdr mh{};
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  mh.msg_control = ctrl;
+  mh.msg_controllen = sizeof ctrl;
+  const ssize_t n = ::recvmsg(s->sock.native_handle(), &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+  if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
+    close(*s);  // the application exited or crashed
+    sessions_.erase(s->id);
+    return;
+  }
+  if (n > 0) {
+    for (cmsghdr* c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+        const std::size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (std::size_t i = 0; i < k; ++i) {
+          int fd;
+          std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+          s->in_fds.push_back(fd);
+        }
+      }
+    }
+    s->in.insert(s->in.end(), buf, buf + n);
+  }
+  // Whole messages only; anything malformed ends the session (the daemon goes on).
+  while (s->in.size() >= sizeof(uroce_msg_hdr)) {
+    uroce_msg_hdr h;
+    std::memcpy(&h, s->in.data(), sizeof h);
+    if (h.magic != UROCE_MSG_MAGIC || h.len > UROCE_MSG_MAX) {
+      close(*s);
+      sessions_.erase(s->id);
+      return;
+    }
+    if (s->in.size() < sizeof h + h.len) break;
+    std::vector<int> fds;
+    fds.swap(s->in_fds);
+    handle(*s, h, s->in.data() + sizeof h, fds);
+    for (int fd : fds) ::close(fd);  // whatever the handler did not keep
+    s->in.erase(s->in.begin(), s->in.begin() + static_cast<long>(sizeof h + h.len));
+  }
+  wait_read(s);
+}
+
+namespace {
+
+std::uint64_t now_ms() {
+  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                        std::chrono::steady_clock::now().time_since_epoch())
+                                        .count());
+}
+
+void send_reply(int sock, const uroce_msg_hdr& req, int err, const std::string& why, const void* body,
+                std::size_t blen, int fd = -1) {
+  std::uint8_t out[UROCE_MSG_MAX];
+  uroce_msg_hdr h{UROCE_MSG_MAGIC, UROCE_ABI_MAJOR, static_cast<std::uint16_t>(req.type | UROCE_MSG_REPLY),
+                  static_cast<std::uint32_t>(sizeof(uroce_reply_status) + blen), req.seq};
+  uroce_reply_status st{};
+  st.err = err;
+  std::strncpy(st.why, why.c_str(), sizeof st.why - 1);
+  std::memcpy(out, &h, sizeof h);
+  std::memcpy(out + sizeof h, &st, sizeof st);
+  if (blen) std::memcpy(out + sizeof h + sizeof st, body, blen);
+  iovec iov{out, sizeof h + sizeof st + blen};
+  msghdr mh{};
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int))];
+  if (fd >= 0) {
+    mh.msg_control = ctrl;
+    mh.msg_controllen = sizeof ctrl;
+    cmsghdr* c = CMSG_FIRSTHDR(&mh);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
+  }
+  (void)::sendmsg(sock, &mh, MSG_NOSIGNAL);
+}
+
+}  // namespace
+
+void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_t* body, std::vector<int>& fds) {
+  const int sock = s.sock.native_handle();
+  auto fail = [&](int err, const std::string& why) { send_reply(sock, h, err, why, nullptr, 0); };
+  auto need = [&](std::size_t n) {
+    if (h.len < n) {
+      fail(EINVAL, "message too short for its type");
+      return false;
+    }
+    return true;
+  };
+  if (h.major != UROCE_ABI_MAJOR) return fail(EPROTO, "ABI major version mismatch");
+  if (!s.hello && h.type != UROCE_MSG_HELLO) return fail(EPROTO, "say hello first");
+  switch (h.type) {
+    case UROCE_MSG_HELLO: {
+      if (!need(sizeof(uroce_hello_msg))) return;
+      uroce_hello_msg m;
+      std::memcpy(&m, body, sizeof m);
+      if (!uroce_abi_compatible(m.major, m.minor)) return fail(EPROTO, "ABI major version mismatch");
+      s.hello = true;
+      uroce_hello_reply r{};
+      r.session = s.id;
+      std::memcpy(r.gid, eng_.config().ip.b.data(), 16);
+      std::memcpy(r.mac, eng_.config().mac.data(), 6);
+      r.minor = UROCE_ABI_MINOR;
+      return send_reply(sock, h, 0, "", &r, sizeof r);
+    }
+    case UROCE_MSG_ALLOC_PD: {
+      if (s.pds.size() >= limits_.max_pds) return fail(EDQUOT, "too many PDs for this session");
+      uroce_handle_reply r{s.next_handle++};
+      s.pds[r.handle] = eng_.alloc_pd();
+      return send_reply(sock, h, 0, "", &r, sizeof r);
+    }
+    case UROCE_MSG_REG_MR: {
+      if (!need(sizeof(uroce_reg_mr_msg))) return;
+      uroce_reg_mr_msg m;
+      std::memcpy(&m, body, sizeof m);
+      auto pd = s.pds.find(m.pd);
+      if (pd == s.pds.end()) return fail(EINVAL, "no such PD in this session");
+      if (fds.empty()) return fail(EINVAL, "REG_MR needs the memory's file descriptor");
+      if (s.mrs.size() >= limits_.max_mrs || s.mr_bytes + m.length > limits_.max_mr_bytes)
+        return fail(EDQUOT, "over this session's MR limit");
+      if (m.length == 0 || (m.offset & 4095)) return fail(EINVAL, "MR length 0 or offset not page aligned");
+      Mapping map;
+      map.len = m.length;
+      map.addr = ::mmap(nullptr, m.length, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], static_cast<off_t>(m.offset));
+      if (map.addr == MAP_FAILED) return fail(errno, "cannot map the MR's memory");
+      Mr* mr = eng_.reg_mr_iova(pd->second, map.addr, m.length, m.access, m.app_va);
+      if (!mr) {
+        map.unmap();
+        return fail(EINVAL, "bad MR access flags or range");
+      }
+      uroce_reg_mr_reply r{s.next_handle++, mr->lkey, mr->rkey, 0};
+      s.mrs[r.handle] = {mr, map};
+      s.mr_bytes += m.length;
+      return send_reply(sock, h, 0, "", &r, sizeof r);
+    }
+    case UROCE_MSG_CREATE_CQ: {
+      if (!need(sizeof(uroce_create_cq_msg))) return;
+      uroce_create_cq_msg m;
+      std::memcpy(&m, body, sizeof m);
+      if (s.cqs.size() >= limits_.max_cqs) return fail(EDQUOT, "too many CQs for this session");
+      if (m.entries == 0 || m.entries > (1u << 16)) return fail(EINVAL, "CQ entries must be 1..65536");
+      const std::uint32_t entries = std::bit_ceil(m.entries);
+      Cq* cq = eng_.create_cq(entries);
+      Mapping map;
+      int fd = -1;
+      if (!cq || !make_shared(uroce_ring_bytes(entries, sizeof(uroce_cq_entry)), map, fd)) {
+        if (cq) eng_.destroy_cq(cq);
+        return fail(ENOMEM, "cannot create the CQ ring");
+      }
+      uroce_handle_reply r{s.next_handle++};
+      s.cqs[r.handle] = {cq, map, abi::Ring<uroce_cq_entry>::create(map.addr, entries, UROCE_RING_CQ, r.handle)};
+      send_reply(sock, h, 0, "", &r, sizeof r, fd);
+      ::close(fd);
+      return;
+    }
+    case UROCE_MSG_CREATE_QP: {
+      if (!need(sizeof(uroce_create_qp_msg))) return;
+      uroce_create_qp_msg m;
+      std::memcpy(&m, body, sizeof m);
+      if (s.qps.size() >= limits_.max_qps) return fail(EDQUOT, "too many QPs for this session");
+      auto pd = s.pds.find(m.pd);
+      auto scq = s.cqs.find(m.send_cq), rcq = s.cqs.find(m.recv_cq);
+      if (pd == s.pds.end() || scq == s.cqs.end() || rcq == s.cqs.end())
+        return fail(EINVAL, "no such PD or CQ in this session");
+      if (m.qp_type != IBV_QPT_RC && m.qp_type != IBV_QPT_UC) return fail(EINVAL, "QP type must be RC or UC here");
+      if (m.max_send_wr == 0 || m.max_send_wr > 4096 || m.max_recv_wr == 0 || m.max_recv_wr > 4096)
+        return fail(EINVAL, "max_send_wr and max_recv_wr must be 1..4096");
+      const std::uint32_t sqn = std::bit_ceil(m.max_send_wr), rqn = std::bit_ceil(m.max_recv_wr);
+      QpInitAttr ia;
+      ia.qp_type = static_cast<ibv_qp_type>(m.qp_type);
+      ia.send_cq = scq->second.cq;
+      ia.recv_cq = rcq->second.cq;
+      ia.cap.max_send_wr = sqn;
+      ia.cap.max_recv_wr = rqn;
+      ia.sq_sig_all = m.sq_sig_all != 0;
+      Qp* qp = eng_.create_qp(pd->second, ia);
+      const std::size_t sq_bytes = (uroce_ring_bytes(sqn, sizeof(uroce_send_entry)) + 4095) & ~std::size_t{4095};
+      Mapping map;
+      int fd = -1;
+      if (!qp || !make_shared(sq_bytes + uroce_ring_bytes(rqn, sizeof(uroce_recv_entry)), map, fd)) {
+        if (qp) eng_.destroy_qp(qp);
+        return fail(ENOMEM, "cannot create the QP or its rings");
+      }
+      uroce_create_qp_reply r{s.next_handle++, qp->qpn, sqn, rqn, sq_bytes};
+      Session::QpRes q{qp, map, abi::Ring<uroce_send_entry>::create(map.addr, sqn, UROCE_RING_SEND, r.handle),
+                       abi::Ring<uroce_recv_entry>::create(static_cast<std::uint8_t*>(map.addr) + sq_bytes, rqn,
+                                                           UROCE_RING_RECV, r.handle),
+                       m.send_cq, m.recv_cq};
+      s.qps[r.handle] = q;
+      send_reply(sock, h, 0, "", &r, sizeof r, fd);
+      ::close(fd);
+      return;
+    }
+    case UROCE_MSG_MODIFY_QP: {
+      if (!need(sizeof(uroce_modify_qp_msg))) return;
+      uroce_modify_qp_msg m;
+      std::memcpy(&m, body, sizeof m);
+      auto q = s.qps.find(m.qp);
+      if (q == s.qps.end()) return fail(EINVAL, "no such QP in this session");
+      if (m.qp_state > IBV_QPS_ERR || (m.path_mtu != 0 && (m.path_mtu < IBV_MTU_256 || m.path_mtu > IBV_MTU_4096)))
+        return fail(EINVAL, "bad qp_state or path_mtu value");
+      ibv_qp_attr a{};
+      a.qp_state = static_cast<ibv_qp_state>(m.qp_state);
+      a.path_mtu = m.path_mtu ? static_cast<ibv_mtu>(m.path_mtu) : IBV_MTU_1024;
+      a.qkey = m.qkey;
+      a.rq_psn = m.rq_psn;
+      a.sq_psn = m.sq_psn;
+      a.dest_qp_num = m.dest_qp_num;
+      a.qp_access_flags = m.qp_access_flags;
+      a.ah_attr.is_global = 1;
+      std::memcpy(a.ah_attr.grh.dgid.raw, m.dgid, 16);
+      a.ah_attr.grh.traffic_class = m.traffic_class;
+      a.max_rd_atomic = m.max_rd_atomic;
+      a.max_dest_rd_atomic = m.max_dest_rd_atomic;
+      a.min_rnr_timer = m.min_rnr_timer;
+      a.port_num = m.port_num;
+      a.timeout = m.timeout;
+      a.retry_cnt = m.retry_cnt;
+      a.rnr_retry = m.rnr_retry;
+      a.pkey_index = m.pkey_index;
+      const ModifyResult res = eng_.modify_qp(q->second.qp, a, m.mask);
+      if (res.err == EHOSTUNREACH && resolve_ != nullptr) {
+        // Resolve the peer (ARP or ND) and answer when it is known, as a
+        // kernel RDMA stack does while it resolves the address.
+        wire::IpAddr dgid;
+        std::memcpy(dgid.b.data(), m.dgid, 16);
+        resolve_(resolve_ctx_, dgid);
+        const std::uint64_t t = now_ms();
+        pending_.push_back({s.id, m.qp, h, a, m.mask, dgid, t + 3000, t + 100});
+        return;
+      }
+      return send_reply(sock, h, res.err, res.err ? res.why : "", nullptr, 0);
+    }
+    case UROCE_MSG_DESTROY: {
+      if (!need(sizeof(uroce_destroy_msg))) return;
+      uroce_destroy_msg m;
+      std::memcpy(&m, body, sizeof m);
+      if (m.object == UROCE_OBJ_QP) {
+        auto q = s.qps.find(m.handle);
+        if (q == s.qps.end()) return fail(EINVAL, "no such QP in this session");
+        eng_.destroy_qp(q->second.qp);
+        q->second.map.unmap();
+        s.qps.erase(q);
+        return send_reply(sock, h, 0, "", nullptr, 0);
+      }
+      if (m.object == UROCE_OBJ_MR) {
+        auto r = s.mrs.find(m.handle);
+        if (r == s.mrs.end()) return fail(EINVAL, "no such MR in this session");
+        s.mr_bytes -= r->second.map.len;
+        eng_.dereg_mr(r->second.mr);
+        r->second.map.unmap();
+        s.mrs.erase(r);
+        return send_reply(sock, h, 0, "", nullptr, 0);
+      }
+      return fail(EINVAL, "this object cannot be destroyed on its own yet (it goes with the session)");
+    }
+    default: return fail(EOPNOTSUPP, "unknown request type");
+  }
+}
+
+void SessionServer::close(Session& s) {
+  // The application is gone: its QPs go to ERR (the peer's QPs then fail
+  // with retry-exceeded, as with a dead host), then everything is freed.
+  for (auto& [h, q] : s.qps) {
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_ERR;
+    eng_.modify_qp(q.qp, a, IBV_QP_STATE);
+    eng_.destroy_qp(q.qp);
+    q.map.unmap();
+  }
+  s.qps.clear();
+  for (auto& [h, r] : s.mrs) {
+    eng_.dereg_mr(r.mr);  // its keys stop working at once
+    r.map.unmap();
+  }
+  s.mrs.clear();
+  for (auto& [h, c] : s.cqs) {
+    eng_.destroy_cq(c.cq);
+    c.map.unmap();
+  }
+  s.cqs.clear();
+  for (auto& [h, pd] : s.pds) eng_.dealloc_pd(pd);
+  s.pds.clear();
+  boost::system::error_code ec;
+  s.sock.close(ec);
+}
+
+std::size_t SessionServer::retry_pending() {
+  if (pending_.empty()) return 0;
+  const std::uint64_t t = now_ms();
+  std::size_t done = 0;
+  for (std::size_t i = 0; i < pending_.size();) {
+    PendingModify& p = pending_[i];
+    auto s = sessions_.find(p.session);
+    const bool gone = s == sessions_.end() || s->second->qps.count(p.qp_handle) == 0;
+    ModifyResult res{EHOSTUNREACH, "no ARP/ND answer from the destination GID within 3 s"};
+    if (!gone) res = eng_.modify_qp(s->second->qps[p.qp_handle].qp, p.attr, p.mask);
+    if (gone || res.err != EHOSTUNREACH || t >= p.deadline_ms) {
+      if (!gone) send_reply(s->second->sock.native_handle(), p.hdr, res.err, res.err ? res.why : "", nullptr, 0);
+      pending_[i] = pending_.back();
+      pending_.pop_back();
+      ++done;
+      continue;
+    }
+    if (t >= p.next_try_ms) {
+      resolve_(resolve_ctx_, p.dgid);
+      p.next_try_ms = t + 100;
+    }
+    ++i;
+  }
+  return done;
+}
+
+std::size_t SessionServer::step() {
+  std::size_t work = retry_pending();
+  for (auto& [id, sp] : sessions_) {
+    Session& s = *sp;
+    for (auto& [h, q] : s.qps) {
+      uroce_recv_entry r;
+      while (q.rq.pop(r)) {
+        Sge sg[UROCE_ABI_MAX_SGE];
+        const std::uint32_t n = std::min<std::uint32_t>(r.num_sge, UROCE_ABI_MAX_SGE);
+        for (std::uint32_t i = 0; i < n; ++i) sg[i] = {r.sg_list[i].addr, r.sg_list[i].length, r.sg_list[i].lkey};
+        eng_.post_recv(q.qp, RecvWr{r.wr_id, {sg, n}});
+        ++work;
+      }
+      uroce_send_entry e;
+      while (q.sq.pop(e)) {
+        Sge sg[UROCE_ABI_MAX_SGE];
+        const std::uint32_t n = std::min<std::uint32_t>(e.num_sge, UROCE_ABI_MAX_SGE);
+        for (std::uint32_t i = 0; i < n; ++i) sg[i] = {e.sg_list[i].addr, e.sg_list[i].length, e.sg_list[i].lkey};
+        SendWr wr;
+        wr.wr_id = e.wr_id;
+        wr.opcode = e.opcode <= IBV_WR_ATOMIC_FETCH_AND_ADD ? static_cast<ibv_wr_opcode>(e.opcode) : IBV_WR_DRIVER1;
+        wr.send_flags = e.send_flags & ~unsigned(IBV_SEND_INLINE);  // inline data would point into the app
+        wr.sg_list = {sg, n};
+        wr.imm_data = e.imm_or_inv;
+        wr.invalidate_rkey = e.imm_or_inv;
+        wr.remote_addr = e.remote_addr;
+        wr.rkey = e.rkey;
+        wr.compare_add = e.compare_add;
+        wr.swap = e.swap;
+        if (eng_.post_send(q.qp, wr) != 0) {
+          // Refused (bad opcode, SGEs, state): the application learns it from a completion.
+          auto c = s.cqs.find(q.send_cq);
+          if (c != s.cqs.end()) {
+            uroce_cq_entry ce{};
+            ce.wr_id = e.wr_id;
+            ce.status = IBV_WC_LOC_QP_OP_ERR;
+            ce.qp_num = q.qp->qpn;
+            c->second.ring.push(ce);
+          }
+        }
+        ++work;
+      }
+    }
+    for (auto& [h, c] : s.cqs) {
+      ibv_wc wc[16];
+      std::uint32_t room = c.ring.space();
+      while (room > 0) {
+        const int n = eng_.poll_cq(c.cq, std::span<ibv_wc>(wc, std::min<std::uint32_t>(room, 16)));
+        if (n <= 0) break;
+        for (int i = 0; i < n; ++i) {
+          uroce_cq_entry ce{};
+          ce.wr_id = wc[i].wr_id;
+          ce.status = wc[i].status;
+          ce.opcode = wc[i].opcode;
+          ce.byte_len = wc[i].byte_len;
+          ce.imm_or_inv = wc[i].imm_data;
+          ce.qp_num = wc[i].qp_num;
+          ce.src_qp = wc[i].src_qp;
+          ce.wc_flags = wc[i].wc_flags;
+          c.ring.push(ce);
+        }
+        room -= static_cast<std::uint32_t>(n);
+        work += static_cast<std::size_t>(n);
+      }
+    }
+  }
+  return work;
+}
+
+}  // namespace uroce::control

@@ -1,0 +1,76 @@
+// Application sessions: the daemon side of liburoce. Each application
+// connects to the application socket, says hello (ABI version check), and
+// creates PDs, MRs, CQs and QPs there; rings and registered memory are
+// shared memory handed over as file descriptors. A session sees only its own
+// handles; when its socket closes (exit or crash), everything it held is
+// torn down: QPs to ERR and destroyed, memory unmapped, keys invalidated.
+//
+// Everything here runs on the lcore of the pipeline it serves: the control
+// messages are served by the same thread's io_context poll, and step() is the
+// pipeline's application stage.
+#pragma once
+
+#include <utility>  // boost 1.74's asio uses std::exchange without including it
+
+#include <boost/asio.hpp>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "stack/abi/ring.h"
+#include "stack/abi/session_proto.h"
+#include "stack/transport/engine.h"
+#include "stack/wire/addr.h"
+
+namespace uroce::control {
+
+struct SessionLimits {
+  std::uint32_t max_qps = 256, max_cqs = 256, max_mrs = 1024, max_pds = 64;
+  std::uint64_t max_mr_bytes = 1ull << 32;
+};
+
+class SessionServer {
+ public:
+  /// `resolve(ip)` sends an ARP request or neighbour solicitation for ip.
+  using Resolve = void (*)(void* ctx, const wire::IpAddr& ip);
+  SessionServer(boost::asio::io_context& io, const std::string& path, unsigned mode, transport::Engine& eng,
+                const SessionLimits& limits, Resolve resolve = nullptr, void* resolve_ctx = nullptr);
+  ~SessionServer();
+  /// The application stage: move work requests from every session's rings
+  /// into the engine, and completions out. Returns the work done.
+  std::size_t step();
+  [[nodiscard]] std::size_t sessions() const { return sessions_.size(); }
+
+  struct Session;
+
+ private:
+  void accept();
+  void wait_read(const std::shared_ptr<Session>& s);
+  void on_readable(const std::shared_ptr<Session>& s);
+  void handle(Session& s, const uroce_msg_hdr& h, const std::uint8_t* body, std::vector<int>& fds);
+  void close(Session& s);
+
+  /// A MODIFY_QP to RTR waiting for the peer's MAC (ARP/ND in flight).
+  struct PendingModify {
+    std::uint32_t session, qp_handle;
+    uroce_msg_hdr hdr;
+    ibv_qp_attr attr;
+    int mask;
+    wire::IpAddr dgid;
+    std::uint64_t deadline_ms, next_try_ms;
+  };
+  std::size_t retry_pending();
+
+  std::vector<PendingModify> pending_;
+  Resolve resolve_;
+  void* resolve_ctx_;
+  boost::asio::local::stream_protocol::acceptor acceptor_;
+  transport::Engine& eng_;
+  SessionLimits limits_;
+  std::map<std::uint32_t, std::shared_ptr<Session>> sessions_;
+  std::uint32_t next_session_ = 1;
+  std::string path_;
+};
+
+}  // namespace uroce::control

@@ -1,0 +1,119 @@
+/*
+ * The session protocol between an application (liburoce) and uroced, on the
+ * daemon's application socket (SOCK_STREAM, AF_UNIX). Plain C layout, version
+ * UROCE_ABI_MAJOR: each request is one message, answered by one reply before
+ * the next request. File descriptors (memfds of rings and registered memory)
+ * travel as SCM_RIGHTS with the message that names them.
+ *
+ *   request:  uroce_msg_hdr { magic, major, type, len, seq } + body
+ *   reply:    uroce_msg_hdr { magic, major, type | UROCE_MSG_REPLY, len, seq }
+ *             + uroce_reply_status + reply body
+ */
+#ifndef UROCE_SESSION_PROTO_H
+#define UROCE_SESSION_PROTO_H
+
+#include <stdint.h>
+
+#include "stack/abi/uroce_abi.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define UROCE_MSG_MAGIC 0x4d524f55u /* "UORM" */
+#define UROCE_MSG_REPLY 0x8000u
+#define UROCE_MSG_MAX 1024u
+
+enum uroce_msg_type {
+  UROCE_MSG_HELLO = 1,      /* body: hello;       reply: hello_reply */
+  UROCE_MSG_ALLOC_PD = 2,   /* body: none;        reply: handle */
+  UROCE_MSG_REG_MR = 3,     /* body: reg_mr + fd; reply: reg_mr_reply */
+  UROCE_MSG_CREATE_CQ = 4,  /* body: create_cq;   reply: handle + fd of the CQ ring */
+  UROCE_MSG_CREATE_QP = 5,  /* body: create_qp;   reply: create_qp_reply + fd of SQ and RQ rings */
+  UROCE_MSG_MODIFY_QP = 6,  /* body: modify_qp;   reply: status (with the reason on error) */
+  UROCE_MSG_DESTROY = 7,    /* body: destroy;     reply: status */
+};
+
+struct uroce_msg_hdr {
+  uint32_t magic;
+  uint16_t major;
+  uint16_t type;
+  uint32_t len; /* body bytes that follow */
+  uint32_t seq;
+};
+
+/* Every reply body starts with this: 0 or an errno value, and a reason. */
+struct uroce_reply_status {
+  int32_t err;
+  char why[124];
+};
+
+struct uroce_hello_msg {
+  uint16_t major, minor;
+  uint32_t pid;
+};
+struct uroce_hello_reply {
+  uint32_t session;
+  uint8_t gid[16]; /* the daemon's RoCE address (IPv4-mapped or IPv6) */
+  uint8_t mac[6];
+  uint16_t minor;
+};
+
+struct uroce_handle_reply {
+  uint32_t handle;
+};
+
+struct uroce_reg_mr_msg {
+  uint32_t pd;
+  uint32_t access; /* enum ibv_access_flags */
+  uint64_t app_va; /* where the application sees the memory */
+  uint64_t length;
+  uint64_t offset; /* into the passed memfd */
+};
+struct uroce_reg_mr_reply {
+  uint32_t handle, lkey, rkey, pad;
+};
+
+struct uroce_create_cq_msg {
+  uint32_t entries;
+};
+
+struct uroce_create_qp_msg {
+  uint32_t pd, send_cq, recv_cq;
+  uint32_t qp_type; /* enum ibv_qp_type: RC, UC */
+  uint32_t max_send_wr, max_recv_wr; /* ring sizes, rounded up to powers of two */
+  uint32_t sq_sig_all;
+};
+struct uroce_create_qp_reply {
+  uint32_t handle, qpn;
+  uint32_t sq_entries, rq_entries;
+  uint64_t rq_offset; /* where the RQ ring starts in the passed memfd; the SQ ring is at 0 */
+};
+
+/* ibv_qp_attr's wire-relevant fields, explicitly laid out (no pointers). */
+struct uroce_modify_qp_msg {
+  uint32_t qp;
+  int32_t mask; /* enum ibv_qp_attr_mask */
+  uint32_t qp_state, path_mtu, qkey, rq_psn, sq_psn, dest_qp_num, qp_access_flags;
+  uint8_t dgid[16];
+  uint8_t traffic_class, max_rd_atomic, max_dest_rd_atomic, min_rnr_timer, port_num, timeout, retry_cnt, rnr_retry;
+  uint16_t pkey_index, pad;
+};
+
+enum uroce_object { UROCE_OBJ_QP = 1, UROCE_OBJ_CQ = 2, UROCE_OBJ_MR = 3, UROCE_OBJ_PD = 4 };
+struct uroce_destroy_msg {
+  uint32_t object; /* enum uroce_object */
+  uint32_t handle;
+};
+
+UROCE_STATIC_ASSERT(sizeof(struct uroce_msg_hdr) == 16, "message header is 16 bytes");
+UROCE_STATIC_ASSERT(sizeof(struct uroce_reply_status) == 128, "reply status is 128 bytes");
+UROCE_STATIC_ASSERT(sizeof(struct uroce_reg_mr_msg) == 32, "reg_mr is 32 bytes");
+UROCE_STATIC_ASSERT(sizeof(struct uroce_create_qp_reply) == 24, "create_qp reply is 24 bytes");
+UROCE_STATIC_ASSERT(sizeof(struct uroce_modify_qp_msg) == 64, "modify_qp is 64 bytes");
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* UROCE_SESSION_PROTO_H */

@@ -1,0 +1,407 @@
+// liburoce: the application side of the session protocol and the shared
+// rings. See uroce_verbs.h for the API and stack/abi for the contract.
+#include <arpa/inet.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "stack/abi/ring.h"
+#include "stack/abi/session_proto.h"
+#include "stack/verbs/uroce_verbs.h"
+
+namespace {
+
+thread_local std::string t_error;
+
+int set_error(int err, std::string why) {
+  t_error = std::move(why);
+  errno = err;
+  return err;
+}
+
+struct Buf {
+  std::uint8_t* addr;
+  std::size_t len;
+  int fd;
+};
+
+}  // namespace
+
+struct uroce_context {
+  int sock = -1;
+  std::uint32_t seq = 0;
+  std::uint32_t session = 0;
+  std::uint8_t gid[16] = {};
+  std::vector<Buf> bufs;  // shared memory the application may register
+};
+
+struct uroce_pd {
+  uroce_context* ctx;
+  std::uint32_t handle;
+};
+
+struct uroce_mr {
+  uroce_pd* pd;
+  std::uint32_t handle, lkey, rkey;
+};
+
+struct uroce_cq {
+  uroce_context* ctx;
+  std::uint32_t handle;
+  void* map;
+  std::size_t map_len;
+  uroce::abi::Ring<uroce_cq_entry> ring;
+};
+
+struct uroce_qp {
+  uroce_context* ctx;
+  std::uint32_t handle, qpn;
+  void* map;
+  std::size_t map_len;
+  uroce::abi::Ring<uroce_send_entry> sq;
+  uroce::abi::Ring<uroce_recv_entry> rq;
+};
+
+namespace {
+
+/// One request and its reply. `fd_out` goes with the request; a descriptor
+/// in the reply lands in *fd_in.
+int call(uroce_context* ctx, std::uint16_t type, const void* body, std::uint32_t blen, int fd_out, void* reply,
+         std::size_t rlen, int* fd_in = nullptr) {
+  std::uint8_t out[UROCE_MSG_MAX];
+  const uroce_msg_hdr h{UROCE_MSG_MAGIC, UROCE_ABI_MAJOR, type, blen, ++ctx->seq};
+  std::memcpy(out, &h, sizeof h);
+  if (blen) std::memcpy(out + sizeof h, body, blen);
+  iovec iov{out, sizeof h + blen};
+  msghdr mh{};
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int))];
+  if (fd_out >= 0) {
+    mh.msg_control = ctrl;
+    mh.msg_controllen = sizeof ctrl;
+    cmsghdr* c = CMSG_FIRSTHDR(&mh);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &fd_out, sizeof fd_out);
+  }
+  if (::sendmsg(ctx->sock, &mh, MSG_NOSIGNAL) < 0) return set_error(errno, "cannot send to uroced");
+  // The reply: header, status, body; a descriptor may ride with it.
+  std::uint8_t in[UROCE_MSG_MAX];
+  std::size_t got = 0, want = sizeof(uroce_msg_hdr);
+  bool have_hdr = false;
+  while (got < want) {
+    iovec riov{in + got, want - got};
+    msghdr rm{};
+    rm.msg_iov = &riov;
+    rm.msg_iovlen = 1;
+    alignas(cmsghdr) char rctrl[CMSG_SPACE(sizeof(int))];
+    rm.msg_control = rctrl;
+    rm.msg_controllen = sizeof rctrl;
+    const ssize_t n = ::recvmsg(ctx->sock, &rm, MSG_CMSG_CLOEXEC);
+    if (n <= 0) return set_error(n == 0 ? ECONNRESET : errno, "uroced closed the session");
+    for (cmsghdr* c = CMSG_FIRSTHDR(&rm); c; c = CMSG_NXTHDR(&rm, c)) {
+      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+        int fd;
+        std::memcpy(&fd, CMSG_DATA(c), sizeof fd);
+        if (fd_in) *fd_in = fd;
+        else ::close(fd);
+      }
+    }
+    got += static_cast<std::size_t>(n);
+    if (!have_hdr && got >= sizeof(uroce_msg_hdr)) {
+      uroce_msg_hdr rh;
+      std::memcpy(&rh, in, sizeof rh);
+      if (rh.magic != UROCE_MSG_MAGIC || rh.len > UROCE_MSG_MAX - sizeof rh || rh.seq != h.seq)
+        return set_error(EPROTO, "bad reply from uroced");
+      want = sizeof rh + rh.len;
+      have_hdr = true;
+    }
+  }
+  uroce_reply_status st;
+  std::memcpy(&st, in + sizeof(uroce_msg_hdr), sizeof st);
+  if (st.err != 0) return set_error(st.err, st.why);
+  const std::size_t body_len = want - sizeof(uroce_msg_hdr) - sizeof st;
+  if (rlen > body_len) return set_error(EPROTO, "short reply from uroced");
+  if (rlen) std::memcpy(reply, in + sizeof(uroce_msg_hdr) + sizeof st, rlen);
+  return 0;
+}
+
+const Buf* find_buf(const uroce_context* ctx, const void* addr, std::size_t len) {
+  const auto* p = static_cast<const std::uint8_t*>(addr);
+  for (const Buf& b : ctx->bufs)
+    if (p >= b.addr && p + len <= b.addr + b.len) return &b;
+  return nullptr;
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* uroce_last_error(void) { return t_error.c_str(); }
+
+uroce_context* uroce_open_device(const char* path) {
+  auto ctx = new uroce_context();
+  ctx->sock = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::strncpy(a.sun_path, path, sizeof a.sun_path - 1);
+  if (ctx->sock < 0 || ::connect(ctx->sock, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    set_error(errno, std::string("cannot connect to uroced at ") + path + ": " + std::strerror(errno));
+    const int e = errno;
+    uroce_close_device(ctx);
+    errno = e;
+    return nullptr;
+  }
+  uroce_hello_msg hello{UROCE_ABI_MAJOR, UROCE_ABI_MINOR, static_cast<std::uint32_t>(::getpid())};
+  uroce_hello_reply r{};
+  if (call(ctx, UROCE_MSG_HELLO, &hello, sizeof hello, -1, &r, sizeof r) != 0) {
+    const int e = errno;
+    uroce_close_device(ctx);
+    errno = e;
+    return nullptr;
+  }
+  ctx->session = r.session;
+  std::memcpy(ctx->gid, r.gid, 16);
+  return ctx;
+}
+
+int uroce_close_device(uroce_context* ctx) {
+  if (!ctx) return EINVAL;
+  if (ctx->sock >= 0) ::close(ctx->sock);  // the daemon frees everything the session held
+  for (Buf& b : ctx->bufs) ::close(b.fd);
+  delete ctx;
+  return 0;
+}
+
+int uroce_query_gid(uroce_context* ctx, std::uint8_t port_num, int index, ibv_gid* gid) {
+  if (!ctx || !gid || port_num != 1 || index != 0) return set_error(EINVAL, "port 1, GID index 0 only");
+  std::memcpy(gid->raw, ctx->gid, 16);
+  return 0;
+}
+
+uroce_pd* uroce_alloc_pd(uroce_context* ctx) {
+  uroce_handle_reply r{};
+  if (!ctx || call(ctx, UROCE_MSG_ALLOC_PD, nullptr, 0, -1, &r, sizeof r) != 0) return nullptr;
+  return new uroce_pd{ctx, r.handle};
+}
+
+void* uroce_alloc_buf(uroce_context* ctx, std::size_t length) {
+  if (!ctx || length == 0) return set_error(EINVAL, "empty buffer"), nullptr;
+  const std::size_t len = (length + 4095) & ~std::size_t{4095};
+  const int fd = ::memfd_create("uroce-buf", MFD_CLOEXEC);
+  if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(len)) != 0) return set_error(errno, "memfd"), nullptr;
+  void* p = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    ::close(fd);
+    return set_error(errno, "mmap"), nullptr;
+  }
+  ctx->bufs.push_back({static_cast<std::uint8_t*>(p), len, fd});
+  return p;
+}
+
+uroce_mr* uroce_reg_mr(uroce_pd* pd, void* addr, std::size_t length, int access) {
+  if (!pd || !addr || length == 0) return set_error(EINVAL, "bad MR arguments"), nullptr;
+  uroce_context* ctx = pd->ctx;
+  const Buf* b = find_buf(ctx, addr, length);
+  if (!b) {
+    // Ordinary memory: move its pages onto shared memory in place, keeping
+    // the contents, so the daemon can map them too.
+    const auto start = reinterpret_cast<std::uintptr_t>(addr) & ~std::uintptr_t{4095};
+    const auto end = (reinterpret_cast<std::uintptr_t>(addr) + length + 4095) & ~std::uintptr_t{4095};
+    const std::size_t len = end - start;
+    const int fd = ::memfd_create("uroce-mr", MFD_CLOEXEC);
+    if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(len)) != 0) return set_error(errno, "memfd"), nullptr;
+    void* tmp = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (tmp == MAP_FAILED) return ::close(fd), set_error(errno, "mmap"), nullptr;
+    std::memcpy(tmp, reinterpret_cast<void*>(start), len);
+    ::munmap(tmp, len);
+    if (::mmap(reinterpret_cast<void*>(start), len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED)
+      return ::close(fd), set_error(errno, "cannot remap the memory onto shared memory"), nullptr;
+    ctx->bufs.push_back({reinterpret_cast<std::uint8_t*>(start), len, fd});
+    b = &ctx->bufs.back();
+  }
+  // The daemon maps whole pages: register from the page holding addr.
+  const auto page = reinterpret_cast<std::uintptr_t>(addr) & ~std::uintptr_t{4095};
+  const std::size_t off = page - reinterpret_cast<std::uintptr_t>(b->addr);
+  const std::size_t span = ((reinterpret_cast<std::uintptr_t>(addr) + length + 4095) & ~std::uintptr_t{4095}) - page;
+  uroce_reg_mr_msg m{pd->handle, static_cast<std::uint32_t>(access), page, span, off};
+  uroce_reg_mr_reply r{};
+  if (call(ctx, UROCE_MSG_REG_MR, &m, sizeof m, b->fd, &r, sizeof r) != 0) return nullptr;
+  return new uroce_mr{pd, r.handle, r.lkey, r.rkey};
+}
+
+int uroce_dereg_mr(uroce_mr* mr) {
+  if (!mr) return EINVAL;
+  uroce_destroy_msg d{UROCE_OBJ_MR, mr->handle};
+  const int rc = call(mr->pd->ctx, UROCE_MSG_DESTROY, &d, sizeof d, -1, nullptr, 0);
+  if (rc == 0) delete mr;
+  return rc;
+}
+
+std::uint32_t uroce_mr_lkey(const uroce_mr* mr) { return mr->lkey; }
+std::uint32_t uroce_mr_rkey(const uroce_mr* mr) { return mr->rkey; }
+
+uroce_cq* uroce_create_cq(uroce_context* ctx, int cqe) {
+  if (!ctx || cqe <= 0) return set_error(EINVAL, "cqe must be positive"), nullptr;
+  uroce_create_cq_msg m{static_cast<std::uint32_t>(cqe)};
+  uroce_handle_reply r{};
+  int fd = -1;
+  if (call(ctx, UROCE_MSG_CREATE_CQ, &m, sizeof m, -1, &r, sizeof r, &fd) != 0) return nullptr;
+  if (fd < 0) return set_error(EPROTO, "no CQ ring from uroced"), nullptr;
+  const off_t len = ::lseek(fd, 0, SEEK_END);
+  void* map = ::mmap(nullptr, static_cast<std::size_t>(len), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (map == MAP_FAILED) return set_error(errno, "cannot map the CQ ring"), nullptr;
+  auto cq = new uroce_cq{ctx, r.handle, map, static_cast<std::size_t>(len), {}};
+  const auto e = uroce::abi::Ring<uroce_cq_entry>::attach(map, cq->map_len, UROCE_RING_CQ, cq->ring);
+  if (e != uroce::abi::AttachError::kOk) {
+    ::munmap(map, cq->map_len);
+    delete cq;
+    return set_error(EPROTO, uroce::abi::to_string(e)), nullptr;
+  }
+  return cq;
+}
+
+uroce_qp* uroce_create_qp(uroce_pd* pd, uroce_qp_init_attr* a) {
+  if (!pd || !a || !a->send_cq || !a->recv_cq) return set_error(EINVAL, "PD and both CQs are required"), nullptr;
+  if (a->cap.max_send_sge > UROCE_ABI_MAX_SGE || a->cap.max_recv_sge > UROCE_ABI_MAX_SGE)
+    return set_error(EINVAL, "at most 4 SGEs"), nullptr;
+  uroce_create_qp_msg m{pd->handle, a->send_cq->handle, a->recv_cq->handle, static_cast<std::uint32_t>(a->qp_type),
+                    a->cap.max_send_wr, a->cap.max_recv_wr, static_cast<std::uint32_t>(a->sq_sig_all)};
+  uroce_create_qp_reply r{};
+  int fd = -1;
+  if (call(pd->ctx, UROCE_MSG_CREATE_QP, &m, sizeof m, -1, &r, sizeof r, &fd) != 0) return nullptr;
+  if (fd < 0) return set_error(EPROTO, "no QP rings from uroced"), nullptr;
+  const off_t len = ::lseek(fd, 0, SEEK_END);
+  void* map = ::mmap(nullptr, static_cast<std::size_t>(len), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (map == MAP_FAILED) return set_error(errno, "cannot map the QP rings"), nullptr;
+  auto qp = new uroce_qp{pd->ctx, r.handle, r.qpn, map, static_cast<std::size_t>(len), {}, {}};
+  using uroce::abi::AttachError;
+  if (uroce::abi::Ring<uroce_send_entry>::attach(map, r.rq_offset, UROCE_RING_SEND, qp->sq) != AttachError::kOk ||
+      uroce::abi::Ring<uroce_recv_entry>::attach(static_cast<std::uint8_t*>(map) + r.rq_offset,
+                                                 static_cast<std::size_t>(len) - r.rq_offset, UROCE_RING_RECV,
+                                                 qp->rq) != AttachError::kOk) {
+    ::munmap(map, qp->map_len);
+    delete qp;
+    return set_error(EPROTO, "bad QP rings from uroced"), nullptr;
+  }
+  return qp;
+}
+
+std::uint32_t uroce_qp_num(const uroce_qp* qp) { return qp->qpn; }
+
+int uroce_modify_qp(uroce_qp* qp, ibv_qp_attr* a, int mask) {
+  if (!qp || !a) return set_error(EINVAL, "no QP or attributes");
+  uroce_modify_qp_msg m{};
+  m.qp = qp->handle;
+  m.mask = mask;
+  m.qp_state = a->qp_state;
+  m.path_mtu = (mask & IBV_QP_PATH_MTU) ? a->path_mtu : 0;
+  m.qkey = a->qkey;
+  m.rq_psn = a->rq_psn;
+  m.sq_psn = a->sq_psn;
+  m.dest_qp_num = a->dest_qp_num;
+  m.qp_access_flags = a->qp_access_flags;
+  std::memcpy(m.dgid, a->ah_attr.grh.dgid.raw, 16);
+  m.traffic_class = a->ah_attr.grh.traffic_class;
+  m.max_rd_atomic = a->max_rd_atomic;
+  m.max_dest_rd_atomic = a->max_dest_rd_atomic;
+  m.min_rnr_timer = a->min_rnr_timer;
+  m.port_num = a->port_num;
+  m.timeout = a->timeout;
+  m.retry_cnt = a->retry_cnt;
+  m.rnr_retry = a->rnr_retry;
+  m.pkey_index = a->pkey_index;
+  return call(qp->ctx, UROCE_MSG_MODIFY_QP, &m, sizeof m, -1, nullptr, 0);
+}
+
+int uroce_destroy_qp(uroce_qp* qp) {
+  if (!qp) return EINVAL;
+  uroce_destroy_msg d{UROCE_OBJ_QP, qp->handle};
+  const int rc = call(qp->ctx, UROCE_MSG_DESTROY, &d, sizeof d, -1, nullptr, 0);
+  if (rc == 0) {
+    ::munmap(qp->map, qp->map_len);
+    delete qp;
+  }
+  return rc;
+}
+
+int uroce_post_send(uroce_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
+  for (; wr; wr = wr->next) {
+    if (wr->num_sge < 0 || wr->num_sge > UROCE_ABI_MAX_SGE || (wr->send_flags & IBV_SEND_INLINE)) {
+      if (bad) *bad = wr;
+      return set_error(EINVAL, "too many SGEs, or inline data (not offered yet)");
+    }
+    uroce_send_entry e{};
+    e.wr_id = wr->wr_id;
+    e.opcode = static_cast<std::uint8_t>(wr->opcode);
+    e.num_sge = static_cast<std::uint8_t>(wr->num_sge);
+    e.send_flags = static_cast<std::uint16_t>(wr->send_flags);
+    if (wr->opcode == IBV_WR_SEND_WITH_IMM || wr->opcode == IBV_WR_RDMA_WRITE_WITH_IMM) e.imm_or_inv = ntohl(wr->imm_data);
+    if (wr->opcode == IBV_WR_SEND_WITH_INV) e.imm_or_inv = wr->invalidate_rkey;
+    if (wr->opcode == IBV_WR_ATOMIC_CMP_AND_SWP || wr->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) {
+      e.remote_addr = wr->wr.atomic.remote_addr;
+      e.rkey = wr->wr.atomic.rkey;
+      e.compare_add = wr->wr.atomic.compare_add;
+      e.swap = wr->wr.atomic.swap;
+    } else {
+      e.remote_addr = wr->wr.rdma.remote_addr;
+      e.rkey = wr->wr.rdma.rkey;
+    }
+    for (int i = 0; i < wr->num_sge; ++i)
+      e.sg_list[i] = {wr->sg_list[i].addr, wr->sg_list[i].length, wr->sg_list[i].lkey};
+    if (!qp->sq.push(e)) {
+      if (bad) *bad = wr;
+      return set_error(ENOMEM, "send queue full");
+    }
+  }
+  return 0;
+}
+
+int uroce_post_recv(uroce_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
+  for (; wr; wr = wr->next) {
+    if (wr->num_sge < 0 || wr->num_sge > UROCE_ABI_MAX_SGE) {
+      if (bad) *bad = wr;
+      return set_error(EINVAL, "too many SGEs");
+    }
+    uroce_recv_entry e{};
+    e.wr_id = wr->wr_id;
+    e.num_sge = static_cast<std::uint32_t>(wr->num_sge);
+    for (int i = 0; i < wr->num_sge; ++i)
+      e.sg_list[i] = {wr->sg_list[i].addr, wr->sg_list[i].length, wr->sg_list[i].lkey};
+    if (!qp->rq.push(e)) {
+      if (bad) *bad = wr;
+      return set_error(ENOMEM, "receive queue full");
+    }
+  }
+  return 0;
+}
+
+int uroce_poll_cq(uroce_cq* cq, int num, ibv_wc* wc) {
+  int n = 0;
+  uroce_cq_entry e;
+  while (n < num && cq->ring.pop(e)) {
+    ibv_wc& w = wc[n++];
+    w = ibv_wc{};
+    w.wr_id = e.wr_id;
+    w.status = static_cast<ibv_wc_status>(e.status);
+    w.opcode = static_cast<ibv_wc_opcode>(e.opcode);
+    w.byte_len = e.byte_len;
+    w.imm_data = e.imm_or_inv;
+    w.qp_num = e.qp_num;
+    w.src_qp = e.src_qp;
+    w.wc_flags = e.wc_flags;
+  }
+  return n;
+}
+
+}  // extern "C"

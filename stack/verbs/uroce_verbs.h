@@ -1,0 +1,77 @@
+/*
+ * liburoce: the verbs-like application library of uroce.
+ *
+ * Names and semantics follow rdma-core's infiniband/verbs.h, and the work
+ * request, completion and QP attribute structs are rdma-core's own, so a
+ * verbs program ports by renaming ibv_ calls to uroce_ ones.
+ *
+ * The fast path (uroce_post_send, uroce_post_recv, uroce_poll_cq) writes and
+ * reads rings in memory shared with uroced: no system call, no copy.
+ * Registered memory is shared too: allocate it with uroce_alloc_buf, or
+ * register ordinary memory, which is then remapped in place onto shared
+ * memory (its contents are kept; whole pages are remapped, so keep MRs on
+ * page-aligned buffers of their own).
+ *
+ * Errors: functions returning pointers return NULL and set errno; functions
+ * returning int return 0 or an errno value. uroce_last_error() gives the
+ * reason in words (per thread).
+ */
+#ifndef UROCE_VERBS_H
+#define UROCE_VERBS_H
+
+#include <infiniband/verbs.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct uroce_context;
+struct uroce_pd;
+struct uroce_mr;
+struct uroce_cq;
+struct uroce_qp;
+
+struct uroce_qp_init_attr {
+  struct uroce_cq* send_cq;
+  struct uroce_cq* recv_cq;
+  enum ibv_qp_type qp_type; /* IBV_QPT_RC or IBV_QPT_UC */
+  struct ibv_qp_cap cap;    /* max_send_wr, max_recv_wr (max_send_sge/max_recv_sge <= 4) */
+  int sq_sig_all;
+};
+
+/* Attach to a daemon's application socket; checks the ABI version. */
+struct uroce_context* uroce_open_device(const char* socket_path);
+int uroce_close_device(struct uroce_context* ctx);
+/* The daemon's GID (its RoCE address; IPv4-mapped for IPv4). */
+int uroce_query_gid(struct uroce_context* ctx, uint8_t port_num, int index, union ibv_gid* gid);
+
+struct uroce_pd* uroce_alloc_pd(struct uroce_context* ctx);
+
+/* Shared memory for buffers: page-aligned, zeroed. */
+void* uroce_alloc_buf(struct uroce_context* ctx, size_t length);
+
+struct uroce_mr* uroce_reg_mr(struct uroce_pd* pd, void* addr, size_t length, int access);
+int uroce_dereg_mr(struct uroce_mr* mr);
+uint32_t uroce_mr_lkey(const struct uroce_mr* mr);
+uint32_t uroce_mr_rkey(const struct uroce_mr* mr);
+
+struct uroce_cq* uroce_create_cq(struct uroce_context* ctx, int cqe);
+
+struct uroce_qp* uroce_create_qp(struct uroce_pd* pd, struct uroce_qp_init_attr* attr);
+uint32_t uroce_qp_num(const struct uroce_qp* qp);
+int uroce_modify_qp(struct uroce_qp* qp, struct ibv_qp_attr* attr, int attr_mask);
+int uroce_destroy_qp(struct uroce_qp* qp);
+
+int uroce_post_send(struct uroce_qp* qp, struct ibv_send_wr* wr, struct ibv_send_wr** bad_wr);
+int uroce_post_recv(struct uroce_qp* qp, struct ibv_recv_wr* wr, struct ibv_recv_wr** bad_wr);
+int uroce_poll_cq(struct uroce_cq* cq, int num_entries, struct ibv_wc* wc);
+
+const char* uroce_last_error(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* UROCE_VERBS_H */

@@ -1,0 +1,289 @@
+// Applications over liburoce against two running uroced.
+//
+//   app_pair ops SOCK_A SOCK_B      every operation between two applications, data verified
+//   app_pair hostile SOCK_A SOCK_B  another session's handle, a guessed rkey, an ABI mismatch
+//   app_pair crash SOCK_A           create resources, then die without cleaning up
+//
+// Prints "N passed, M failed"; exits 0 only if nothing failed.
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <arpa/inet.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "stack/abi/session_proto.h"
+#include "stack/verbs/uroce_verbs.h"
+
+namespace {
+
+int g_pass = 0, g_fail = 0;
+void check(bool ok, const std::string& what) {
+  if (ok) ++g_pass;
+  else {
+    ++g_fail;
+    std::printf("FAIL: %s (%s)\n", what.c_str(), uroce_last_error());
+  }
+}
+
+struct End {
+  uroce_context* ctx = nullptr;
+  uroce_pd* pd = nullptr;
+  uroce_cq* cq = nullptr;
+  uroce_qp* qp = nullptr;
+  std::uint8_t* buf = nullptr;
+  uroce_mr* mr = nullptr;
+  ibv_gid gid{};
+};
+
+constexpr std::size_t kBuf = 1 << 20;
+
+bool open_end(End& e, const char* sock, bool ordinary_memory) {
+  e.ctx = uroce_open_device(sock);
+  if (!e.ctx) return false;
+  e.pd = uroce_alloc_pd(e.ctx);
+  if (ordinary_memory) {
+    e.buf = static_cast<std::uint8_t*>(std::aligned_alloc(4096, kBuf));  // plain heap memory, remapped at reg_mr
+    std::memset(e.buf, 0x77, kBuf);
+  } else {
+    e.buf = static_cast<std::uint8_t*>(uroce_alloc_buf(e.ctx, kBuf));
+  }
+  e.mr = uroce_reg_mr(e.pd, e.buf, kBuf,
+                      IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+                          IBV_ACCESS_REMOTE_ATOMIC);
+  if (ordinary_memory) check(e.buf[12345] == 0x77, "ordinary memory keeps its contents when remapped");
+  e.cq = uroce_create_cq(e.ctx, 256);
+  uroce_qp_init_attr ia{};
+  ia.send_cq = ia.recv_cq = e.cq;
+  ia.qp_type = IBV_QPT_RC;
+  ia.cap.max_send_wr = 64;
+  ia.cap.max_recv_wr = 64;
+  e.qp = uroce_create_qp(e.pd, &ia);
+  uroce_query_gid(e.ctx, 1, 0, &e.gid);
+  return e.pd && e.mr && e.cq && e.qp;
+}
+
+bool connect(End& me, const End& peer) {
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_INIT;
+  a.port_num = 1;
+  a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+  if (uroce_modify_qp(me.qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) return false;
+  a = ibv_qp_attr{};
+  a.qp_state = IBV_QPS_RTR;
+  a.path_mtu = IBV_MTU_1024;
+  a.dest_qp_num = uroce_qp_num(peer.qp);
+  a.rq_psn = 0x77;
+  a.max_dest_rd_atomic = 4;
+  a.min_rnr_timer = 12;
+  a.ah_attr.is_global = 1;
+  a.ah_attr.grh.dgid = peer.gid;
+  if (uroce_modify_qp(me.qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                                     IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+    return false;
+  a = ibv_qp_attr{};
+  a.qp_state = IBV_QPS_RTS;
+  a.sq_psn = 0x77;
+  a.timeout = 12;
+  a.retry_cnt = 7;
+  a.rnr_retry = 7;
+  a.max_rd_atomic = 4;
+  return uroce_modify_qp(me.qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+                                        IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC) == 0;
+}
+
+/// Waits (bounded) for one completion on `e`.
+bool wait_wc(End& e, ibv_wc& wc, int ms = 5000) {
+  for (int i = 0; i < ms * 10; ++i) {
+    if (uroce_poll_cq(e.cq, 1, &wc) == 1) return true;
+    usleep(100);
+  }
+  return false;
+}
+
+ibv_send_wr wr_to(const End& peer, std::uint64_t id, ibv_wr_opcode op, ibv_sge* sge, std::uint64_t roff) {
+  ibv_send_wr w{};
+  w.wr_id = id;
+  w.opcode = op;
+  w.send_flags = IBV_SEND_SIGNALED;
+  w.sg_list = sge;
+  w.num_sge = 1;
+  w.wr.rdma.remote_addr = reinterpret_cast<std::uint64_t>(peer.buf) + roff;
+  w.wr.rdma.rkey = uroce_mr_rkey(peer.mr);
+  return w;
+}
+
+int ops(const char* sa, const char* sb) {
+  End a, b;
+  check(open_end(a, sa, false), "application A opens uroced A, shared buffers");
+  check(open_end(b, sb, true), "application B opens uroced B, ordinary memory");
+  check(connect(a, b) && connect(b, a), "QPs connected");
+  if (g_fail) return 1;
+  for (int i = 0; i < 8192; ++i) a.buf[i] = static_cast<std::uint8_t>(i * 13 + 1);
+  ibv_wc wc{};
+  // SEND with immediate.
+  ibv_sge rs{reinterpret_cast<std::uint64_t>(b.buf) + 65536, 8192, uroce_mr_lkey(b.mr)};
+  ibv_recv_wr rw{};
+  rw.wr_id = 11;
+  rw.sg_list = &rs;
+  rw.num_sge = 1;
+  check(uroce_post_recv(b.qp, &rw, nullptr) == 0, "post_recv");
+  ibv_sge ss{reinterpret_cast<std::uint64_t>(a.buf), 5000, uroce_mr_lkey(a.mr)};
+  ibv_send_wr sw = wr_to(b, 1, IBV_WR_SEND_WITH_IMM, &ss, 0);
+  sw.imm_data = htonl(0xabcd1234);
+  check(uroce_post_send(a.qp, &sw, nullptr) == 0, "post_send SEND");
+  check(wait_wc(b, wc) && wc.status == IBV_WC_SUCCESS && wc.byte_len == 5000 && wc.wr_id == 11 &&
+            (wc.wc_flags & IBV_WC_WITH_IMM) && ntohl(wc.imm_data) == 0xabcd1234,
+        "SEND received with its immediate");
+  check(std::memcmp(b.buf + 65536, a.buf, 5000) == 0, "SEND payload verified");
+  check(wait_wc(a, wc) && wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_SEND, "SEND completed");
+  // WRITE, then READ it back.
+  ibv_send_wr ww = wr_to(b, 2, IBV_WR_RDMA_WRITE, &ss, 200000);
+  check(uroce_post_send(a.qp, &ww, nullptr) == 0 && wait_wc(a, wc) && wc.status == IBV_WC_SUCCESS, "WRITE completed");
+  check(std::memcmp(b.buf + 200000, a.buf, 5000) == 0, "WRITE landed in B's (remapped) memory");
+  ibv_sge rd{reinterpret_cast<std::uint64_t>(a.buf) + 300000, 5000, uroce_mr_lkey(a.mr)};
+  ibv_send_wr rr = wr_to(b, 3, IBV_WR_RDMA_READ, &rd, 200000);
+  check(uroce_post_send(a.qp, &rr, nullptr) == 0 && wait_wc(a, wc) && wc.status == IBV_WC_SUCCESS &&
+            wc.opcode == IBV_WC_RDMA_READ,
+        "READ completed");
+  check(std::memcmp(a.buf + 300000, a.buf, 5000) == 0, "READ data verified");
+  // Atomics.
+  std::uint64_t v = 100;
+  std::memcpy(b.buf + 400000, &v, 8);
+  ibv_sge as{reinterpret_cast<std::uint64_t>(a.buf) + 500000, 8, uroce_mr_lkey(a.mr)};
+  ibv_send_wr fa{};
+  fa.wr_id = 4;
+  fa.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
+  fa.send_flags = IBV_SEND_SIGNALED;
+  fa.sg_list = &as;
+  fa.num_sge = 1;
+  fa.wr.atomic.remote_addr = reinterpret_cast<std::uint64_t>(b.buf) + 400000;
+  fa.wr.atomic.rkey = uroce_mr_rkey(b.mr);
+  fa.wr.atomic.compare_add = 5;
+  check(uroce_post_send(a.qp, &fa, nullptr) == 0 && wait_wc(a, wc) && wc.status == IBV_WC_SUCCESS, "FETCH_ADD completed");
+  std::uint64_t orig, now_v;
+  std::memcpy(&orig, a.buf + 500000, 8);
+  std::memcpy(&now_v, b.buf + 400000, 8);
+  check(orig == 100 && now_v == 105, "FETCH_ADD returned 100 and left 105");
+  fa.opcode = IBV_WR_ATOMIC_CMP_AND_SWP;
+  fa.wr.atomic.compare_add = 105;
+  fa.wr.atomic.swap = 7;
+  check(uroce_post_send(a.qp, &fa, nullptr) == 0 && wait_wc(a, wc) && wc.status == IBV_WC_SUCCESS, "CMP_SWAP completed");
+  std::memcpy(&now_v, b.buf + 400000, 8);
+  check(now_v == 7, "CMP_SWAP swapped");
+  // A burst: 1,000 WRITEs through the ring, completions counted.
+  int posted = 0, done = 0;
+  while (done < 1000) {
+    while (posted < 1000 && posted - done < 32) {
+      ibv_send_wr w = wr_to(b, 100 + static_cast<std::uint64_t>(posted), IBV_WR_RDMA_WRITE, &ss, 600000);
+      if (uroce_post_send(a.qp, &w, nullptr) != 0) break;
+      ++posted;
+    }
+    int n = uroce_poll_cq(a.cq, 1, &wc);
+    if (n == 1) {
+      if (wc.status != IBV_WC_SUCCESS) break;
+      ++done;
+    }
+  }
+  check(done == 1000, "1,000 WRITEs through the shared rings");
+  // A bad lkey is a local protection error, delivered as a completion.
+  ibv_sge bad{reinterpret_cast<std::uint64_t>(a.buf), 64, uroce_mr_lkey(a.mr) ^ 0x80};
+  ibv_send_wr bw = wr_to(b, 9, IBV_WR_RDMA_WRITE, &bad, 0);
+  check(uroce_post_send(a.qp, &bw, nullptr) == 0 && wait_wc(a, wc) && wc.status == IBV_WC_LOC_PROT_ERR,
+        "a bad lkey completes with LOC_PROT_ERR");
+  uroce_close_device(a.ctx);
+  uroce_close_device(b.ctx);
+  std::printf("%d passed, %d failed\n", g_pass, g_fail);
+  return g_fail ? 1 : 0;
+}
+
+/// A raw session, to send what liburoce never would.
+int raw_session(const char* sock, std::uint16_t major) {
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::strncpy(a.sun_path, sock, sizeof a.sun_path - 1);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return -1;
+  std::uint8_t out[64];
+  uroce_msg_hdr h{UROCE_MSG_MAGIC, major, UROCE_MSG_HELLO, sizeof(uroce_hello_msg), 1};
+  uroce_hello_msg hello{major, 0, 1};
+  std::memcpy(out, &h, sizeof h);
+  std::memcpy(out + sizeof h, &hello, sizeof hello);
+  (void)::send(fd, out, sizeof h + sizeof hello, 0);
+  return fd;
+}
+
+int raw_reply_err(int fd) {
+  std::uint8_t in[UROCE_MSG_MAX];
+  const ssize_t n = ::recv(fd, in, sizeof in, 0);
+  if (n < static_cast<ssize_t>(sizeof(uroce_msg_hdr) + sizeof(uroce_reply_status))) return -1;
+  uroce_reply_status st;
+  std::memcpy(&st, in + sizeof(uroce_msg_hdr), sizeof st);
+  return st.err;
+}
+
+int hostile(const char* sa, const char* sb) {
+  End a, b;
+  check(open_end(a, sa, false) && open_end(b, sb, false) && connect(a, b) && connect(b, a), "set up");
+  // ABI version mismatch: refused.
+  int fd = raw_session(sa, UROCE_ABI_MAJOR + 1);
+  check(fd >= 0 && raw_reply_err(fd) == EPROTO, "an ABI major mismatch is refused (EPROTO)");
+  ::close(fd);
+  // Another session's QP handle: handles are per session.
+  fd = raw_session(sa, UROCE_ABI_MAJOR);
+  check(raw_reply_err(fd) == 0, "a second session says hello");
+  std::uint8_t out[128];
+  uroce_modify_qp_msg m{};
+  m.qp = 1;  // low handles exist in the first session: try a few
+  m.mask = IBV_QP_STATE;
+  m.qp_state = IBV_QPS_ERR;
+  bool refused_all = true;
+  for (std::uint32_t hdl = 1; hdl < 16; ++hdl) {
+    m.qp = hdl;
+    uroce_msg_hdr h{UROCE_MSG_MAGIC, UROCE_ABI_MAJOR, UROCE_MSG_MODIFY_QP, sizeof m, 2 + hdl};
+    std::memcpy(out, &h, sizeof h);
+    std::memcpy(out + sizeof h, &m, sizeof m);
+    (void)::send(fd, out, sizeof h + sizeof m, 0);
+    refused_all = refused_all && raw_reply_err(fd) == EINVAL;
+  }
+  check(refused_all, "another session's QP handles are refused");
+  ::close(fd);
+  // The first session's QP is unharmed: traffic still flows.
+  ibv_sge ss{reinterpret_cast<std::uint64_t>(a.buf), 64, uroce_mr_lkey(a.mr)};
+  ibv_wc wc{};
+  ibv_send_wr w = wr_to(b, 1, IBV_WR_RDMA_WRITE, &ss, 0);
+  check(uroce_post_send(a.qp, &w, nullptr) == 0 && wait_wc(a, wc) && wc.status == IBV_WC_SUCCESS,
+        "the victim's QP still works");
+  // A guessed rkey (right index, wrong random byte): remote access error.
+  w = wr_to(b, 2, IBV_WR_RDMA_WRITE, &ss, 0);
+  w.wr.rdma.rkey = uroce_mr_rkey(b.mr) ^ 0x5a;
+  check(uroce_post_send(a.qp, &w, nullptr) == 0 && wait_wc(a, wc) && wc.status == IBV_WC_REM_ACCESS_ERR,
+        "a guessed rkey is refused (REM_ACCESS_ERR)");
+  uroce_close_device(a.ctx);
+  uroce_close_device(b.ctx);
+  std::printf("%d passed, %d failed\n", g_pass, g_fail);
+  return g_fail ? 1 : 0;
+}
+
+int crash(const char* sa) {
+  End a;
+  if (!open_end(a, sa, false)) return 1;
+  std::printf("created QP 0x%06x, now dying without cleaning up\n", uroce_qp_num(a.qp));
+  std::fflush(stdout);
+  std::abort();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc >= 4 && std::string(argv[1]) == "ops") return ops(argv[2], argv[3]);
+  if (argc >= 4 && std::string(argv[1]) == "hostile") return hostile(argv[2], argv[3]);
+  if (argc >= 3 && std::string(argv[1]) == "crash") return crash(argv[2]);
+  std::fprintf(stderr, "usage: app_pair ops|hostile SOCK_A SOCK_B | crash SOCK_A\n");
+  return 2;
+}

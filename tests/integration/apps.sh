@@ -1,0 +1,40 @@
+#!/bin/bash
+# Applications on liburoce against two uroced over memif: every operation,
+# hostile sessions, an application that crashes, and several at once.
+. "$(dirname "$0")/lib.sh"
+need_root
+APP=${APP_PAIR:?path to app_pair}
+start_daemon "" da --port net_memif0 --vdev "net_memif0,role=server,socket=$TMP/m.sock" --ip 10.94.0.1 --lcore 0 \
+  --app-socket "$TMP/a.app" --ctl-socket "$TMP/a.ctl"
+sleep 1
+start_daemon "" db --port net_memif0 --vdev "net_memif0,role=client,socket=$TMP/m.sock" --ip 10.94.0.2 --lcore 1 \
+  --app-socket "$TMP/b.app" --ctl-socket "$TMP/b.ctl"
+for i in $(seq 1 50); do [ -S "$TMP/a.app" ] && [ -S "$TMP/b.app" ] && break; sleep 0.1; done
+# The daemons find each other by ARP when a QP goes to RTR: prime it.
+check "application socket is owner/group only (0660)" "[ \$(stat -c %a '$TMP/a.app') = 660 ]"
+
+echo "== every operation, two applications on two daemons"
+"$APP" ops "$TMP/a.app" "$TMP/b.app" > "$TMP/ops.out" 2>&1; rc=$?
+tail -3 "$TMP/ops.out" | sed 's/^/  /'
+check "ops: all checks passed" "[ $rc -eq 0 ] && grep -qE '^[1-9][0-9]* passed, 0 failed' '$TMP/ops.out'"
+
+echo "== hostile sessions"
+"$APP" hostile "$TMP/a.app" "$TMP/b.app" > "$TMP/hostile.out" 2>&1; rc=$?
+tail -3 "$TMP/hostile.out" | sed 's/^/  /'
+check "hostile: all refused, victims unharmed" "[ $rc -eq 0 ] && grep -qE '^[1-9][0-9]* passed, 0 failed' '$TMP/hostile.out'"
+
+echo "== an application crashes holding a QP, MR and CQ"
+( "$APP" crash "$TMP/a.app" > "$TMP/crash.out" 2>&1 ) 2>/dev/null  # it aborts on purpose
+sleep 0.5
+st=$(ctl "$TMP/a.ctl" status)
+echo "  after the crash: sessions=$(jget "$st" sessions) qps=$(jget "$st" pipeline.qps)"
+check "crash: the session and its QP are gone" "[ $(jget "$st" sessions) -eq 0 ] && [ $(jget "$st" pipeline.qps) -eq 0 ]"
+
+echo "== four applications at once"
+pids=""
+for i in 1 2 3 4; do "$APP" ops "$TMP/a.app" "$TMP/b.app" > "$TMP/many$i.out" 2>&1 & pids="$pids $!"; done
+okc=0; for p in $pids; do wait $p && okc=$((okc+1)); done
+check "many: all four passed" "[ $okc -eq 4 ]"
+st=$(ctl "$TMP/a.ctl" status)
+check "many: everything released afterwards" "[ $(jget "$st" sessions) -eq 0 ] && [ $(jget "$st" pipeline.qps) -eq 0 ]"
+finish
