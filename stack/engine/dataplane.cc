@@ -104,11 +104,15 @@ std::size_t Dataplane::iterate(std::uint64_t now) {
 
 void Dataplane::idle(std::size_t work) {
   if (work != 0 || idle_cfg_.max_sleep_us == 0) {
-    idle_iters_ = 0;
+    idle_since_ = 0;
     sleep_us_ = 0;
     return;
   }
-  if (++idle_iters_ < idle_cfg_.spin_iterations) return;
+  timespec now{};
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  const std::uint64_t t = static_cast<std::uint64_t>(now.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(now.tv_nsec);
+  if (idle_since_ == 0) idle_since_ = t;
+  if (t - idle_since_ < std::uint64_t{idle_cfg_.spin_us} * 1000) return;  // recently busy: keep spinning
   // Idle for a while: back off, doubling, so an idle daemon does not burn a
   // core; any work resets it, so a busy daemon never sleeps.
   sleep_us_ = sleep_us_ == 0 ? idle_cfg_.min_sleep_us : std::min(sleep_us_ * 2, idle_cfg_.max_sleep_us);

@@ -43,9 +43,10 @@ inline constexpr const char* kDpCounterNames[] = {
 };
 
 struct IdleConfig {
-  /// Empty iterations before the first sleep; then sleeps double from
-  /// min_sleep_us up to max_sleep_us. max_sleep_us 0 = always busy-poll.
-  std::uint32_t spin_iterations = 2000;
+  /// After spin_us of continuous idleness, sleeps start at min_sleep_us and
+  /// double up to max_sleep_us. Any work resets this. max_sleep_us 0 means
+  /// always busy-poll.
+  std::uint32_t spin_us = 100;
   std::uint32_t min_sleep_us = 1;
   std::uint32_t max_sleep_us = 200;
 };
@@ -93,7 +94,7 @@ class Dataplane {
   AppHook app_ = nullptr;
   void* app_ctx_ = nullptr;
   IdleConfig idle_cfg_{};
-  std::uint32_t idle_iters_ = 0;
+  std::uint64_t idle_since_ = 0;  // ns; 0 = busy
   std::uint32_t sleep_us_ = 0;
   std::uint64_t ctr_[static_cast<std::size_t>(DpCounter::kCount)] = {};
   std::uint8_t reply_[2048];

@@ -46,6 +46,40 @@ void run_stream(benchmark::State& st, ibv_wr_opcode op, std::uint32_t len, ibv_m
       benchmark::Counter(static_cast<double>(done) * len * 8 / 1e9, benchmark::Counter::kIsRate);
 }
 
+// Half round trip of an 8-byte SEND ping-pong, engines only (no rings, no
+// daemon, no wire driver): the baseline for the full-path figure.
+void BM_PingPong8HalfRtt(benchmark::State& st) {
+  Loopback lb(IBV_MTU_1024, 1024, 1u << 20);
+  Side* s[2] = {&lb.side[0], &lb.side[1]};
+  Sge sg[2], rg[2];
+  for (int i = 0; i < 2; ++i) {
+    sg[i] = Sge{reinterpret_cast<std::uint64_t>(s[i]->mem.data()), 8, s[i]->mr->lkey};
+    rg[i] = Sge{reinterpret_cast<std::uint64_t>(s[i]->mem.data()) + 4096, 64, s[i]->mr->lkey};
+    for (int k = 0; k < 512; ++k) s[i]->eng->post_recv(s[i]->qp, RecvWr{0, {&rg[i], 1}});
+  }
+  ibv_wc wc[8];
+  auto one_way = [&](int from) {
+    SendWr wr;
+    wr.opcode = IBV_WR_SEND;
+    wr.sg_list = {&sg[from], 1};
+    s[from]->eng->post_send(s[from]->qp, wr);
+    for (;;) {
+      lb.pump();
+      const int n = s[1 - from]->eng->poll_cq(s[1 - from]->cq, wc);
+      bool got = false;
+      for (int i = 0; i < n; ++i) got = got || wc[i].opcode == IBV_WC_RECV;
+      if (got) break;
+    }
+    s[1 - from]->eng->post_recv(s[1 - from]->qp, RecvWr{0, {&rg[1 - from], 1}});
+  };
+  for (auto _ : st) {
+    one_way(0);
+    one_way(1);
+  }
+  // One iteration is one round trip: half of Time is the half-RTT.
+}
+BENCHMARK(BM_PingPong8HalfRtt)->MinTime(1.0);
+
 void BM_Write8(benchmark::State& st) { run_stream(st, IBV_WR_RDMA_WRITE, 8, IBV_MTU_1024, 256); }
 void BM_Send8(benchmark::State& st) { run_stream(st, IBV_WR_SEND, 8, IBV_MTU_1024, 256); }
 void BM_Write64K(benchmark::State& st) { run_stream(st, IBV_WR_RDMA_WRITE, 65536, IBV_MTU_4096, 32); }
