@@ -10,6 +10,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include "stack/abi/fd_msg.h"
+
 namespace uroce::control {
 
 namespace asio = boost::asio;
@@ -115,32 +117,15 @@ void SessionServer::wait_read(const std::shared_ptr<Session>& s) {
 }
 
 void SessionServer::on_readable(const std::shared_ptr<Session>& s) {
-  // recvmsg, for the file descriptors that come with a request.
   std::uint8_t buf[UROCE_MSG_MAX];
-  alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int) * 4)];
-  iovec iov{buf, sizeof buf};
-  msghdr mh{};
-  mh.msg_iov = &iov;
-  mh.msg_iovlen = 1;
-  mh.msg_control = ctrl;
-  mh.msg_controllen = sizeof ctrl;
-  const ssize_t n = ::recvmsg(s->sock.native_handle(), &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+  const ssize_t n = abi::recv_with_fds(s->sock.native_handle(), buf, sizeof buf, MSG_DONTWAIT,
+                                       [&](int fd) { s->in_fds.push_back(fd); });
   if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
     close(*s);  // the application exited or crashed
     sessions_.erase(s->id);
     return;
   }
   if (n > 0) {
-    for (cmsghdr* c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
-      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-        const std::size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        for (std::size_t i = 0; i < k; ++i) {
-          int fd;
-          std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
-          s->in_fds.push_back(fd);
-        }
-      }
-    }
     s->in.insert(s->in.end(), buf, buf + n);
   }
   // Whole messages only; anything malformed ends the session (the daemon goes on).
@@ -181,21 +166,7 @@ void send_reply(int sock, const uroce_msg_hdr& req, int err, const std::string& 
   std::memcpy(out, &h, sizeof h);
   std::memcpy(out + sizeof h, &st, sizeof st);
   if (blen) std::memcpy(out + sizeof h + sizeof st, body, blen);
-  iovec iov{out, sizeof h + sizeof st + blen};
-  msghdr mh{};
-  mh.msg_iov = &iov;
-  mh.msg_iovlen = 1;
-  alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int))];
-  if (fd >= 0) {
-    mh.msg_control = ctrl;
-    mh.msg_controllen = sizeof ctrl;
-    cmsghdr* c = CMSG_FIRSTHDR(&mh);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
-  }
-  (void)::sendmsg(sock, &mh, MSG_NOSIGNAL);
+  (void)abi::send_with_fd(sock, out, sizeof h + sizeof st + blen, fd);
 }
 
 }  // namespace

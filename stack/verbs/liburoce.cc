@@ -11,11 +11,13 @@
 #include <string>
 #include <vector>
 
+#include "stack/abi/fd_msg.h"
 #include "stack/abi/ring.h"
 #include "stack/abi/session_proto.h"
 #include "stack/verbs/uroce_verbs.h"
 
 namespace {
+namespace abi = uroce::abi;
 
 thread_local std::string t_error;
 
@@ -78,43 +80,17 @@ int call(uroce_context* ctx, std::uint16_t type, const void* body, std::uint32_t
   const uroce_msg_hdr h{UROCE_MSG_MAGIC, UROCE_ABI_MAJOR, type, blen, ++ctx->seq};
   std::memcpy(out, &h, sizeof h);
   if (blen) std::memcpy(out + sizeof h, body, blen);
-  iovec iov{out, sizeof h + blen};
-  msghdr mh{};
-  mh.msg_iov = &iov;
-  mh.msg_iovlen = 1;
-  alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int))];
-  if (fd_out >= 0) {
-    mh.msg_control = ctrl;
-    mh.msg_controllen = sizeof ctrl;
-    cmsghdr* c = CMSG_FIRSTHDR(&mh);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(c), &fd_out, sizeof fd_out);
-  }
-  if (::sendmsg(ctx->sock, &mh, MSG_NOSIGNAL) < 0) return set_error(errno, "cannot send to uroced");
+  if (abi::send_with_fd(ctx->sock, out, sizeof h + blen, fd_out) < 0) return set_error(errno, "cannot send to uroced");
   // The reply: header, status, body; a descriptor may ride with it.
   std::uint8_t in[UROCE_MSG_MAX];
   std::size_t got = 0, want = sizeof(uroce_msg_hdr);
   bool have_hdr = false;
   while (got < want) {
-    iovec riov{in + got, want - got};
-    msghdr rm{};
-    rm.msg_iov = &riov;
-    rm.msg_iovlen = 1;
-    alignas(cmsghdr) char rctrl[CMSG_SPACE(sizeof(int))];
-    rm.msg_control = rctrl;
-    rm.msg_controllen = sizeof rctrl;
-    const ssize_t n = ::recvmsg(ctx->sock, &rm, MSG_CMSG_CLOEXEC);
+    const ssize_t n = abi::recv_with_fds(ctx->sock, in + got, want - got, 0, [&](int fd) {
+      if (fd_in && *fd_in < 0) *fd_in = fd;
+      else ::close(fd);
+    });
     if (n <= 0) return set_error(n == 0 ? ECONNRESET : errno, "uroced closed the session");
-    for (cmsghdr* c = CMSG_FIRSTHDR(&rm); c; c = CMSG_NXTHDR(&rm, c)) {
-      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-        int fd;
-        std::memcpy(&fd, CMSG_DATA(c), sizeof fd);
-        if (fd_in) *fd_in = fd;
-        else ::close(fd);
-      }
-    }
     got += static_cast<std::size_t>(n);
     if (!have_hdr && got >= sizeof(uroce_msg_hdr)) {
       uroce_msg_hdr rh;
@@ -322,6 +298,38 @@ int uroce_modify_qp(uroce_qp* qp, ibv_qp_attr* a, int mask) {
   m.rnr_retry = a->rnr_retry;
   m.pkey_index = a->pkey_index;
   return call(qp->ctx, UROCE_MSG_MODIFY_QP, &m, sizeof m, -1, nullptr, 0);
+}
+
+int uroce_connect_qp(uroce_qp* qp, const uroce_rc_conn* c) {
+  if (!qp || !c) return set_error(EINVAL, "connect_qp: no QP or no connection parameters");
+  const auto pick = [](std::uint8_t v, std::uint8_t dflt) { return v != 0 ? v : dflt; };
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_INIT;
+  a.port_num = 1;
+  a.qp_access_flags = static_cast<unsigned>(c->access);
+  if (int rc = uroce_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
+    return rc;
+  a = ibv_qp_attr{};
+  a.qp_state = IBV_QPS_RTR;
+  a.path_mtu = c->path_mtu != 0 ? c->path_mtu : IBV_MTU_1024;
+  a.dest_qp_num = c->dest_qp_num;
+  a.rq_psn = c->rq_psn;
+  a.max_dest_rd_atomic = pick(c->max_rd_atomic, 4);
+  a.min_rnr_timer = pick(c->min_rnr_timer, 12);
+  a.ah_attr.is_global = 1;
+  a.ah_attr.grh.dgid = c->dgid;
+  if (int rc = uroce_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                                           IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+    return rc;
+  a = ibv_qp_attr{};
+  a.qp_state = IBV_QPS_RTS;
+  a.sq_psn = c->sq_psn;
+  a.timeout = pick(c->timeout, 14);
+  a.retry_cnt = pick(c->retry_cnt, 7);
+  a.rnr_retry = pick(c->rnr_retry, 7);
+  a.max_rd_atomic = pick(c->max_rd_atomic, 4);
+  return uroce_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                                     IBV_QP_MAX_QP_RD_ATOMIC);
 }
 
 int uroce_destroy_qp(uroce_qp* qp) {

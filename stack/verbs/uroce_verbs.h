@@ -64,6 +64,24 @@ uint32_t uroce_qp_num(const struct uroce_qp* qp);
 int uroce_modify_qp(struct uroce_qp* qp, struct ibv_qp_attr* attr, int attr_mask);
 int uroce_destroy_qp(struct uroce_qp* qp);
 
+/* Connecting an RC (or UC) QP to a peer whose QP number, GID and first PSN
+ * came out of band: RESET -> INIT -> RTR -> RTS in one call, as the
+ * ibv_*_pingpong examples do by hand. Zero fields take the default shown. */
+struct uroce_rc_conn {
+  uint32_t dest_qp_num;
+  union ibv_gid dgid;
+  uint32_t rq_psn;          /* the peer's sq_psn */
+  uint32_t sq_psn;          /* ours; the peer's rq_psn */
+  enum ibv_mtu path_mtu;    /* 0: IBV_MTU_1024 */
+  int access;               /* IBV_ACCESS_REMOTE_*; 0: none */
+  uint8_t timeout;          /* 0: 14 (67 ms) */
+  uint8_t retry_cnt;        /* 0: 7 */
+  uint8_t rnr_retry;        /* 0: 7 (infinite) */
+  uint8_t min_rnr_timer;    /* 0: 12 */
+  uint8_t max_rd_atomic;    /* both directions; 0: 4 */
+};
+int uroce_connect_qp(struct uroce_qp* qp, const struct uroce_rc_conn* conn);
+
 int uroce_post_send(struct uroce_qp* qp, struct ibv_send_wr* wr, struct ibv_send_wr** bad_wr);
 int uroce_post_recv(struct uroce_qp* qp, struct ibv_recv_wr* wr, struct ibv_recv_wr** bad_wr);
 int uroce_poll_cq(struct uroce_cq* cq, int num_entries, struct ibv_wc* wc);

@@ -1,0 +1,60 @@
+// One message on a Unix stream socket with file descriptors riding along
+// (SCM_RIGHTS): how the session protocol hands over ring and buffer memory.
+// Used by both liburoce and uroced's session server.
+#pragma once
+
+#include <sys/socket.h>
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstring>
+
+namespace uroce::abi {
+
+inline constexpr std::size_t kMaxFdsPerMsg = 4;
+
+/// sendmsg of `len` bytes, with descriptor `fd` attached when fd >= 0.
+inline ssize_t send_with_fd(int sock, const void* buf, std::size_t len, int fd) {
+  iovec iov{const_cast<void*>(buf), len};
+  msghdr mh{};
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int))];
+  if (fd >= 0) {
+    mh.msg_control = ctrl;
+    mh.msg_controllen = sizeof ctrl;
+    cmsghdr* c = CMSG_FIRSTHDR(&mh);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
+  }
+  return ::sendmsg(sock, &mh, MSG_NOSIGNAL);
+}
+
+/// recvmsg into `buf`; every descriptor that came with the bytes is handed to
+/// `on_fd` (which owns it from then on). Descriptors are close-on-exec.
+template <class OnFd>
+ssize_t recv_with_fds(int sock, void* buf, std::size_t len, int flags, OnFd&& on_fd) {
+  iovec iov{buf, len};
+  msghdr mh{};
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int) * kMaxFdsPerMsg)];
+  mh.msg_control = ctrl;
+  mh.msg_controllen = sizeof ctrl;
+  const ssize_t n = ::recvmsg(sock, &mh, flags | MSG_CMSG_CLOEXEC);
+  if (n <= 0) return n;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const std::size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (std::size_t i = 0; i < k; ++i) {
+      int fd;
+      std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+      on_fd(fd);
+    }
+  }
+  return n;
+}
+
+}  // namespace uroce::abi
