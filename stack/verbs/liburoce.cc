@@ -16,16 +16,22 @@
 #include "stack/abi/session_proto.h"
 #include "stack/verbs/uroce_verbs.h"
 
-namespace {
-namespace abi = uroce::abi;
-
+namespace uroce::verbs_detail {
 thread_local std::string t_error;
 
+/// Records why a call failed (uroce_last_error) and sets errno; returns err.
 int set_error(int err, std::string why) {
   t_error = std::move(why);
   errno = err;
   return err;
 }
+}  // namespace uroce::verbs_detail
+
+namespace {
+namespace abi = uroce::abi;
+using uroce::verbs_detail::set_error;
+using uroce::verbs_detail::t_error;
+
 
 struct Buf {
   std::uint8_t* addr;

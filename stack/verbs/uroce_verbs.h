@@ -82,6 +82,22 @@ struct uroce_rc_conn {
 };
 int uroce_connect_qp(struct uroce_qp* qp, const struct uroce_rc_conn* conn);
 
+/* Out-of-band exchange of what two sides need to connect, over TCP, the way
+ * perftest does it. With host NULL, listens on port (all addresses) and
+ * accepts one peer; otherwise connects to host:port, retrying until the peer
+ * listens. Sends `mine`, receives `theirs` (a fixed 48-byte message in network
+ * byte order, with a magic and version). Gives up after timeout_ms:
+ * ETIMEDOUT; a peer that is not speaking this exchange: EPROTO. */
+struct uroce_conn_info {
+  uint32_t qp_num;
+  uint32_t psn;
+  union ibv_gid gid;
+  uint32_t rkey;
+  uint64_t addr;
+};
+int uroce_exchange_tcp(const char* host, uint16_t port, int timeout_ms, const struct uroce_conn_info* mine,
+                       struct uroce_conn_info* theirs);
+
 int uroce_post_send(struct uroce_qp* qp, struct ibv_send_wr* wr, struct ibv_send_wr** bad_wr);
 int uroce_post_recv(struct uroce_qp* qp, struct ibv_recv_wr* wr, struct ibv_recv_wr** bad_wr);
 int uroce_poll_cq(struct uroce_cq* cq, int num_entries, struct ibv_wc* wc);

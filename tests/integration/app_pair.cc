@@ -2,6 +2,7 @@
 //
 //   app_pair ops SOCK_A SOCK_B      every operation between two applications, data verified
 //   app_pair hostile SOCK_A SOCK_B  another session's handle, a guessed rkey, an ABI mismatch
+//   app_pair oob SOCK_A SOCK_B PORT  the out-of-band TCP exchange (loopback), then a WRITE with what was learnt
 //   app_pair crash SOCK_A           create resources, then die without cleaning up
 //
 // Prints "N passed, M failed"; exits 0 only if nothing failed.
@@ -10,11 +11,13 @@
 #include <unistd.h>
 
 #include <arpa/inet.h>
+#include <netinet/in.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "stack/abi/session_proto.h"
@@ -261,10 +264,95 @@ int crash(const char* sa) {
 
 }  // namespace
 
+/// The out-of-band TCP exchange: two applications learn each other's QPN,
+/// PSN, GID, rkey and address over loopback TCP only, connect with them, and
+/// move data with what they learnt. Then a peer speaking something else, and
+/// nobody at all.
+int oob(const char* sa, const char* sb, int port) {
+  End a, b;
+  check(open_end(a, sa, false) && open_end(b, sb, false), "two applications open their daemons");
+  if (g_fail) return 1;
+  const uroce_conn_info ia{uroce_qp_num(a.qp), 0x123456, a.gid, uroce_mr_rkey(a.mr),
+                           reinterpret_cast<std::uint64_t>(a.buf)};
+  const uroce_conn_info ib{uroce_qp_num(b.qp), 0xabcdef, b.gid, uroce_mr_rkey(b.mr),
+                           reinterpret_cast<std::uint64_t>(b.buf)};
+  uroce_conn_info ga{}, gb{};  // what A and B learn
+  int rc_server = -1;
+  std::thread server([&] { rc_server = uroce_exchange_tcp(nullptr, static_cast<uint16_t>(port), 5000, &ia, &ga); });
+  const int rc_client = uroce_exchange_tcp("127.0.0.1", static_cast<uint16_t>(port), 5000, &ib, &gb);
+  server.join();
+  check(rc_server == 0 && rc_client == 0, "exchange over TCP succeeds on both sides");
+  check(ga.qp_num == ib.qp_num && ga.psn == ib.psn && ga.rkey == ib.rkey && ga.addr == ib.addr &&
+            std::memcmp(ga.gid.raw, ib.gid.raw, 16) == 0,
+        "A learnt exactly B's QPN, PSN, rkey, address and GID");
+  check(gb.qp_num == ia.qp_num && gb.psn == ia.psn && gb.rkey == ia.rkey && gb.addr == ia.addr &&
+            std::memcmp(gb.gid.raw, ia.gid.raw, 16) == 0,
+        "B learnt exactly A's");
+  uroce_rc_conn ca{}, cb{};
+  ca.dest_qp_num = ga.qp_num;
+  ca.dgid = ga.gid;
+  ca.rq_psn = ga.psn;
+  ca.sq_psn = ia.psn;
+  ca.access = IBV_ACCESS_REMOTE_WRITE;
+  cb.dest_qp_num = gb.qp_num;
+  cb.dgid = gb.gid;
+  cb.rq_psn = gb.psn;
+  cb.sq_psn = ib.psn;
+  cb.access = IBV_ACCESS_REMOTE_WRITE;
+  check(uroce_connect_qp(a.qp, &ca) == 0 && uroce_connect_qp(b.qp, &cb) == 0, "connect_qp with what was exchanged");
+  for (int i = 0; i < 4096; ++i) b.buf[i] = static_cast<std::uint8_t>(i * 7 + 3);
+  ibv_sge s{reinterpret_cast<std::uint64_t>(b.buf), 4096, uroce_mr_lkey(b.mr)};
+  ibv_send_wr w{};
+  w.wr_id = 1;
+  w.opcode = IBV_WR_RDMA_WRITE;
+  w.send_flags = IBV_SEND_SIGNALED;
+  w.sg_list = &s;
+  w.num_sge = 1;
+  w.wr.rdma.remote_addr = gb.addr + 8192;  // A's buffer, as B learnt it
+  w.wr.rdma.rkey = gb.rkey;
+  ibv_wc wc{};
+  check(uroce_post_send(b.qp, &w, nullptr) == 0 && wait_wc(b, wc) && wc.status == IBV_WC_SUCCESS,
+        "B writes into A with the learnt rkey and address");
+  check(std::memcmp(a.buf + 8192, b.buf, 4096) == 0, "the data is in A's buffer");
+
+  // A listener that answers with something else: EPROTO, no hang.
+  const int ls = ::socket(AF_INET, SOCK_STREAM, 0);
+  const int one = 1;
+  ::setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in sin{};
+  sin.sin_family = AF_INET;
+  sin.sin_port = htons(static_cast<uint16_t>(port + 1));
+  sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  check(::bind(ls, reinterpret_cast<sockaddr*>(&sin), sizeof sin) == 0 && ::listen(ls, 1) == 0, "junk listener up");
+  std::thread junk([&] {
+    const int fd = ::accept(ls, nullptr, nullptr);
+    if (fd < 0) return;
+    char garbage[64];
+    std::memset(garbage, 'x', sizeof garbage);
+    (void)::send(fd, garbage, sizeof garbage, MSG_NOSIGNAL);
+    usleep(200000);
+    ::close(fd);
+  });
+  uroce_conn_info gj{};
+  const int rj = uroce_exchange_tcp("127.0.0.1", static_cast<uint16_t>(port + 1), 2000, &ib, &gj);
+  junk.join();
+  ::close(ls);
+  check(rj == EPROTO, "a peer speaking something else is refused with EPROTO");
+  // Nobody listening, and nobody connecting: ETIMEDOUT within the bound.
+  check(uroce_exchange_tcp("127.0.0.1", static_cast<uint16_t>(port + 2), 300, &ib, &gj) == ETIMEDOUT,
+        "no listener: ETIMEDOUT");
+  check(uroce_exchange_tcp(nullptr, static_cast<uint16_t>(port + 2), 300, &ib, &gj) == ETIMEDOUT,
+        "no client: ETIMEDOUT");
+  check(uroce_exchange_tcp(nullptr, static_cast<uint16_t>(port), 300, nullptr, &gj) == EINVAL, "no info: EINVAL");
+  std::printf("%d passed, %d failed\n", g_pass, g_fail);
+  return g_fail == 0 ? 0 : 1;
+}
+
 int main(int argc, char** argv) {
   if (argc >= 4 && std::string(argv[1]) == "ops") return ops(argv[2], argv[3]);
   if (argc >= 4 && std::string(argv[1]) == "hostile") return hostile(argv[2], argv[3]);
   if (argc >= 3 && std::string(argv[1]) == "crash") return crash(argv[2]);
-  std::fprintf(stderr, "usage: app_pair ops|hostile SOCK_A SOCK_B | crash SOCK_A\n");
+  if (argc >= 5 && std::string(argv[1]) == "oob") return oob(argv[2], argv[3], std::atoi(argv[4]));
+  std::fprintf(stderr, "usage: app_pair ops|hostile SOCK_A SOCK_B | crash SOCK_A | oob SOCK_A SOCK_B PORT\n");
   return 2;
 }

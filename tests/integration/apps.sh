@@ -18,6 +18,11 @@ echo "== every operation, two applications on two daemons"
 tail -3 "$TMP/ops.out" | sed 's/^/  /'
 check "ops: all checks passed" "[ $rc -eq 0 ] && grep -qE '^[1-9][0-9]* passed, 0 failed' '$TMP/ops.out'"
 
+echo "== out-of-band TCP exchange (loopback), then connect and WRITE with what was learnt"
+"$APP" oob "$TMP/a.app" "$TMP/b.app" $((20000 + $$ % 20000)) > "$TMP/oob.out" 2>&1; rc=$?
+tail -3 "$TMP/oob.out" | sed 's/^/  /'
+check "oob: all checks passed" "[ $rc -eq 0 ] && grep -qE '^[1-9][0-9]* passed, 0 failed' '$TMP/oob.out'"
+
 echo "== hostile sessions"
 "$APP" hostile "$TMP/a.app" "$TMP/b.app" > "$TMP/hostile.out" 2>&1; rc=$?
 tail -3 "$TMP/hostile.out" | sed 's/^/  /'
