@@ -346,7 +346,22 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
         s.mrs.erase(r);
         return send_reply(sock, h, 0, "", nullptr, 0);
       }
-      return fail(EINVAL, "this object cannot be destroyed on its own yet (it goes with the session)");
+      if (m.object == UROCE_OBJ_CQ) {
+        auto c = s.cqs.find(m.handle);
+        if (c == s.cqs.end()) return fail(EINVAL, "no such CQ in this session");
+        if (const int rc = eng_.destroy_cq(c->second.cq); rc != 0) return fail(rc, "the CQ is still used by a QP");
+        c->second.map.unmap();
+        s.cqs.erase(c);
+        return send_reply(sock, h, 0, "", nullptr, 0);
+      }
+      if (m.object == UROCE_OBJ_PD) {
+        auto p = s.pds.find(m.handle);
+        if (p == s.pds.end()) return fail(EINVAL, "no such PD in this session");
+        if (const int rc = eng_.dealloc_pd(p->second); rc != 0) return fail(rc, "the PD still has QPs or MRs");
+        s.pds.erase(p);
+        return send_reply(sock, h, 0, "", nullptr, 0);
+      }
+      return fail(EINVAL, "unknown object kind");
     }
     default: return fail(EOPNOTSUPP, "unknown request type");
   }

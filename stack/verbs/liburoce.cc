@@ -228,6 +228,25 @@ int uroce_dereg_mr(uroce_mr* mr) {
   return rc;
 }
 
+int uroce_dealloc_pd(uroce_pd* pd) {
+  if (!pd) return set_error(EINVAL, "no PD");
+  uroce_destroy_msg d{UROCE_OBJ_PD, pd->handle};
+  const int rc = call(pd->ctx, UROCE_MSG_DESTROY, &d, sizeof d, -1, nullptr, 0);
+  if (rc == 0) delete pd;
+  return rc;
+}
+
+int uroce_destroy_cq(uroce_cq* cq) {
+  if (!cq) return set_error(EINVAL, "no CQ");
+  uroce_destroy_msg d{UROCE_OBJ_CQ, cq->handle};
+  const int rc = call(cq->ctx, UROCE_MSG_DESTROY, &d, sizeof d, -1, nullptr, 0);
+  if (rc == 0) {
+    ::munmap(cq->map, cq->map_len);
+    delete cq;
+  }
+  return rc;
+}
+
 std::uint32_t uroce_mr_lkey(const uroce_mr* mr) { return mr->lkey; }
 std::uint32_t uroce_mr_rkey(const uroce_mr* mr) { return mr->rkey; }
 

@@ -48,6 +48,8 @@ int uroce_close_device(struct uroce_context* ctx);
 int uroce_query_gid(struct uroce_context* ctx, uint8_t port_num, int index, union ibv_gid* gid);
 
 struct uroce_pd* uroce_alloc_pd(struct uroce_context* ctx);
+/* EBUSY while QPs or MRs still use it. */
+int uroce_dealloc_pd(struct uroce_pd* pd);
 
 /* Shared memory for buffers: page-aligned, zeroed. */
 void* uroce_alloc_buf(struct uroce_context* ctx, size_t length);
@@ -58,6 +60,8 @@ uint32_t uroce_mr_lkey(const struct uroce_mr* mr);
 uint32_t uroce_mr_rkey(const struct uroce_mr* mr);
 
 struct uroce_cq* uroce_create_cq(struct uroce_context* ctx, int cqe);
+/* EBUSY while a QP uses it. */
+int uroce_destroy_cq(struct uroce_cq* cq);
 
 struct uroce_qp* uroce_create_qp(struct uroce_pd* pd, struct uroce_qp_init_attr* attr);
 uint32_t uroce_qp_num(const struct uroce_qp* qp);

@@ -180,6 +180,14 @@ int ops(const char* sa, const char* sb) {
   ibv_send_wr bw = wr_to(b, 9, IBV_WR_RDMA_WRITE, &bad, 0);
   check(uroce_post_send(a.qp, &bw, nullptr) == 0 && wait_wc(a, wc) && wc.status == IBV_WC_LOC_PROT_ERR,
         "a bad lkey completes with LOC_PROT_ERR");
+  // Teardown in verbs order; what is still in use is refused with EBUSY.
+  check(uroce_destroy_cq(b.cq) == EBUSY, "destroy_cq while a QP uses it: EBUSY");
+  check(uroce_dealloc_pd(b.pd) == EBUSY, "dealloc_pd while a QP and an MR use it: EBUSY");
+  check(uroce_destroy_qp(b.qp) == 0, "destroy_qp");
+  check(uroce_dealloc_pd(b.pd) == EBUSY, "dealloc_pd while an MR uses it: EBUSY");
+  check(uroce_destroy_cq(b.cq) == 0, "destroy_cq once no QP uses it");
+  check(uroce_dereg_mr(b.mr) == 0, "dereg_mr");
+  check(uroce_dealloc_pd(b.pd) == 0, "dealloc_pd once empty");
   uroce_close_device(a.ctx);
   uroce_close_device(b.ctx);
   std::printf("%d passed, %d failed\n", g_pass, g_fail);
