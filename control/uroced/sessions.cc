@@ -62,6 +62,13 @@ struct SessionServer::Session {
     Cq* cq;
     Mapping map;
     abi::Ring<uroce_cq_entry> ring;
+    int efd = -1;  // the completion channel's eventfd, when the CQ has one
+    /// After pushing entries: wake the application if it armed the CQ.
+    void notify() {
+      if (efd < 0 || !ring.take_notify()) return;
+      const std::uint64_t one = 1;
+      (void)!::write(efd, &one, sizeof one);
+    }
   };
   struct QpRes {
     Qp* qp;
@@ -242,7 +249,12 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
         return fail(ENOMEM, "cannot create the CQ ring");
       }
       uroce_handle_reply r{s.next_handle++};
-      s.cqs[r.handle] = {cq, map, abi::Ring<uroce_cq_entry>::create(map.addr, entries, UROCE_RING_CQ, r.handle)};
+      int efd = -1;  // an eventfd may come along: the CQ's completion channel
+      if (!fds.empty()) {
+        efd = fds.front();
+        fds.erase(fds.begin());
+      }
+      s.cqs[r.handle] = {cq, map, abi::Ring<uroce_cq_entry>::create(map.addr, entries, UROCE_RING_CQ, r.handle), efd};
       send_reply(sock, h, 0, "", &r, sizeof r, fd);
       ::close(fd);
       return;
@@ -351,6 +363,7 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
         if (c == s.cqs.end()) return fail(EINVAL, "no such CQ in this session");
         if (const int rc = eng_.destroy_cq(c->second.cq); rc != 0) return fail(rc, "the CQ is still used by a QP");
         c->second.map.unmap();
+        if (c->second.efd >= 0) ::close(c->second.efd);
         s.cqs.erase(c);
         return send_reply(sock, h, 0, "", nullptr, 0);
       }
@@ -386,6 +399,7 @@ void SessionServer::close(Session& s) {
   for (auto& [h, c] : s.cqs) {
     eng_.destroy_cq(c.cq);
     c.map.unmap();
+    if (c.efd >= 0) ::close(c.efd);
   }
   s.cqs.clear();
   for (auto& [h, pd] : s.pds) eng_.dealloc_pd(pd);
@@ -458,6 +472,7 @@ std::size_t SessionServer::step() {
             ce.status = IBV_WC_LOC_QP_OP_ERR;
             ce.qp_num = q.qp->qpn;
             c->second.ring.push(ce);
+            c->second.notify();
           }
         }
         ++work;
@@ -481,6 +496,7 @@ std::size_t SessionServer::step() {
           ce.wc_flags = wc[i].wc_flags;
           c.ring.push(ce);
         }
+        c.notify();
         room -= static_cast<std::uint32_t>(n);
         work += static_cast<std::size_t>(n);
       }

@@ -83,6 +83,26 @@ class Ring {
   /// Producer: entries that can be pushed now.
   [[nodiscard]] std::uint32_t space() const { return h_->entries - (prod_ - load(&h_->cons, std::memory_order_acquire)); }
   [[nodiscard]] std::uint32_t handle() const { return h_->handle; }
+
+  // CQ notification (a completion channel). The consumer arms: arm += 1,
+  // then a full fence, then it polls once more. The producer, after pushing,
+  // fences and signals when arm != notified, then sets notified = arm. The
+  // two fences make a lost wake-up impossible: either the producer sees the
+  // new arm, or the consumer's final poll sees the entry.
+  void arm_notify() {
+    store(&h_->arm, load(&h_->arm, std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+  }
+  /// Producer side: true once per arm, when the consumer asked to be told.
+  [[nodiscard]] bool take_notify() {
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    const std::uint32_t a = load(&h_->arm, std::memory_order_relaxed);
+    if (a == load(&h_->notified, std::memory_order_relaxed)) return false;
+    store(&h_->notified, a, std::memory_order_release);
+    return true;
+  }
+  /// Consumer side: how many notifications the producer has sent so far.
+  [[nodiscard]] std::uint32_t notified() const { return load(&h_->notified, std::memory_order_acquire); }
   [[nodiscard]] bool valid() const { return h_ != nullptr; }
 
  private:

@@ -41,7 +41,7 @@ extern "C" {
 
 #define UROCE_ABI_MAGIC 0x45524f55u /* "UORE" read little-endian */
 #define UROCE_ABI_MAJOR 1
-#define UROCE_ABI_MINOR 0
+#define UROCE_ABI_MINOR 1 /* 1: CQ notification words (arm, notified) */
 #define UROCE_ABI_CACHELINE 64
 #define UROCE_ABI_MAX_SGE 4
 
@@ -57,10 +57,12 @@ struct uroce_ring_header {
   uint32_t entry_size; /* sizeof the entry type, checked on attach */
   uint32_t handle;     /* the QP/CQ/SRQ handle it belongs to */
   uint8_t reserved0[UROCE_ABI_CACHELINE - 24];
-  uint32_t prod; /* written by the producer only */
-  uint8_t reserved1[UROCE_ABI_CACHELINE - 4];
+  uint32_t prod;     /* written by the producer only */
+  uint32_t notified; /* CQ rings: the last `arm` the producer signalled (producer writes) */
+  uint8_t reserved1[UROCE_ABI_CACHELINE - 8];
   uint32_t cons; /* written by the consumer only */
-  uint8_t reserved2[UROCE_ABI_CACHELINE - 4];
+  uint32_t arm;  /* CQ rings: bumped by the consumer to ask for one notification */
+  uint8_t reserved2[UROCE_ABI_CACHELINE - 8];
 };
 
 struct uroce_sge {
@@ -115,6 +117,8 @@ struct uroce_cq_entry {
 UROCE_STATIC_ASSERT(sizeof(struct uroce_ring_header) == 3 * UROCE_ABI_CACHELINE, "ring header is 3 cache lines");
 UROCE_STATIC_ASSERT(offsetof(struct uroce_ring_header, prod) == UROCE_ABI_CACHELINE, "prod on its own line");
 UROCE_STATIC_ASSERT(offsetof(struct uroce_ring_header, cons) == 2 * UROCE_ABI_CACHELINE, "cons on its own line");
+UROCE_STATIC_ASSERT(offsetof(struct uroce_ring_header, notified) == UROCE_ABI_CACHELINE + 4, "notified beside prod");
+UROCE_STATIC_ASSERT(offsetof(struct uroce_ring_header, arm) == 2 * UROCE_ABI_CACHELINE + 4, "arm beside cons");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_sge) == 16, "sge is 16 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_send_entry) == 128, "send entry is 128 bytes");
 UROCE_STATIC_ASSERT(offsetof(struct uroce_send_entry, seq) == 60, "send entry seq at 60");

@@ -1,6 +1,8 @@
 // liburoce: the application side of the session protocol and the shared
 // rings. See uroce_verbs.h for the API and stack/abi for the contract.
 #include <arpa/inet.h>
+#include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -59,12 +61,21 @@ struct uroce_mr {
   std::uint32_t handle, lkey, rkey;
 };
 
+struct uroce_comp_channel {
+  uroce_context* ctx;
+  int fd;  // eventfd the daemon writes when an armed CQ gets an entry
+  std::vector<uroce_cq*> cqs;
+};
+
 struct uroce_cq {
   uroce_context* ctx;
   std::uint32_t handle;
   void* map;
   std::size_t map_len;
   uroce::abi::Ring<uroce_cq_entry> ring;
+  void* cq_context = nullptr;
+  uroce_comp_channel* channel = nullptr;
+  std::uint32_t events_seen = 0;  // notifications already returned by get_cq_event
 };
 
 struct uroce_qp {
@@ -241,6 +252,7 @@ int uroce_destroy_cq(uroce_cq* cq) {
   uroce_destroy_msg d{UROCE_OBJ_CQ, cq->handle};
   const int rc = call(cq->ctx, UROCE_MSG_DESTROY, &d, sizeof d, -1, nullptr, 0);
   if (rc == 0) {
+    if (cq->channel) std::erase(cq->channel->cqs, cq);
     ::munmap(cq->map, cq->map_len);
     delete cq;
   }
@@ -250,12 +262,32 @@ int uroce_destroy_cq(uroce_cq* cq) {
 std::uint32_t uroce_mr_lkey(const uroce_mr* mr) { return mr->lkey; }
 std::uint32_t uroce_mr_rkey(const uroce_mr* mr) { return mr->rkey; }
 
-uroce_cq* uroce_create_cq(uroce_context* ctx, int cqe) {
+uroce_comp_channel* uroce_create_comp_channel(uroce_context* ctx) {
+  if (!ctx) return set_error(EINVAL, "no context"), nullptr;
+  const int fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (fd < 0) return set_error(errno, "cannot create an eventfd"), nullptr;
+  return new uroce_comp_channel{ctx, fd, {}};
+}
+
+int uroce_destroy_comp_channel(uroce_comp_channel* ch) {
+  if (!ch) return set_error(EINVAL, "no channel");
+  if (!ch->cqs.empty()) return set_error(EBUSY, "CQs still use this channel");
+  ::close(ch->fd);
+  delete ch;
+  return 0;
+}
+
+int uroce_comp_channel_fd(const uroce_comp_channel* ch) { return ch ? ch->fd : -1; }
+
+uroce_cq* uroce_create_cq(uroce_context* ctx, int cqe, void* cq_context, uroce_comp_channel* channel,
+                          int comp_vector) {
+  (void)comp_vector;  // one daemon lcore serves the session: a single vector
+  if (channel && channel->ctx != ctx) return set_error(EINVAL, "the channel belongs to another context"), nullptr;
   if (!ctx || cqe <= 0) return set_error(EINVAL, "cqe must be positive"), nullptr;
   uroce_create_cq_msg m{static_cast<std::uint32_t>(cqe)};
   uroce_handle_reply r{};
   int fd = -1;
-  if (call(ctx, UROCE_MSG_CREATE_CQ, &m, sizeof m, -1, &r, sizeof r, &fd) != 0) return nullptr;
+  if (call(ctx, UROCE_MSG_CREATE_CQ, &m, sizeof m, channel ? channel->fd : -1, &r, sizeof r, &fd) != 0) return nullptr;
   if (fd < 0) return set_error(EPROTO, "no CQ ring from uroced"), nullptr;
   const off_t len = ::lseek(fd, 0, SEEK_END);
   void* map = ::mmap(nullptr, static_cast<std::size_t>(len), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -268,7 +300,55 @@ uroce_cq* uroce_create_cq(uroce_context* ctx, int cqe) {
     delete cq;
     return set_error(EPROTO, uroce::abi::to_string(e)), nullptr;
   }
+  cq->cq_context = cq_context;
+  cq->channel = channel;
+  if (channel) channel->cqs.push_back(cq);
   return cq;
+}
+
+int uroce_req_notify_cq(uroce_cq* cq, int solicited_only) {
+  (void)solicited_only;  // notified on the next completion of any kind (a superset, as verbs allows)
+  if (!cq || !cq->channel) return set_error(EINVAL, "the CQ has no completion channel");
+  cq->ring.arm_notify();
+  return 0;
+}
+
+int uroce_get_cq_event(uroce_comp_channel* ch, uroce_cq** cq, void** cq_context) {
+  if (!ch || !cq) return set_error(EINVAL, "no channel");
+  for (;;) {
+    // Drain the eventfd first: the daemon moves a CQ's notification count
+    // before it writes, so the scan below sees everything drained here.
+    std::uint64_t v;
+    while (::read(ch->fd, &v, sizeof v) > 0) {
+    }
+    uroce_cq* hit = nullptr;
+    bool more = false;
+    for (uroce_cq* c : ch->cqs) {
+      if (c->ring.notified() == c->events_seen) continue;
+      if (hit) {
+        more = true;
+        break;
+      }
+      hit = c;
+    }
+    if (hit) {
+      hit->events_seen = hit->ring.notified();
+      *cq = hit;
+      if (cq_context) *cq_context = hit->cq_context;
+      if (more) {  // keep the fd readable for the next one
+        const std::uint64_t one = 1;
+        (void)!::write(ch->fd, &one, sizeof one);
+      }
+      return 0;
+    }
+    pollfd p{ch->fd, POLLIN, 0};
+    if (::poll(&p, 1, -1) < 0 && errno != EINTR) return set_error(errno, "cannot wait on the completion channel");
+  }
+}
+
+void uroce_ack_cq_events(uroce_cq* cq, unsigned int nevents) {
+  (void)cq;  // events hold no reference here; kept for verbs compatibility
+  (void)nevents;
 }
 
 uroce_qp* uroce_create_qp(uroce_pd* pd, uroce_qp_init_attr* a) {

@@ -31,6 +31,7 @@ struct uroce_context;
 struct uroce_pd;
 struct uroce_mr;
 struct uroce_cq;
+struct uroce_comp_channel;
 struct uroce_qp;
 
 struct uroce_qp_init_attr {
@@ -59,7 +60,21 @@ int uroce_dereg_mr(struct uroce_mr* mr);
 uint32_t uroce_mr_lkey(const struct uroce_mr* mr);
 uint32_t uroce_mr_rkey(const struct uroce_mr* mr);
 
-struct uroce_cq* uroce_create_cq(struct uroce_context* ctx, int cqe);
+/* Completion channels: an eventfd for blocking waits, as in verbs. Arm a CQ
+ * with uroce_req_notify_cq, then poll it once more (the usual verbs
+ * pattern); uroce_get_cq_event blocks until an armed CQ gets a completion.
+ * The channel's fd can go into poll/epoll. solicited_only is accepted but
+ * any completion notifies (spurious wake-ups are allowed by verbs). */
+struct uroce_comp_channel* uroce_create_comp_channel(struct uroce_context* ctx);
+int uroce_destroy_comp_channel(struct uroce_comp_channel* channel); /* EBUSY while CQs use it */
+int uroce_comp_channel_fd(const struct uroce_comp_channel* channel);
+int uroce_req_notify_cq(struct uroce_cq* cq, int solicited_only);
+int uroce_get_cq_event(struct uroce_comp_channel* channel, struct uroce_cq** cq, void** cq_context);
+void uroce_ack_cq_events(struct uroce_cq* cq, unsigned int nevents);
+
+/* As ibv_create_cq: channel may be NULL; comp_vector is ignored (one vector). */
+struct uroce_cq* uroce_create_cq(struct uroce_context* ctx, int cqe, void* cq_context,
+                                 struct uroce_comp_channel* channel, int comp_vector);
 /* EBUSY while a QP uses it. */
 int uroce_destroy_cq(struct uroce_cq* cq);
 

@@ -2,10 +2,12 @@
 //
 //   app_pair ops SOCK_A SOCK_B      every operation between two applications, data verified
 //   app_pair hostile SOCK_A SOCK_B  another session's handle, a guessed rkey, an ABI mismatch
+//   app_pair events SOCK_A SOCK_B  completion channels (eventfd, arm, get_cq_event)
 //   app_pair oob SOCK_A SOCK_B PORT  the out-of-band TCP exchange (loopback), then a WRITE with what was learnt
 //   app_pair crash SOCK_A           create resources, then die without cleaning up
 //
 // Prints "N passed, M failed"; exits 0 only if nothing failed.
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -60,7 +62,7 @@ bool open_end(End& e, const char* sock, bool ordinary_memory) {
                       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
                           IBV_ACCESS_REMOTE_ATOMIC);
   if (ordinary_memory) check(e.buf[12345] == 0x77, "ordinary memory keeps its contents when remapped");
-  e.cq = uroce_create_cq(e.ctx, 256);
+  e.cq = uroce_create_cq(e.ctx, 256, nullptr, nullptr, 0);
   uroce_qp_init_attr ia{};
   ia.send_cq = ia.recv_cq = e.cq;
   ia.qp_type = IBV_QPT_RC;
@@ -356,11 +358,88 @@ int oob(const char* sa, const char* sb, int port) {
   return g_fail == 0 ? 0 : 1;
 }
 
+/// Completion channels: an armed CQ wakes the channel's eventfd once; an
+/// unarmed one does not; get_cq_event names the CQ and its context.
+int events(const char* sa, const char* sb) {
+  End a, b;
+  check(open_end(a, sa, false) && open_end(b, sb, false), "two applications open their daemons");
+  if (g_fail) return 1;
+  uroce_comp_channel* ch = uroce_create_comp_channel(b.ctx);
+  check(ch != nullptr && uroce_comp_channel_fd(ch) >= 0, "create_comp_channel");
+  int tag = 0;
+  uroce_cq* ecq = uroce_create_cq(b.ctx, 64, &tag, ch, 0);
+  check(ecq != nullptr, "create_cq with the channel");
+  uroce_qp_init_attr ia{};
+  ia.send_cq = b.cq;
+  ia.recv_cq = ecq;
+  ia.qp_type = IBV_QPT_RC;
+  ia.cap.max_send_wr = 16;
+  ia.cap.max_recv_wr = 16;
+  uroce_qp* old = b.qp;
+  b.qp = uroce_create_qp(b.pd, &ia);
+  check(b.qp != nullptr && connect(a, b) && connect(b, a), "a QP whose receive CQ has the channel, connected");
+  if (g_fail) return 1;
+  const int fd = uroce_comp_channel_fd(ch);
+  const auto readable = [fd](int ms) {
+    pollfd p{fd, POLLIN, 0};
+    return ::poll(&p, 1, ms) == 1;
+  };
+  const auto recv_one = [&](std::uint64_t id) {
+    ibv_sge rs{reinterpret_cast<std::uint64_t>(b.buf), 64, uroce_mr_lkey(b.mr)};
+    ibv_recv_wr rw{};
+    rw.wr_id = id;
+    rw.sg_list = &rs;
+    rw.num_sge = 1;
+    return uroce_post_recv(b.qp, &rw, nullptr) == 0;
+  };
+  const auto send_one = [&] {
+    ibv_sge ss{reinterpret_cast<std::uint64_t>(a.buf), 16, uroce_mr_lkey(a.mr)};
+    ibv_send_wr sw = wr_to(b, 1, IBV_WR_SEND, &ss, 0);
+    ibv_wc wc{};
+    return uroce_post_send(a.qp, &sw, nullptr) == 0 && wait_wc(a, wc) && wc.status == IBV_WC_SUCCESS;
+  };
+  ibv_wc wc{};
+  // Armed: one event, naming the CQ and its context.
+  check(recv_one(1) && uroce_req_notify_cq(ecq, 0) == 0 && uroce_poll_cq(ecq, 1, &wc) == 0, "armed, CQ empty");
+  check(send_one(), "SEND completes at the sender");
+  check(readable(5000), "the channel's eventfd becomes readable");
+  uroce_cq* got = nullptr;
+  void* ctxp = nullptr;
+  check(uroce_get_cq_event(ch, &got, &ctxp) == 0 && got == ecq && ctxp == &tag, "get_cq_event names the CQ and context");
+  uroce_ack_cq_events(ecq, 1);
+  check(uroce_poll_cq(ecq, 1, &wc) == 1 && wc.status == IBV_WC_SUCCESS && wc.wr_id == 1, "the completion is there");
+  // Not armed: a completion arrives, but no wake-up.
+  check(recv_one(2) && send_one(), "second SEND, CQ not armed");
+  int n = 0;
+  for (int i = 0; i < 50000 && n == 0; ++i) {
+    n = uroce_poll_cq(ecq, 1, &wc);
+    if (n == 0) usleep(100);
+  }
+  check(n == 1 && wc.wr_id == 2, "its completion arrives");
+  check(!readable(300), "no event without arming");
+  // Armed again: one event for a burst of completions, then none.
+  check(recv_one(3) && recv_one(4) && uroce_req_notify_cq(ecq, 0) == 0, "armed again");
+  check(send_one() && send_one(), "two SENDs");
+  check(readable(5000) && uroce_get_cq_event(ch, &got, &ctxp) == 0 && got == ecq, "one event for them");
+  check(uroce_poll_cq(ecq, 2, &wc) >= 1, "their completions are there");
+  check(uroce_req_notify_cq(b.cq, 0) == EINVAL, "arming a CQ without a channel: EINVAL");
+  check(uroce_destroy_comp_channel(ch) == EBUSY, "destroy_comp_channel while a CQ uses it: EBUSY");
+  check(uroce_destroy_qp(b.qp) == 0 && uroce_destroy_cq(ecq) == 0 && uroce_destroy_comp_channel(ch) == 0,
+        "teardown: QP, CQ, then the channel");
+  (void)old;
+  uroce_close_device(a.ctx);
+  uroce_close_device(b.ctx);
+  std::printf("%d passed, %d failed\n", g_pass, g_fail);
+  return g_fail == 0 ? 0 : 1;
+}
+
 int main(int argc, char** argv) {
+  alarm(60);  // a blocking call that never returns is a failure, not a hang
   if (argc >= 4 && std::string(argv[1]) == "ops") return ops(argv[2], argv[3]);
   if (argc >= 4 && std::string(argv[1]) == "hostile") return hostile(argv[2], argv[3]);
   if (argc >= 3 && std::string(argv[1]) == "crash") return crash(argv[2]);
+  if (argc >= 4 && std::string(argv[1]) == "events") return events(argv[2], argv[3]);
   if (argc >= 5 && std::string(argv[1]) == "oob") return oob(argv[2], argv[3], std::atoi(argv[4]));
-  std::fprintf(stderr, "usage: app_pair ops|hostile SOCK_A SOCK_B | crash SOCK_A | oob SOCK_A SOCK_B PORT\n");
+  std::fprintf(stderr, "usage: app_pair ops|hostile|events SOCK_A SOCK_B | crash SOCK_A | oob SOCK_A SOCK_B PORT\n");
   return 2;
 }

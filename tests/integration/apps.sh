@@ -18,6 +18,11 @@ echo "== every operation, two applications on two daemons"
 tail -3 "$TMP/ops.out" | sed 's/^/  /'
 check "ops: all checks passed" "[ $rc -eq 0 ] && grep -qE '^[1-9][0-9]* passed, 0 failed' '$TMP/ops.out'"
 
+echo "== completion channels: an armed CQ wakes an eventfd"
+"$APP" events "$TMP/a.app" "$TMP/b.app" > "$TMP/events.out" 2>&1; rc=$?
+tail -3 "$TMP/events.out" | sed 's/^/  /'
+check "events: all checks passed" "[ $rc -eq 0 ] && grep -qE '^[1-9][0-9]* passed, 0 failed' '$TMP/events.out'"
+
 echo "== out-of-band TCP exchange (loopback), then connect and WRITE with what was learnt"
 "$APP" oob "$TMP/a.app" "$TMP/b.app" $((20000 + $$ % 20000)) > "$TMP/oob.out" 2>&1; rc=$?
 tail -3 "$TMP/oob.out" | sed 's/^/  /'

@@ -33,7 +33,7 @@ bool open_end(End& e, const char* sock) {
   e.pd = uroce_alloc_pd(e.ctx);
   e.buf = static_cast<std::uint8_t*>(uroce_alloc_buf(e.ctx, 1 << 20));
   e.mr = uroce_reg_mr(e.pd, e.buf, 1 << 20, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
-  e.cq = uroce_create_cq(e.ctx, 1024);
+  e.cq = uroce_create_cq(e.ctx, 1024, nullptr, nullptr, 0);
   uroce_qp_init_attr ia{};
   ia.send_cq = ia.recv_cq = e.cq;
   ia.qp_type = IBV_QPT_RC;
