@@ -36,7 +36,8 @@ app() {  # link msgs size mtu -> prints "msg/s MB/s"
   sed -n 's/.* s, \([0-9.e+]*\) MB\/s, \([0-9.e+]*\) msg\/s.*/\2 \1/p' "$TMP/bcli.out"
 }
 
-testpmd() {  # link pktsize -> prints rx Mpps
+testpmd() {  # link pktsize -> prints rx pps
+  # (af_packet with 9216-byte frames needs mbufs whose data room holds a whole frame)
   local link=$1 size=$2 tx rx
   local common="--no-huge -m 1024 --log-level=lib.eal:error"
   if [ "$link" = memif ]; then
@@ -48,10 +49,10 @@ testpmd() {  # link pktsize -> prints rx Mpps
       --forward-mode=txonly --txpkts="$size" --auto-start --stats-period 1 --total-num-mbufs=32768 --rxd=2048 --txd=2048 --burst=64 > "$TMP/tp-tx.out" 2>&1 &
   else
     ip netns exec "$NS_A" timeout 12 dpdk-testpmd $common -l 0,1 --file-prefix tpa-$$ --no-pci --vdev "net_af_packet0,$AFP" -- \
-      --forward-mode=rxonly --auto-start --stats-period 1 --total-num-mbufs=32768 --rxd=2048 --txd=2048 > "$TMP/tp-rx.out" 2>&1 &
+      --forward-mode=rxonly --auto-start --stats-period 1 --total-num-mbufs=16384 --rxd=512 --txd=512 --mbuf-size=9472 > "$TMP/tp-rx.out" 2>&1 &
     sleep 1.5
     ip netns exec "$NS_B" timeout 9 dpdk-testpmd $common -l 1,0 --file-prefix tpb-$$ --no-pci --vdev "net_af_packet0,$AFP" -- \
-      --forward-mode=txonly --txpkts="$size" --auto-start --stats-period 1 --total-num-mbufs=32768 --rxd=2048 --txd=2048 --burst=64 > "$TMP/tp-tx.out" 2>&1 &
+      --forward-mode=txonly --txpkts="$size" --auto-start --stats-period 1 --total-num-mbufs=16384 --rxd=512 --txd=512 --burst=64 --mbuf-size=9472 > "$TMP/tp-tx.out" 2>&1 &
   fi
   wait
   # The best steady 2-second Rx-pps the receiver saw.
