@@ -376,6 +376,52 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
       }
       return fail(EINVAL, "unknown object kind");
     }
+    case UROCE_MSG_QUERY: {
+      if (!need(sizeof(uroce_query_msg))) return;
+      uroce_query_msg m;
+      std::memcpy(&m, body, sizeof m);
+      if (m.object == UROCE_OBJ_DEVICE) {
+        uroce_device_attr r{};
+        r.max_qp = limits_.max_qps;
+        r.max_cq = limits_.max_cqs;
+        r.max_mr = limits_.max_mrs;
+        r.max_pd = limits_.max_pds;
+        r.max_qp_wr = 4096;  // CREATE_QP's bound
+        r.max_sge = UROCE_ABI_MAX_SGE;
+        r.max_cqe = 1u << 16;  // CREATE_CQ's bound
+        r.max_qp_rd_atom = transport::kMaxRdAtomic;
+        r.max_mr_size = limits_.max_mr_bytes;
+        std::memcpy(r.mac, eng_.config().mac.data(), 6);
+        return send_reply(sock, h, 0, "", &r, sizeof r);
+      }
+      if (m.object == UROCE_OBJ_QP) {
+        auto q = s.qps.find(m.handle);
+        if (q == s.qps.end()) return fail(EINVAL, "no such QP in this session");
+        ibv_qp_attr a{};
+        if (const int rc = eng_.query_qp(q->second.qp, a); rc != 0) return fail(rc, "cannot query the QP");
+        uroce_modify_qp_msg r{};
+        r.qp = m.handle;
+        r.qp_state = a.qp_state;
+        r.path_mtu = a.path_mtu;
+        r.qkey = a.qkey;
+        r.rq_psn = a.rq_psn;
+        r.sq_psn = a.sq_psn;
+        r.dest_qp_num = a.dest_qp_num;
+        r.qp_access_flags = a.qp_access_flags;
+        std::memcpy(r.dgid, a.ah_attr.grh.dgid.raw, 16);
+        r.traffic_class = a.ah_attr.grh.traffic_class;
+        r.max_rd_atomic = a.max_rd_atomic;
+        r.max_dest_rd_atomic = a.max_dest_rd_atomic;
+        r.min_rnr_timer = a.min_rnr_timer;
+        r.port_num = 1;
+        r.timeout = a.timeout;
+        r.retry_cnt = a.retry_cnt;
+        r.rnr_retry = a.rnr_retry;
+        r.pkey_index = a.pkey_index;
+        return send_reply(sock, h, 0, "", &r, sizeof r);
+      }
+      return fail(EINVAL, "only the device and QPs can be queried");
+    }
     default: return fail(EOPNOTSUPP, "unknown request type");
   }
 }

@@ -32,6 +32,7 @@ enum uroce_msg_type {
   UROCE_MSG_CREATE_QP = 5,  /* body: create_qp;   reply: create_qp_reply + fd of SQ and RQ rings */
   UROCE_MSG_MODIFY_QP = 6,  /* body: modify_qp;   reply: status (with the reason on error) */
   UROCE_MSG_DESTROY = 7,    /* body: destroy;     reply: status */
+  UROCE_MSG_QUERY = 8,      /* body: query;       reply: device_attr (UROCE_OBJ_DEVICE) or modify_qp (UROCE_OBJ_QP) */
 };
 
 struct uroce_msg_hdr {
@@ -100,12 +101,27 @@ struct uroce_modify_qp_msg {
   uint16_t pkey_index, pad;
 };
 
-enum uroce_object { UROCE_OBJ_QP = 1, UROCE_OBJ_CQ = 2, UROCE_OBJ_MR = 3, UROCE_OBJ_PD = 4 };
+enum uroce_object { UROCE_OBJ_QP = 1, UROCE_OBJ_CQ = 2, UROCE_OBJ_MR = 3, UROCE_OBJ_PD = 4, UROCE_OBJ_DEVICE = 5 };
 struct uroce_destroy_msg {
   uint32_t object; /* enum uroce_object */
   uint32_t handle;
 };
 
+struct uroce_query_msg {
+  uint32_t object; /* UROCE_OBJ_DEVICE or UROCE_OBJ_QP */
+  uint32_t handle; /* the QP's; 0 for the device */
+};
+
+/* What this session may create (its limits) and what the daemon supports. */
+struct uroce_device_attr {
+  uint32_t max_qp, max_cq, max_mr, max_pd;
+  uint32_t max_qp_wr, max_sge, max_cqe, max_qp_rd_atom;
+  uint64_t max_mr_size;
+  uint8_t mac[6];
+  uint16_t pad;
+};
+
+UROCE_STATIC_ASSERT(sizeof(struct uroce_device_attr) == 48, "device_attr is 48 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_msg_hdr) == 16, "message header is 16 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_reply_status) == 128, "reply status is 128 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_reg_mr_msg) == 32, "reg_mr is 32 bytes");

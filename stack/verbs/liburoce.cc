@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -85,6 +86,7 @@ struct uroce_qp {
   std::size_t map_len;
   uroce::abi::Ring<uroce_send_entry> sq;
   uroce::abi::Ring<uroce_recv_entry> rq;
+  uroce_qp_init_attr init{};  // as created, for uroce_query_qp
 };
 
 namespace {
@@ -259,6 +261,76 @@ int uroce_destroy_cq(uroce_cq* cq) {
   return rc;
 }
 
+int uroce_query_device(uroce_context* ctx, ibv_device_attr* attr) {
+  if (!ctx || !attr) return set_error(EINVAL, "no context or attr");
+  uroce_query_msg q{UROCE_OBJ_DEVICE, 0};
+  uroce_device_attr r{};
+  if (int rc = call(ctx, UROCE_MSG_QUERY, &q, sizeof q, -1, &r, sizeof r)) return rc;
+  *attr = ibv_device_attr{};
+  std::snprintf(attr->fw_ver, sizeof attr->fw_ver, "uroce abi %u.%u", UROCE_ABI_MAJOR, UROCE_ABI_MINOR);
+  std::uint64_t guid = 0;  // EUI-64 from the MAC, as RoCE devices do
+  const std::uint8_t eui[8] = {static_cast<std::uint8_t>(r.mac[0] ^ 2), r.mac[1], r.mac[2], 0xff, 0xfe,
+                               r.mac[3], r.mac[4], r.mac[5]};
+  std::memcpy(&guid, eui, 8);
+  attr->node_guid = attr->sys_image_guid = guid;
+  attr->max_mr_size = r.max_mr_size;
+  attr->max_qp = static_cast<int>(r.max_qp);
+  attr->max_qp_wr = static_cast<int>(r.max_qp_wr);
+  attr->max_sge = static_cast<int>(r.max_sge);
+  attr->max_cq = static_cast<int>(r.max_cq);
+  attr->max_cqe = static_cast<int>(r.max_cqe);
+  attr->max_mr = static_cast<int>(r.max_mr);
+  attr->max_pd = static_cast<int>(r.max_pd);
+  attr->max_qp_rd_atom = attr->max_qp_init_rd_atom = static_cast<int>(r.max_qp_rd_atom);
+  attr->atomic_cap = IBV_ATOMIC_HCA;
+  attr->phys_port_cnt = 1;
+  attr->max_pkeys = 1;
+  return 0;
+}
+
+int uroce_query_port(uroce_context* ctx, uint8_t port_num, ibv_port_attr* attr) {
+  if (!ctx || !attr) return set_error(EINVAL, "no context or attr");
+  if (port_num != 1) return set_error(EINVAL, "uroced serves one port: port_num must be 1");
+  *attr = ibv_port_attr{};
+  attr->state = IBV_PORT_ACTIVE;
+  attr->max_mtu = IBV_MTU_4096;
+  attr->active_mtu = IBV_MTU_4096;  // the upper bound; the path MTU is set per QP
+  attr->gid_tbl_len = 1;
+  attr->pkey_tbl_len = 1;
+  attr->link_layer = IBV_LINK_LAYER_ETHERNET;
+  attr->phys_state = 5;  // LinkUp
+  return 0;
+}
+
+int uroce_query_qp(uroce_qp* qp, ibv_qp_attr* attr, int attr_mask, uroce_qp_init_attr* init_attr) {
+  (void)attr_mask;  // everything is returned, as most providers do
+  if (!qp || !attr) return set_error(EINVAL, "no QP or attr");
+  uroce_query_msg q{UROCE_OBJ_QP, qp->handle};
+  uroce_modify_qp_msg r{};
+  if (int rc = call(qp->ctx, UROCE_MSG_QUERY, &q, sizeof q, -1, &r, sizeof r)) return rc;
+  *attr = ibv_qp_attr{};
+  attr->qp_state = attr->cur_qp_state = static_cast<ibv_qp_state>(r.qp_state);
+  attr->path_mtu = static_cast<ibv_mtu>(r.path_mtu);
+  attr->qkey = r.qkey;
+  attr->rq_psn = r.rq_psn;
+  attr->sq_psn = r.sq_psn;
+  attr->dest_qp_num = r.dest_qp_num;
+  attr->qp_access_flags = r.qp_access_flags;
+  std::memcpy(attr->ah_attr.grh.dgid.raw, r.dgid, 16);
+  attr->ah_attr.is_global = 1;
+  attr->ah_attr.grh.traffic_class = r.traffic_class;
+  attr->max_rd_atomic = r.max_rd_atomic;
+  attr->max_dest_rd_atomic = r.max_dest_rd_atomic;
+  attr->min_rnr_timer = r.min_rnr_timer;
+  attr->port_num = r.port_num;
+  attr->timeout = r.timeout;
+  attr->retry_cnt = r.retry_cnt;
+  attr->rnr_retry = r.rnr_retry;
+  attr->pkey_index = r.pkey_index;
+  if (init_attr) *init_attr = qp->init;
+  return 0;
+}
+
 std::uint32_t uroce_mr_lkey(const uroce_mr* mr) { return mr->lkey; }
 std::uint32_t uroce_mr_rkey(const uroce_mr* mr) { return mr->rkey; }
 
@@ -365,7 +437,7 @@ uroce_qp* uroce_create_qp(uroce_pd* pd, uroce_qp_init_attr* a) {
   void* map = ::mmap(nullptr, static_cast<std::size_t>(len), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   ::close(fd);
   if (map == MAP_FAILED) return set_error(errno, "cannot map the QP rings"), nullptr;
-  auto qp = new uroce_qp{pd->ctx, r.handle, r.qpn, map, static_cast<std::size_t>(len), {}, {}};
+  auto qp = new uroce_qp{pd->ctx, r.handle, r.qpn, map, static_cast<std::size_t>(len), {}, {}, *a};
   using uroce::abi::AttachError;
   if (uroce::abi::Ring<uroce_send_entry>::attach(map, r.rq_offset, UROCE_RING_SEND, qp->sq) != AttachError::kOk ||
       uroce::abi::Ring<uroce_recv_entry>::attach(static_cast<std::uint8_t*>(map) + r.rq_offset,

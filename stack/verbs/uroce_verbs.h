@@ -47,6 +47,10 @@ struct uroce_context* uroce_open_device(const char* socket_path);
 int uroce_close_device(struct uroce_context* ctx);
 /* The daemon's GID (its RoCE address; IPv4-mapped for IPv4). */
 int uroce_query_gid(struct uroce_context* ctx, uint8_t port_num, int index, union ibv_gid* gid);
+/* The session's limits and the daemon's capabilities, in rdma-core's struct. */
+int uroce_query_device(struct uroce_context* ctx, struct ibv_device_attr* attr);
+/* One port (port_num 1), Ethernet link layer, always active. */
+int uroce_query_port(struct uroce_context* ctx, uint8_t port_num, struct ibv_port_attr* attr);
 
 struct uroce_pd* uroce_alloc_pd(struct uroce_context* ctx);
 /* EBUSY while QPs or MRs still use it. */
@@ -82,6 +86,8 @@ struct uroce_qp* uroce_create_qp(struct uroce_pd* pd, struct uroce_qp_init_attr*
 uint32_t uroce_qp_num(const struct uroce_qp* qp);
 int uroce_modify_qp(struct uroce_qp* qp, struct ibv_qp_attr* attr, int attr_mask);
 int uroce_destroy_qp(struct uroce_qp* qp);
+/* The QP's current attributes from the daemon (all of them, whatever attr_mask says). */
+int uroce_query_qp(struct uroce_qp* qp, struct ibv_qp_attr* attr, int attr_mask, struct uroce_qp_init_attr* init_attr);
 
 /* Connecting an RC (or UC) QP to a peer whose QP number, GID and first PSN
  * came out of band: RESET -> INIT -> RTR -> RTS in one call, as the

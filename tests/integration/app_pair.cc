@@ -182,6 +182,21 @@ int ops(const char* sa, const char* sb) {
   ibv_send_wr bw = wr_to(b, 9, IBV_WR_RDMA_WRITE, &bad, 0);
   check(uroce_post_send(a.qp, &bw, nullptr) == 0 && wait_wc(a, wc) && wc.status == IBV_WC_LOC_PROT_ERR,
         "a bad lkey completes with LOC_PROT_ERR");
+  // Queries.
+  ibv_device_attr da{};
+  check(uroce_query_device(a.ctx, &da) == 0 && da.max_qp > 0 && da.max_sge == 4 && da.max_cqe >= 256 &&
+            da.phys_port_cnt == 1 && da.node_guid != 0,
+        "query_device: limits, one port, a GUID");
+  ibv_port_attr pa{};
+  check(uroce_query_port(a.ctx, 1, &pa) == 0 && pa.state == IBV_PORT_ACTIVE && pa.link_layer == IBV_LINK_LAYER_ETHERNET,
+        "query_port: active Ethernet port");
+  check(uroce_query_port(a.ctx, 2, &pa) == EINVAL, "query_port of a port that does not exist: EINVAL");
+  ibv_qp_attr qa{};
+  uroce_qp_init_attr qi{};
+  check(uroce_query_qp(a.qp, &qa, IBV_QP_STATE, &qi) == 0 && qa.qp_state == IBV_QPS_ERR &&
+            qa.dest_qp_num == uroce_qp_num(b.qp) && qa.path_mtu == IBV_MTU_1024 && qa.timeout == 12 &&
+            qa.retry_cnt == 7 && std::memcmp(qa.ah_attr.grh.dgid.raw, b.gid.raw, 16) == 0 && qi.cap.max_send_wr == 64,
+        "query_qp: ERR (after the LOC_PROT_ERR above), with the attributes it was connected with");
   // Teardown in verbs order; what is still in use is refused with EBUSY.
   check(uroce_destroy_cq(b.cq) == EBUSY, "destroy_cq while a QP uses it: EBUSY");
   check(uroce_dealloc_pd(b.pd) == EBUSY, "dealloc_pd while a QP and an MR use it: EBUSY");
