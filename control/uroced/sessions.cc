@@ -82,6 +82,7 @@ struct SessionServer::Session {
   std::map<std::uint32_t, CqRes> cqs;
   std::map<std::uint32_t, QpRes> qps;
   std::uint64_t mr_bytes = 0;
+  int pid = -1;  // the application's, from SO_PEERCRED
   std::vector<std::uint8_t> in;  // bytes received, not yet a whole message
   std::vector<int> in_fds;
 };
@@ -109,6 +110,9 @@ void SessionServer::accept() {
     if (!ec) {
       auto s = std::make_shared<Session>(std::move(sock));
       s->id = next_session_++;
+      ucred cred{};
+      socklen_t clen = sizeof cred;
+      if (::getsockopt(s->sock.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &clen) == 0) s->pid = cred.pid;
       sessions_[s->id] = s;
       wait_read(s);
     }
@@ -424,6 +428,24 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
     }
     default: return fail(EOPNOTSUPP, "unknown request type");
   }
+}
+
+std::string SessionServer::describe_json() const {
+  std::string o = "[";
+  for (const auto& [id, s] : sessions_) {
+    if (o.size() > 1) o += ", ";
+    o += "{\"id\": " + std::to_string(id) + ", \"pid\": " + std::to_string(s->pid) +
+         ", \"pds\": " + std::to_string(s->pds.size()) + ", \"mrs\": " + std::to_string(s->mrs.size()) +
+         ", \"mr_bytes\": " + std::to_string(s->mr_bytes) + ", \"cqs\": " + std::to_string(s->cqs.size()) +
+         ", \"qpns\": [";
+    bool first = true;
+    for (const auto& [h, q] : s->qps) {
+      o += (first ? "" : ", ") + std::to_string(q.qp->qpn);
+      first = false;
+    }
+    o += "]}";
+  }
+  return o + "]";
 }
 
 void SessionServer::close(Session& s) {

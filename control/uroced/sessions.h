@@ -41,6 +41,8 @@ class SessionServer {
   /// into the engine, and completions out. Returns the work done.
   std::size_t step();
   [[nodiscard]] std::size_t sessions() const { return sessions_.size(); }
+  /// A JSON array: per session its id, the application's pid, and what it holds.
+  [[nodiscard]] std::string describe_json() const;
 
   struct Session;
 

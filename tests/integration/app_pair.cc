@@ -453,6 +453,14 @@ int main(int argc, char** argv) {
   if (argc >= 4 && std::string(argv[1]) == "ops") return ops(argv[2], argv[3]);
   if (argc >= 4 && std::string(argv[1]) == "hostile") return hostile(argv[2], argv[3]);
   if (argc >= 3 && std::string(argv[1]) == "crash") return crash(argv[2]);
+  if (argc >= 4 && std::string(argv[1]) == "hold") {  // hold a QP for a while, for uroce-ctl to list
+    End e;
+    if (!open_end(e, argv[2], false)) return 1;
+    std::printf("qpn %u\n", uroce_qp_num(e.qp));
+    std::fflush(stdout);
+    sleep(static_cast<unsigned>(std::atoi(argv[3])));
+    return 0;
+  }
   if (argc >= 4 && std::string(argv[1]) == "events") return events(argv[2], argv[3]);
   if (argc >= 5 && std::string(argv[1]) == "oob") return oob(argv[2], argv[3], std::atoi(argv[4]));
   std::fprintf(stderr, "usage: app_pair ops|hostile|events SOCK_A SOCK_B | crash SOCK_A | oob SOCK_A SOCK_B PORT\n");

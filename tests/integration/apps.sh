@@ -18,6 +18,16 @@ echo "== every operation, two applications on two daemons"
 tail -3 "$TMP/ops.out" | sed 's/^/  /'
 check "ops: all checks passed" "[ $rc -eq 0 ] && grep -qE '^[1-9][0-9]* passed, 0 failed' '$TMP/ops.out'"
 
+echo "== uroce-ctl lists sessions with their pid and QPs"
+"$APP" hold "$TMP/a.app" 3 > "$TMP/hold.out" 2>&1 & hp=$!
+for i in $(seq 1 30); do grep -q qpn "$TMP/hold.out" && break; sleep 0.1; done
+qpn=$(awk '/qpn/ {printf "0x%06x", $2}' "$TMP/hold.out")
+"$UROCE_CTL" --socket "$TMP/a.ctl" status > "$TMP/ctl.out" 2>&1
+sed -n '/^sessions:/,/^$/p' "$TMP/ctl.out" | sed 's/^/  /'
+check "uroce-ctl: the holding application's session, pid and QP are listed" \
+  "grep -E '^ +[0-9]+ +$hp +1 +1 +[0-9]+ +1 +$qpn' '$TMP/ctl.out'"
+wait $hp
+
 echo "== completion channels: an armed CQ wakes an eventfd"
 "$APP" events "$TMP/a.app" "$TMP/b.app" > "$TMP/events.out" 2>&1; rc=$?
 tail -3 "$TMP/events.out" | sed 's/^/  /'

@@ -60,6 +60,20 @@ void render(const pt::ptree& st, const pt::ptree* prev, double secs) {
     return b;
   };
   std::printf("uroced: %u pipeline%s, app %s\n", n, n == 1 ? "" : "s", st.get<std::string>("app", "?").c_str());
+  if (auto ss = st.get_child_optional("session_list"); ss && !ss->empty()) {
+    std::printf("\nsessions:\n  %-6s %-8s %4s %4s %12s %4s  %s\n", "id", "pid", "PDs", "MRs", "MR bytes", "CQs", "QPs");
+    for (const auto& [_, x] : *ss) {
+      std::string qpns;
+      if (auto q = x.get_child_optional("qpns"))
+        for (const auto& [__, v] : *q) {
+          char b[16];
+          std::snprintf(b, sizeof b, "%s0x%06x", qpns.empty() ? "" : " ", v.get_value<unsigned>());
+          qpns += b;
+        }
+      std::printf("  %-6u %-8d %4u %4u %12lu %4u  %s\n", x.get<unsigned>("id"), x.get<int>("pid"), x.get<unsigned>("pds"),
+                  x.get<unsigned>("mrs"), num(x, "mr_bytes"), x.get<unsigned>("cqs"), qpns.empty() ? "-" : qpns.c_str());
+    }
+  }
   for (unsigned k = 0; k < n; ++k) {
     const std::string pre = k == 0 ? "" : "_" + std::to_string(k);
     const auto& p = st.get_child("pipeline" + pre);
