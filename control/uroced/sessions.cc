@@ -185,20 +185,21 @@ void send_reply(int sock, const uroce_msg_hdr& req, int err, const std::string& 
 void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_t* body, std::vector<int>& fds) {
   const int sock = s.sock.native_handle();
   auto fail = [&](int err, const std::string& why) { send_reply(sock, h, err, why, nullptr, 0); };
-  auto need = [&](std::size_t n) {
-    if (h.len < n) {
+  // Copies the request's body into its struct, or answers that it is too short.
+  auto take = [&](auto& m) {
+    if (h.len < sizeof m) {
       fail(EINVAL, "message too short for its type");
       return false;
     }
+    std::memcpy(&m, body, sizeof m);
     return true;
   };
   if (h.major != UROCE_ABI_MAJOR) return fail(EPROTO, "ABI major version mismatch");
   if (!s.hello && h.type != UROCE_MSG_HELLO) return fail(EPROTO, "say hello first");
   switch (h.type) {
     case UROCE_MSG_HELLO: {
-      if (!need(sizeof(uroce_hello_msg))) return;
       uroce_hello_msg m;
-      std::memcpy(&m, body, sizeof m);
+      if (!take(m)) return;
       if (!uroce_abi_compatible(m.major, m.minor)) return fail(EPROTO, "ABI major version mismatch");
       s.hello = true;
       uroce_hello_reply r{};
@@ -215,9 +216,8 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
       return send_reply(sock, h, 0, "", &r, sizeof r);
     }
     case UROCE_MSG_REG_MR: {
-      if (!need(sizeof(uroce_reg_mr_msg))) return;
       uroce_reg_mr_msg m;
-      std::memcpy(&m, body, sizeof m);
+      if (!take(m)) return;
       auto pd = s.pds.find(m.pd);
       if (pd == s.pds.end()) return fail(EINVAL, "no such PD in this session");
       if (fds.empty()) return fail(EINVAL, "REG_MR needs the memory's file descriptor");
@@ -239,9 +239,8 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
       return send_reply(sock, h, 0, "", &r, sizeof r);
     }
     case UROCE_MSG_CREATE_CQ: {
-      if (!need(sizeof(uroce_create_cq_msg))) return;
       uroce_create_cq_msg m;
-      std::memcpy(&m, body, sizeof m);
+      if (!take(m)) return;
       if (s.cqs.size() >= limits_.max_cqs) return fail(EDQUOT, "too many CQs for this session");
       if (m.entries == 0 || m.entries > (1u << 16)) return fail(EINVAL, "CQ entries must be 1..65536");
       const std::uint32_t entries = std::bit_ceil(m.entries);
@@ -264,9 +263,8 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
       return;
     }
     case UROCE_MSG_CREATE_QP: {
-      if (!need(sizeof(uroce_create_qp_msg))) return;
       uroce_create_qp_msg m;
-      std::memcpy(&m, body, sizeof m);
+      if (!take(m)) return;
       if (s.qps.size() >= limits_.max_qps) return fail(EDQUOT, "too many QPs for this session");
       auto pd = s.pds.find(m.pd);
       auto scq = s.cqs.find(m.send_cq), rcq = s.cqs.find(m.recv_cq);
@@ -302,9 +300,8 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
       return;
     }
     case UROCE_MSG_MODIFY_QP: {
-      if (!need(sizeof(uroce_modify_qp_msg))) return;
       uroce_modify_qp_msg m;
-      std::memcpy(&m, body, sizeof m);
+      if (!take(m)) return;
       auto q = s.qps.find(m.qp);
       if (q == s.qps.end()) return fail(EINVAL, "no such QP in this session");
       if (m.qp_state > IBV_QPS_ERR || (m.path_mtu != 0 && (m.path_mtu < IBV_MTU_256 || m.path_mtu > IBV_MTU_4096)))
@@ -342,9 +339,8 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
       return send_reply(sock, h, res.err, res.err ? res.why : "", nullptr, 0);
     }
     case UROCE_MSG_DESTROY: {
-      if (!need(sizeof(uroce_destroy_msg))) return;
       uroce_destroy_msg m;
-      std::memcpy(&m, body, sizeof m);
+      if (!take(m)) return;
       if (m.object == UROCE_OBJ_QP) {
         auto q = s.qps.find(m.handle);
         if (q == s.qps.end()) return fail(EINVAL, "no such QP in this session");
@@ -381,9 +377,8 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
       return fail(EINVAL, "unknown object kind");
     }
     case UROCE_MSG_QUERY: {
-      if (!need(sizeof(uroce_query_msg))) return;
       uroce_query_msg m;
-      std::memcpy(&m, body, sizeof m);
+      if (!take(m)) return;
       if (m.object == UROCE_OBJ_DEVICE) {
         uroce_device_attr r{};
         r.max_qp = limits_.max_qps;
