@@ -70,6 +70,11 @@ struct SessionServer::Session {
       (void)!::write(efd, &one, sizeof one);
     }
   };
+  struct SrqRes {
+    Srq* srq;
+    Mapping map;
+    abi::Ring<uroce_recv_entry> ring;
+  };
   struct QpRes {
     Qp* qp;
     Mapping map;
@@ -81,6 +86,7 @@ struct SessionServer::Session {
   std::map<std::uint32_t, MrRes> mrs;
   std::map<std::uint32_t, CqRes> cqs;
   std::map<std::uint32_t, QpRes> qps;
+  std::map<std::uint32_t, SrqRes> srqs;
   std::uint64_t mr_bytes = 0;
   int pid = -1;  // the application's, from SO_PEERCRED
   std::vector<std::uint8_t> in;  // bytes received, not yet a whole message
@@ -185,13 +191,16 @@ void send_reply(int sock, const uroce_msg_hdr& req, int err, const std::string& 
 void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_t* body, std::vector<int>& fds) {
   const int sock = s.sock.native_handle();
   auto fail = [&](int err, const std::string& why) { send_reply(sock, h, err, why, nullptr, 0); };
-  // Copies the request's body into its struct, or answers that it is too short.
-  auto take = [&](auto& m) {
-    if (h.len < sizeof m) {
+  // Copies the request's body into its struct, or answers that it is too
+  // short. Fields a newer minor appended after `min` bytes read as zero when
+  // an older library leaves them out.
+  auto take = [&](auto& m, std::size_t min = sizeof m) {
+    if (h.len < min) {
       fail(EINVAL, "message too short for its type");
       return false;
     }
-    std::memcpy(&m, body, sizeof m);
+    std::memset(&m, 0, sizeof m);
+    std::memcpy(&m, body, std::min<std::size_t>(h.len, sizeof m));
     return true;
   };
   if (h.major != UROCE_ABI_MAJOR) return fail(EPROTO, "ABI major version mismatch");
@@ -262,15 +271,45 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
       ::close(fd);
       return;
     }
+    case UROCE_MSG_CREATE_SRQ: {
+      uroce_create_srq_msg m;
+      if (!take(m)) return;
+      if (s.srqs.size() >= limits_.max_srqs) return fail(EDQUOT, "too many SRQs for this session");
+      auto pd = s.pds.find(m.pd);
+      if (pd == s.pds.end()) return fail(EINVAL, "no such PD in this session");
+      if (m.max_wr == 0 || m.max_wr > 4096 || m.max_sge == 0 || m.max_sge > UROCE_ABI_MAX_SGE)
+        return fail(EINVAL, "SRQ max_wr must be 1..4096 and max_sge 1..4");
+      const std::uint32_t entries = std::bit_ceil(m.max_wr);
+      Srq* srq = eng_.create_srq(pd->second, entries, m.max_sge);
+      Mapping map;
+      int fd = -1;
+      if (!srq || !make_shared(uroce_ring_bytes(entries, sizeof(uroce_recv_entry)), map, fd)) {
+        if (srq) eng_.destroy_srq(srq);
+        return fail(ENOMEM, "cannot create the SRQ or its ring");
+      }
+      uroce_handle_reply r{s.next_handle++};
+      s.srqs[r.handle] = {srq, map,
+                          abi::Ring<uroce_recv_entry>::create(map.addr, entries, UROCE_RING_SRQ, r.handle)};
+      send_reply(sock, h, 0, "", &r, sizeof r, fd);
+      ::close(fd);
+      return;
+    }
     case UROCE_MSG_CREATE_QP: {
       uroce_create_qp_msg m;
-      if (!take(m)) return;
+      if (!take(m, offsetof(uroce_create_qp_msg, srq))) return;
       if (s.qps.size() >= limits_.max_qps) return fail(EDQUOT, "too many QPs for this session");
       auto pd = s.pds.find(m.pd);
       auto scq = s.cqs.find(m.send_cq), rcq = s.cqs.find(m.recv_cq);
       if (pd == s.pds.end() || scq == s.cqs.end() || rcq == s.cqs.end())
         return fail(EINVAL, "no such PD or CQ in this session");
       if (m.qp_type != IBV_QPT_RC && m.qp_type != IBV_QPT_UC) return fail(EINVAL, "QP type must be RC or UC here");
+      Srq* srq = nullptr;
+      if (m.srq != 0) {
+        auto sr = s.srqs.find(m.srq);
+        if (sr == s.srqs.end()) return fail(EINVAL, "no such SRQ in this session");
+        srq = sr->second.srq;
+        m.max_recv_wr = 1;  // the QP's own receive ring stays unused
+      }
       if (m.max_send_wr == 0 || m.max_send_wr > 4096 || m.max_recv_wr == 0 || m.max_recv_wr > 4096)
         return fail(EINVAL, "max_send_wr and max_recv_wr must be 1..4096");
       const std::uint32_t sqn = std::bit_ceil(m.max_send_wr), rqn = std::bit_ceil(m.max_recv_wr);
@@ -281,6 +320,7 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
       ia.cap.max_send_wr = sqn;
       ia.cap.max_recv_wr = rqn;
       ia.sq_sig_all = m.sq_sig_all != 0;
+      ia.srq = srq;
       Qp* qp = eng_.create_qp(pd->second, ia);
       const std::size_t sq_bytes = (uroce_ring_bytes(sqn, sizeof(uroce_send_entry)) + 4095) & ~std::size_t{4095};
       Mapping map;
@@ -367,6 +407,14 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
         s.cqs.erase(c);
         return send_reply(sock, h, 0, "", nullptr, 0);
       }
+      if (m.object == UROCE_OBJ_SRQ) {
+        auto q = s.srqs.find(m.handle);
+        if (q == s.srqs.end()) return fail(EINVAL, "no such SRQ in this session");
+        if (const int rc = eng_.destroy_srq(q->second.srq); rc != 0) return fail(rc, "the SRQ is still used by a QP");
+        q->second.map.unmap();
+        s.srqs.erase(q);
+        return send_reply(sock, h, 0, "", nullptr, 0);
+      }
       if (m.object == UROCE_OBJ_PD) {
         auto p = s.pds.find(m.handle);
         if (p == s.pds.end()) return fail(EINVAL, "no such PD in this session");
@@ -432,6 +480,7 @@ std::string SessionServer::describe_json() const {
     o += "{\"id\": " + std::to_string(id) + ", \"pid\": " + std::to_string(s->pid) +
          ", \"pds\": " + std::to_string(s->pds.size()) + ", \"mrs\": " + std::to_string(s->mrs.size()) +
          ", \"mr_bytes\": " + std::to_string(s->mr_bytes) + ", \"cqs\": " + std::to_string(s->cqs.size()) +
+         ", \"srqs\": " + std::to_string(s->srqs.size()) +
          ", \"qpns\": [";
     bool first = true;
     for (const auto& [h, q] : s->qps) {
@@ -454,6 +503,11 @@ void SessionServer::close(Session& s) {
     q.map.unmap();
   }
   s.qps.clear();
+  for (auto& [h, q] : s.srqs) {
+    eng_.destroy_srq(q.srq);
+    q.map.unmap();
+  }
+  s.srqs.clear();
   for (auto& [h, r] : s.mrs) {
     eng_.dereg_mr(r.mr);  // its keys stop working at once
     r.map.unmap();
@@ -499,17 +553,22 @@ std::size_t SessionServer::retry_pending() {
 
 std::size_t SessionServer::step() {
   std::size_t work = retry_pending();
+  // A receive ring's entries into the engine (a QP's RQ or an SRQ).
+  auto drain_recvs = [&work](abi::Ring<uroce_recv_entry>& ring, auto&& post) {
+    uroce_recv_entry r;
+    while (ring.pop(r)) {
+      Sge sg[UROCE_ABI_MAX_SGE];
+      const std::uint32_t n = std::min<std::uint32_t>(r.num_sge, UROCE_ABI_MAX_SGE);
+      for (std::uint32_t i = 0; i < n; ++i) sg[i] = {r.sg_list[i].addr, r.sg_list[i].length, r.sg_list[i].lkey};
+      post(RecvWr{r.wr_id, {sg, n}});
+      ++work;
+    }
+  };
   for (auto& [id, sp] : sessions_) {
     Session& s = *sp;
+    for (auto& [h, q] : s.srqs) drain_recvs(q.ring, [&](const RecvWr& wr) { eng_.post_srq_recv(q.srq, wr); });
     for (auto& [h, q] : s.qps) {
-      uroce_recv_entry r;
-      while (q.rq.pop(r)) {
-        Sge sg[UROCE_ABI_MAX_SGE];
-        const std::uint32_t n = std::min<std::uint32_t>(r.num_sge, UROCE_ABI_MAX_SGE);
-        for (std::uint32_t i = 0; i < n; ++i) sg[i] = {r.sg_list[i].addr, r.sg_list[i].length, r.sg_list[i].lkey};
-        eng_.post_recv(q.qp, RecvWr{r.wr_id, {sg, n}});
-        ++work;
-      }
+      drain_recvs(q.rq, [&](const RecvWr& wr) { eng_.post_recv(q.qp, wr); });
       uroce_send_entry e;
       while (q.sq.pop(e)) {
         Sge sg[UROCE_ABI_MAX_SGE];

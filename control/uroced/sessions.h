@@ -26,7 +26,7 @@
 namespace uroce::control {
 
 struct SessionLimits {
-  std::uint32_t max_qps = 256, max_cqs = 256, max_mrs = 1024, max_pds = 64;
+  std::uint32_t max_qps = 256, max_cqs = 256, max_mrs = 1024, max_pds = 64, max_srqs = 64;
   std::uint64_t max_mr_bytes = 1ull << 32;
 };
 

@@ -8,6 +8,9 @@
  *   request:  uroce_msg_hdr { magic, major, type, len, seq } + body
  *   reply:    uroce_msg_hdr { magic, major, type | UROCE_MSG_REPLY, len, seq }
  *             + uroce_reply_status + reply body
+ *
+ * Compatibility: a newer minor may append fields to a request; the daemon
+ * reads a shorter request from an older library with those fields zero.
  */
 #ifndef UROCE_SESSION_PROTO_H
 #define UROCE_SESSION_PROTO_H
@@ -33,6 +36,7 @@ enum uroce_msg_type {
   UROCE_MSG_MODIFY_QP = 6,  /* body: modify_qp;   reply: status (with the reason on error) */
   UROCE_MSG_DESTROY = 7,    /* body: destroy;     reply: status */
   UROCE_MSG_QUERY = 8,      /* body: query;       reply: device_attr (UROCE_OBJ_DEVICE) or modify_qp (UROCE_OBJ_QP) */
+  UROCE_MSG_CREATE_SRQ = 9, /* body: create_srq;  reply: handle + fd of the SRQ ring (minor 2) */
 };
 
 struct uroce_msg_hdr {
@@ -84,7 +88,14 @@ struct uroce_create_qp_msg {
   uint32_t qp_type; /* enum ibv_qp_type: RC, UC */
   uint32_t max_send_wr, max_recv_wr; /* ring sizes, rounded up to powers of two */
   uint32_t sq_sig_all;
+  uint32_t srq; /* minor 2: an SRQ handle, or 0; with an SRQ, max_recv_wr is ignored */
 };
+struct uroce_create_srq_msg {
+  uint32_t pd;
+  uint32_t max_wr;  /* ring size, rounded up to a power of two */
+  uint32_t max_sge; /* <= UROCE_ABI_MAX_SGE */
+};
+
 struct uroce_create_qp_reply {
   uint32_t handle, qpn;
   uint32_t sq_entries, rq_entries;
@@ -101,7 +112,7 @@ struct uroce_modify_qp_msg {
   uint16_t pkey_index, pad;
 };
 
-enum uroce_object { UROCE_OBJ_QP = 1, UROCE_OBJ_CQ = 2, UROCE_OBJ_MR = 3, UROCE_OBJ_PD = 4, UROCE_OBJ_DEVICE = 5 };
+enum uroce_object { UROCE_OBJ_QP = 1, UROCE_OBJ_CQ = 2, UROCE_OBJ_MR = 3, UROCE_OBJ_PD = 4, UROCE_OBJ_DEVICE = 5, UROCE_OBJ_SRQ = 6 };
 struct uroce_destroy_msg {
   uint32_t object; /* enum uroce_object */
   uint32_t handle;
@@ -125,6 +136,8 @@ UROCE_STATIC_ASSERT(sizeof(struct uroce_device_attr) == 48, "device_attr is 48 b
 UROCE_STATIC_ASSERT(sizeof(struct uroce_msg_hdr) == 16, "message header is 16 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_reply_status) == 128, "reply status is 128 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_reg_mr_msg) == 32, "reg_mr is 32 bytes");
+UROCE_STATIC_ASSERT(sizeof(struct uroce_create_qp_msg) == 32, "create_qp is 32 bytes (28 before minor 2)");
+UROCE_STATIC_ASSERT(sizeof(struct uroce_create_srq_msg) == 12, "create_srq is 12 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_create_qp_reply) == 24, "create_qp reply is 24 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_modify_qp_msg) == 64, "modify_qp is 64 bytes");
 

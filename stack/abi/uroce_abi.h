@@ -24,7 +24,8 @@
  *
  * Versioning. The application and the daemon exchange (major, minor) when the
  * application attaches; each ring header repeats it. A different major is
- * refused; a newer minor may only add fields in reserved space.
+ * refused; a newer minor may only add fields in reserved space, add message
+ * types, or append fields to a control request (see session_proto.h).
  */
 #ifndef UROCE_ABI_H
 #define UROCE_ABI_H
@@ -41,7 +42,7 @@ extern "C" {
 
 #define UROCE_ABI_MAGIC 0x45524f55u /* "UORE" read little-endian */
 #define UROCE_ABI_MAJOR 1
-#define UROCE_ABI_MINOR 1 /* 1: CQ notification words (arm, notified) */
+#define UROCE_ABI_MINOR 2 /* 1: CQ notification words (arm, notified); 2: SRQs */
 #define UROCE_ABI_CACHELINE 64
 #define UROCE_ABI_MAX_SGE 4
 

@@ -1,6 +1,8 @@
 // liburoce: the application side of the session protocol and the shared
 // rings. See uroce_verbs.h for the API and stack/abi for the contract.
 #include <arpa/inet.h>
+#include <dirent.h>
+#include <sys/stat.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
@@ -8,7 +10,10 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <climits>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -79,6 +84,18 @@ struct uroce_cq {
   std::uint32_t events_seen = 0;  // notifications already returned by get_cq_event
 };
 
+struct uroce_srq {
+  uroce_context* ctx;
+  std::uint32_t handle;
+  void* map;
+  std::size_t map_len;
+  uroce::abi::Ring<uroce_recv_entry> ring;
+};
+
+struct uroce_device {
+  std::string name, path;
+};
+
 struct uroce_qp {
   uroce_context* ctx;
   std::uint32_t handle, qpn;
@@ -129,6 +146,38 @@ int call(uroce_context* ctx, std::uint16_t type, const void* body, std::uint32_t
   return 0;
 }
 
+/// Maps the memfd of a ring the daemon made; false (errno set) on failure.
+bool map_fd(int fd, void*& map, std::size_t& len, const char* what) {
+  if (fd < 0) return set_error(EPROTO, std::string("no ") + what + " from uroced"), false;
+  const off_t end = ::lseek(fd, 0, SEEK_END);
+  map = end > 0 ? ::mmap(nullptr, static_cast<std::size_t>(end), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+                : MAP_FAILED;
+  ::close(fd);
+  if (map == MAP_FAILED) return set_error(errno ? errno : EPROTO, std::string("cannot map the ") + what), false;
+  len = static_cast<std::size_t>(end);
+  return true;
+}
+
+/// Receive work requests into a ring (a QP's RQ or an SRQ).
+int push_recvs(abi::Ring<uroce_recv_entry>& ring, ibv_recv_wr* wr, ibv_recv_wr** bad) {
+  for (; wr; wr = wr->next) {
+    if (wr->num_sge < 0 || wr->num_sge > UROCE_ABI_MAX_SGE) {
+      if (bad) *bad = wr;
+      return set_error(EINVAL, "too many SGEs");
+    }
+    uroce_recv_entry e{};
+    e.wr_id = wr->wr_id;
+    e.num_sge = static_cast<std::uint32_t>(wr->num_sge);
+    for (int i = 0; i < wr->num_sge; ++i)
+      e.sg_list[i] = {wr->sg_list[i].addr, wr->sg_list[i].length, wr->sg_list[i].lkey};
+    if (!ring.push(e)) {
+      if (bad) *bad = wr;
+      return set_error(ENOMEM, "receive queue full");
+    }
+  }
+  return 0;
+}
+
 const Buf* find_buf(const uroce_context* ctx, const void* addr, std::size_t len) {
   const auto* p = static_cast<const std::uint8_t*>(addr);
   for (const Buf& b : ctx->bufs)
@@ -141,6 +190,58 @@ const Buf* find_buf(const uroce_context* ctx, const void* addr, std::size_t len)
 extern "C" {
 
 const char* uroce_last_error(void) { return t_error.c_str(); }
+
+uroce_device** uroce_get_device_list(int* num) {
+  std::vector<uroce_device*> devs;
+  std::vector<std::string> seen;  // canonical paths: one device per socket, however it is named
+  auto add = [&](const std::string& name, const std::string& path) {
+    char real[PATH_MAX];
+    const std::string key = ::realpath(path.c_str(), real) ? real : path;
+    if (std::find(seen.begin(), seen.end(), key) != seen.end()) return;
+    seen.push_back(key);
+    devs.push_back(new uroce_device{name, path});
+  };
+  const char* dir_env = std::getenv("UROCE_RUN_DIR");
+  const std::string dir = dir_env && *dir_env ? dir_env : "/run/uroce";
+  if (DIR* d = ::opendir(dir.c_str())) {
+    std::vector<std::string> names;
+    while (const dirent* e = ::readdir(d)) {
+      const std::string n = e->d_name;
+      struct stat st;
+      if (n.size() > 5 && n.ends_with(".sock") && ::stat((dir + "/" + n).c_str(), &st) == 0 && S_ISSOCK(st.st_mode))
+        names.push_back(n);
+    }
+    ::closedir(d);
+    std::sort(names.begin(), names.end());
+    for (const std::string& n : names) add(n.substr(0, n.size() - 5), dir + "/" + n);
+  }
+  if (const char* list = std::getenv("UROCE_DEVICES")) {
+    std::string rest = list;
+    while (!rest.empty()) {
+      const std::size_t colon = rest.find(':');
+      const std::string path = rest.substr(0, colon);
+      rest = colon == std::string::npos ? "" : rest.substr(colon + 1);
+      if (path.empty()) continue;
+      std::string base = path.substr(path.find_last_of('/') + 1);
+      if (base.ends_with(".sock")) base.resize(base.size() - 5);
+      add(base, path);
+    }
+  }
+  if (num) *num = static_cast<int>(devs.size());
+  auto out = new uroce_device*[devs.size() + 1];
+  std::copy(devs.begin(), devs.end(), out);
+  out[devs.size()] = nullptr;
+  return out;
+}
+
+void uroce_free_device_list(uroce_device** list) {
+  if (!list) return;
+  for (uroce_device** d = list; *d; ++d) delete *d;
+  delete[] list;
+}
+
+const char* uroce_get_device_name(const uroce_device* d) { return d ? d->name.c_str() : nullptr; }
+const char* uroce_get_device_path(const uroce_device* d) { return d ? d->path.c_str() : nullptr; }
 
 uroce_context* uroce_open_device(const char* path) {
   auto ctx = new uroce_context();
@@ -360,12 +461,10 @@ uroce_cq* uroce_create_cq(uroce_context* ctx, int cqe, void* cq_context, uroce_c
   uroce_handle_reply r{};
   int fd = -1;
   if (call(ctx, UROCE_MSG_CREATE_CQ, &m, sizeof m, channel ? channel->fd : -1, &r, sizeof r, &fd) != 0) return nullptr;
-  if (fd < 0) return set_error(EPROTO, "no CQ ring from uroced"), nullptr;
-  const off_t len = ::lseek(fd, 0, SEEK_END);
-  void* map = ::mmap(nullptr, static_cast<std::size_t>(len), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  ::close(fd);
-  if (map == MAP_FAILED) return set_error(errno, "cannot map the CQ ring"), nullptr;
-  auto cq = new uroce_cq{ctx, r.handle, map, static_cast<std::size_t>(len), {}};
+  void* map = nullptr;
+  std::size_t len = 0;
+  if (!map_fd(fd, map, len, "CQ ring")) return nullptr;
+  auto cq = new uroce_cq{ctx, r.handle, map, len, {}};
   const auto e = uroce::abi::Ring<uroce_cq_entry>::attach(map, cq->map_len, UROCE_RING_CQ, cq->ring);
   if (e != uroce::abi::AttachError::kOk) {
     ::munmap(map, cq->map_len);
@@ -427,17 +526,21 @@ uroce_qp* uroce_create_qp(uroce_pd* pd, uroce_qp_init_attr* a) {
   if (!pd || !a || !a->send_cq || !a->recv_cq) return set_error(EINVAL, "PD and both CQs are required"), nullptr;
   if (a->cap.max_send_sge > UROCE_ABI_MAX_SGE || a->cap.max_recv_sge > UROCE_ABI_MAX_SGE)
     return set_error(EINVAL, "at most 4 SGEs"), nullptr;
-  uroce_create_qp_msg m{pd->handle, a->send_cq->handle, a->recv_cq->handle, static_cast<std::uint32_t>(a->qp_type),
-                    a->cap.max_send_wr, a->cap.max_recv_wr, static_cast<std::uint32_t>(a->sq_sig_all)};
+  uroce_create_qp_msg m{pd->handle,
+                        a->send_cq->handle,
+                        a->recv_cq->handle,
+                        static_cast<std::uint32_t>(a->qp_type),
+                        a->cap.max_send_wr,
+                        a->srq ? 1 : a->cap.max_recv_wr,
+                        static_cast<std::uint32_t>(a->sq_sig_all),
+                        a->srq ? a->srq->handle : 0};
   uroce_create_qp_reply r{};
   int fd = -1;
   if (call(pd->ctx, UROCE_MSG_CREATE_QP, &m, sizeof m, -1, &r, sizeof r, &fd) != 0) return nullptr;
-  if (fd < 0) return set_error(EPROTO, "no QP rings from uroced"), nullptr;
-  const off_t len = ::lseek(fd, 0, SEEK_END);
-  void* map = ::mmap(nullptr, static_cast<std::size_t>(len), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  ::close(fd);
-  if (map == MAP_FAILED) return set_error(errno, "cannot map the QP rings"), nullptr;
-  auto qp = new uroce_qp{pd->ctx, r.handle, r.qpn, map, static_cast<std::size_t>(len), {}, {}, *a};
+  void* map = nullptr;
+  std::size_t len = 0;
+  if (!map_fd(fd, map, len, "QP rings")) return nullptr;
+  auto qp = new uroce_qp{pd->ctx, r.handle, r.qpn, map, len, {}, {}, *a};
   using uroce::abi::AttachError;
   if (uroce::abi::Ring<uroce_send_entry>::attach(map, r.rq_offset, UROCE_RING_SEND, qp->sq) != AttachError::kOk ||
       uroce::abi::Ring<uroce_recv_entry>::attach(static_cast<std::uint8_t*>(map) + r.rq_offset,
@@ -553,23 +656,46 @@ int uroce_post_send(uroce_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
 }
 
 int uroce_post_recv(uroce_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
-  for (; wr; wr = wr->next) {
-    if (wr->num_sge < 0 || wr->num_sge > UROCE_ABI_MAX_SGE) {
-      if (bad) *bad = wr;
-      return set_error(EINVAL, "too many SGEs");
-    }
-    uroce_recv_entry e{};
-    e.wr_id = wr->wr_id;
-    e.num_sge = static_cast<std::uint32_t>(wr->num_sge);
-    for (int i = 0; i < wr->num_sge; ++i)
-      e.sg_list[i] = {wr->sg_list[i].addr, wr->sg_list[i].length, wr->sg_list[i].lkey};
-    if (!qp->rq.push(e)) {
-      if (bad) *bad = wr;
-      return set_error(ENOMEM, "receive queue full");
-    }
+  if (qp->init.srq) {
+    if (bad) *bad = wr;
+    return set_error(EINVAL, "this QP receives from an SRQ: use uroce_post_srq_recv");
   }
-  return 0;
+  return push_recvs(qp->rq, wr, bad);
 }
+
+uroce_srq* uroce_create_srq(uroce_pd* pd, ibv_srq_init_attr* a) {
+  if (!pd || !a) return set_error(EINVAL, "no PD or attributes"), nullptr;
+  if (a->attr.srq_limit != 0) return set_error(EINVAL, "srq_limit (the low-watermark event) is not supported"), nullptr;
+  uroce_create_srq_msg m{pd->handle, a->attr.max_wr, a->attr.max_sge};
+  uroce_handle_reply r{};
+  int fd = -1;
+  if (call(pd->ctx, UROCE_MSG_CREATE_SRQ, &m, sizeof m, -1, &r, sizeof r, &fd) != 0) return nullptr;
+  void* map = nullptr;
+  std::size_t len = 0;
+  if (!map_fd(fd, map, len, "SRQ ring")) return nullptr;
+  auto srq = new uroce_srq{pd->ctx, r.handle, map, len, {}};
+  if (uroce::abi::Ring<uroce_recv_entry>::attach(map, len, UROCE_RING_SRQ, srq->ring) !=
+      uroce::abi::AttachError::kOk) {
+    ::munmap(map, len);
+    delete srq;
+    return set_error(EPROTO, "bad SRQ ring from uroced"), nullptr;
+  }
+  a->attr.max_wr = srq->ring.capacity();
+  return srq;
+}
+
+int uroce_destroy_srq(uroce_srq* srq) {
+  if (!srq) return set_error(EINVAL, "no SRQ");
+  uroce_destroy_msg d{UROCE_OBJ_SRQ, srq->handle};
+  const int rc = call(srq->ctx, UROCE_MSG_DESTROY, &d, sizeof d, -1, nullptr, 0);
+  if (rc == 0) {
+    ::munmap(srq->map, srq->map_len);
+    delete srq;
+  }
+  return rc;
+}
+
+int uroce_post_srq_recv(uroce_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad) { return push_recvs(srq->ring, wr, bad); }
 
 int uroce_poll_cq(uroce_cq* cq, int num, ibv_wc* wc) {
   int n = 0;

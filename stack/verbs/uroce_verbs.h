@@ -33,6 +33,8 @@ struct uroce_mr;
 struct uroce_cq;
 struct uroce_comp_channel;
 struct uroce_qp;
+struct uroce_srq;
+struct uroce_device;
 
 struct uroce_qp_init_attr {
   struct uroce_cq* send_cq;
@@ -40,7 +42,18 @@ struct uroce_qp_init_attr {
   enum ibv_qp_type qp_type; /* IBV_QPT_RC or IBV_QPT_UC */
   struct ibv_qp_cap cap;    /* max_send_wr, max_recv_wr (max_send_sge/max_recv_sge <= 4) */
   int sq_sig_all;
+  struct uroce_srq* srq; /* receives come from this SRQ; cap.max_recv_wr is then ignored */
 };
+
+/* The devices: every uroced application socket found in $UROCE_RUN_DIR
+ * (default /run/uroce; a device is <dir>/<name>.sock), then each path in
+ * $UROCE_DEVICES (colon-separated). NULL-terminated, as ibv_get_device_list;
+ * *num_devices (if not NULL) gets the count. Free with uroce_free_device_list. */
+struct uroce_device** uroce_get_device_list(int* num_devices);
+void uroce_free_device_list(struct uroce_device** list);
+const char* uroce_get_device_name(const struct uroce_device* device);
+/* The device's socket, for uroce_open_device. */
+const char* uroce_get_device_path(const struct uroce_device* device);
 
 /* Attach to a daemon's application socket; checks the ABI version. */
 struct uroce_context* uroce_open_device(const char* socket_path);
@@ -122,6 +135,12 @@ struct uroce_conn_info {
 };
 int uroce_exchange_tcp(const char* host, uint16_t port, int timeout_ms, const struct uroce_conn_info* mine,
                        struct uroce_conn_info* theirs);
+
+/* Shared receive queues: as ibv_create_srq (attr->attr.max_wr, max_sge <= 4;
+ * srq_limit is not supported and must be 0). EBUSY on destroy while a QP uses it. */
+struct uroce_srq* uroce_create_srq(struct uroce_pd* pd, struct ibv_srq_init_attr* attr);
+int uroce_destroy_srq(struct uroce_srq* srq);
+int uroce_post_srq_recv(struct uroce_srq* srq, struct ibv_recv_wr* wr, struct ibv_recv_wr** bad_wr);
 
 int uroce_post_send(struct uroce_qp* qp, struct ibv_send_wr* wr, struct ibv_send_wr** bad_wr);
 int uroce_post_recv(struct uroce_qp* qp, struct ibv_recv_wr* wr, struct ibv_recv_wr** bad_wr);

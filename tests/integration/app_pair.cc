@@ -5,6 +5,8 @@
 //   app_pair events SOCK_A SOCK_B  completion channels (eventfd, arm, get_cq_event)
 //   app_pair oob SOCK_A SOCK_B PORT  the out-of-band TCP exchange (loopback), then a WRITE with what was learnt
 //   app_pair crash SOCK_A           create resources, then die without cleaning up
+//   app_pair srq SOCK_A SOCK_B      two QPs receiving from one shared receive queue
+//   app_pair devices N              the device list ($UROCE_RUN_DIR, $UROCE_DEVICES) has N devices, all usable
 //
 // Prints "N passed, M failed"; exits 0 only if nothing failed.
 #include <poll.h>
@@ -448,6 +450,109 @@ int events(const char* sa, const char* sb) {
   return g_fail == 0 ? 0 : 1;
 }
 
+/// Two QPs on B share one SRQ; A sends on both; every receive is consumed
+/// from the SRQ and names the QP it arrived on.
+int srq(const char* sa, const char* sb) {
+  End a, b;
+  check(open_end(a, sa, false) && open_end(b, sb, false), "both applications open");
+  ibv_srq_init_attr sia{};
+  sia.attr.max_wr = 20;  // rounded up to 32
+  sia.attr.max_sge = 1;
+  uroce_srq* srq = uroce_create_srq(b.pd, &sia);
+  check(srq != nullptr && sia.attr.max_wr == 32, "create_srq: 20 entries asked, 32 given");
+  ibv_srq_init_attr bad = sia;
+  bad.attr.max_sge = 9;
+  check(uroce_create_srq(b.pd, &bad) == nullptr && errno == EINVAL, "create_srq with 9 SGEs: EINVAL");
+  // A second QP pair; B's two QPs both take receives from the SRQ.
+  End a2 = a, b2 = b;
+  uroce_qp_init_attr ia{};
+  ia.send_cq = ia.recv_cq = a.cq;
+  ia.qp_type = IBV_QPT_RC;
+  ia.cap.max_send_wr = ia.cap.max_recv_wr = 64;
+  a2.qp = uroce_create_qp(a.pd, &ia);
+  ia.send_cq = ia.recv_cq = b.cq;
+  ia.srq = srq;
+  uroce_destroy_qp(b.qp);
+  b.qp = uroce_create_qp(b.pd, &ia);
+  b2.qp = uroce_create_qp(b.pd, &ia);
+  check(a2.qp && b.qp && b2.qp, "QPs created, B's two on the SRQ");
+  check(connect(a, b) && connect(b, a) && connect(a2, b2) && connect(b2, a2), "both pairs connected");
+  ibv_sge rs{reinterpret_cast<std::uint64_t>(b.buf), 64, uroce_mr_lkey(b.mr)};
+  ibv_recv_wr rw{};
+  rw.sg_list = &rs;
+  rw.num_sge = 1;
+  ibv_recv_wr* badwr = nullptr;
+  check(uroce_post_recv(b.qp, &rw, &badwr) == EINVAL && badwr == &rw, "post_recv on a QP with an SRQ: EINVAL");
+  constexpr int kMsgs = 16;
+  std::vector<ibv_recv_wr> rws(kMsgs);
+  std::vector<ibv_sge> rsg(kMsgs);
+  for (int i = 0; i < kMsgs; ++i) {
+    rsg[i] = {reinterpret_cast<std::uint64_t>(b.buf) + 4096 + 64 * i, 64, uroce_mr_lkey(b.mr)};
+    rws[i].wr_id = 1000 + i;
+    rws[i].sg_list = &rsg[i];
+    rws[i].num_sge = 1;
+    rws[i].next = i + 1 < kMsgs ? &rws[i + 1] : nullptr;
+  }
+  check(uroce_post_srq_recv(srq, rws.data(), &badwr) == 0, "16 receives posted to the SRQ");
+  // Eight SENDs on each of A's QPs; byte 0 names the QP, byte 1 the message.
+  int sent_ok = 0;
+  for (int i = 0; i < kMsgs; ++i) {
+    End& from = (i % 2) ? a2 : a;
+    from.buf[64 * i] = static_cast<std::uint8_t>(i % 2);
+    from.buf[64 * i + 1] = static_cast<std::uint8_t>(i);
+    ibv_sge s{reinterpret_cast<std::uint64_t>(from.buf) + 64 * i, 32, uroce_mr_lkey(a.mr)};
+    ibv_send_wr w = wr_to(b, i, IBV_WR_SEND, &s, 0);
+    ibv_send_wr* bw = nullptr;
+    if (uroce_post_send(from.qp, &w, &bw) != 0) continue;
+    ibv_wc wc{};
+    if (wait_wc(a, wc) && wc.status == IBV_WC_SUCCESS) ++sent_ok;
+  }
+  check(sent_ok == kMsgs, "A: 16 SENDs completed, 8 on each QP");
+  int on[2] = {0, 0}, right = 0;
+  std::vector<bool> seen(kMsgs, false);
+  for (int i = 0; i < kMsgs; ++i) {
+    ibv_wc wc{};
+    if (!wait_wc(b, wc) || wc.status != IBV_WC_SUCCESS || wc.opcode != IBV_WC_RECV) continue;
+    const int slot = static_cast<int>(wc.wr_id) - 1000;
+    if (slot < 0 || slot >= kMsgs || seen[slot]) continue;
+    seen[slot] = true;
+    const std::uint8_t* m = b.buf + 4096 + 64 * slot;
+    const int which = wc.qp_num == uroce_qp_num(b2.qp) ? 1 : 0;
+    ++on[which];
+    if (m[0] == which && wc.byte_len == 32) ++right;
+  }
+  check(on[0] == 8 && on[1] == 8, "B: 8 receives from the SRQ on each QP");
+  check(right == kMsgs, "B: every message landed whole, on the QP it was sent to");
+  check(uroce_destroy_srq(srq) == EBUSY, "destroy_srq while QPs use it: EBUSY");
+  check(uroce_destroy_qp(b.qp) == 0 && uroce_destroy_qp(b2.qp) == 0 && uroce_destroy_srq(srq) == 0,
+        "teardown: QPs, then the SRQ");
+  uroce_close_device(a.ctx);
+  uroce_close_device(b.ctx);
+  std::printf("%d passed, %d failed\n", g_pass, g_fail);
+  return g_fail == 0 ? 0 : 1;
+}
+
+/// The device list finds `want` devices, and each one opens and answers.
+int devices(int want) {
+  int n = -1;
+  uroce_device** list = uroce_get_device_list(&n);
+  check(list != nullptr && n == want, "device list: " + std::to_string(want) + " devices, got " + std::to_string(n));
+  std::vector<std::string> gids;
+  for (int i = 0; list && i < n; ++i) {
+    std::printf("device %s at %s\n", uroce_get_device_name(list[i]), uroce_get_device_path(list[i]));
+    uroce_context* ctx = uroce_open_device(uroce_get_device_path(list[i]));
+    ibv_gid gid{};
+    check(ctx && uroce_query_gid(ctx, 1, 0, &gid) == 0, std::string("device ") + uroce_get_device_name(list[i]) + " opens");
+    gids.emplace_back(reinterpret_cast<const char*>(gid.raw), 16);
+    if (ctx) uroce_close_device(ctx);
+  }
+  check(list && list[n] == nullptr, "the list is NULL-terminated");
+  check(gids.size() < 2 || gids[0] != gids[1], "two devices, two different GIDs");
+  uroce_free_device_list(list);
+  std::printf("%d passed, %d failed\n", g_pass, g_fail);
+  return g_fail == 0 ? 0 : 1;
+}
+
 int main(int argc, char** argv) {
   alarm(60);  // a blocking call that never returns is a failure, not a hang
   if (argc >= 4 && std::string(argv[1]) == "ops") return ops(argv[2], argv[3]);
@@ -462,7 +567,9 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (argc >= 4 && std::string(argv[1]) == "events") return events(argv[2], argv[3]);
+  if (argc >= 4 && std::string(argv[1]) == "srq") return srq(argv[2], argv[3]);
+  if (argc >= 3 && std::string(argv[1]) == "devices") return devices(std::atoi(argv[2]));
   if (argc >= 5 && std::string(argv[1]) == "oob") return oob(argv[2], argv[3], std::atoi(argv[4]));
-  std::fprintf(stderr, "usage: app_pair ops|hostile|events SOCK_A SOCK_B | crash SOCK_A | oob SOCK_A SOCK_B PORT\n");
+  std::fprintf(stderr, "usage: app_pair ops|hostile|events|srq SOCK_A SOCK_B | crash SOCK_A | oob SOCK_A SOCK_B PORT | devices N\n");
   return 2;
 }

@@ -33,6 +33,18 @@ echo "== completion channels: an armed CQ wakes an eventfd"
 tail -3 "$TMP/events.out" | sed 's/^/  /'
 check "events: all checks passed" "[ $rc -eq 0 ] && grep -qE '^[1-9][0-9]* passed, 0 failed' '$TMP/events.out'"
 
+echo "== a shared receive queue feeding two QPs"
+"$APP" srq "$TMP/a.app" "$TMP/b.app" > "$TMP/srq.out" 2>&1; rc=$?
+tail -3 "$TMP/srq.out" | sed 's/^/  /'
+check "srq: all checks passed" "[ $rc -eq 0 ] && grep -qE '^[1-9][0-9]* passed, 0 failed' '$TMP/srq.out'"
+
+echo "== the device list: a run directory of sockets plus \$UROCE_DEVICES"
+mkdir -p "$TMP/run" && ln -sf "$TMP/a.app" "$TMP/run/uroce0.sock" && touch "$TMP/run/not-a-socket.sock"
+UROCE_RUN_DIR="$TMP/run" UROCE_DEVICES="$TMP/b.app:$TMP/a.app" "$APP" devices 2 > "$TMP/dev.out" 2>&1; rc=$?
+sed 's/^/  /' "$TMP/dev.out"
+check "devices: uroce0 from the run directory and b.app from the list, both usable" \
+  "[ $rc -eq 0 ] && grep -q '^device uroce0 ' '$TMP/dev.out' && grep -q '^device b.app ' '$TMP/dev.out'"
+
 echo "== out-of-band TCP exchange (loopback), then connect and WRITE with what was learnt"
 "$APP" oob "$TMP/a.app" "$TMP/b.app" $((20000 + $$ % 20000)) > "$TMP/oob.out" 2>&1; rc=$?
 tail -3 "$TMP/oob.out" | sed 's/^/  /'
