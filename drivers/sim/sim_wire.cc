@@ -102,6 +102,10 @@ bool SimWire::run_until(const std::function<bool()>& done, std::uint64_t max_ns)
       const std::uint64_t d = e->next_deadline();
       if (d != 0) next = std::min(next, d);
     }
+    if (next_timer) {
+      const std::uint64_t d = next_timer();
+      if (d != 0) next = std::min(next, d);
+    }
     if (next == UINT64_MAX) return done();
     now_ = std::max(now_ + 1, std::min(next, end));
   }

@@ -42,6 +42,8 @@ class SimWire {
   /// Called for every frame just before an engine receives it (after impairment).
   std::function<void(const transport::Engine* to, wire::ConstBytes frame, std::uint64_t now)> deliver_tap;
 
+  /// Timers the wire does not know of (a CM agent's): the earliest, or 0.
+  std::function<std::uint64_t()> next_timer;
   /// Advances virtual time until `done()` holds or `max_ns` pass.
   bool run_until(const std::function<bool()>& done, std::uint64_t max_ns);
   /// Runs until nothing is in flight and no engine has work or timers.

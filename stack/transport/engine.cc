@@ -141,10 +141,12 @@ Qp* Engine::create_qp(Pd* pd, const QpInitAttr& attr) {
       c.max_recv_sge > kMaxSge || c.max_inline_data > kMaxInline)
     return nullptr;
   if (attr.srq == nullptr && c.max_recv_wr == 0) return nullptr;
+  if (attr.gsi && (attr.qp_type != IBV_QPT_UD || gsi_)) return nullptr;
   auto slot = std::find(qps_.begin(), qps_.end(), nullptr);
-  if (slot == qps_.end()) return nullptr;
+  if (!attr.gsi && slot == qps_.end()) return nullptr;
   auto qp = std::make_unique<Qp>();
-  qp->qpn = kFirstQpn + cfg_.qpn_offset + static_cast<std::uint32_t>(slot - qps_.begin()) * cfg_.qpn_stride;
+  qp->qpn = attr.gsi ? kGsiQpn
+                     : kFirstQpn + cfg_.qpn_offset + static_cast<std::uint32_t>(slot - qps_.begin()) * cfg_.qpn_stride;
   qp->type = attr.qp_type;
   qp->pd = pd;
   qp->send_cq = attr.send_cq;
@@ -156,25 +158,43 @@ Qp* Engine::create_qp(Pd* pd, const QpInitAttr& attr) {
   qp->rq = Ring<RecvWqe>(attr.srq ? 1 : c.max_recv_wr);
   qp->handle = next_handle_++;
   ++pd->refs;
-  *slot = std::move(qp);
+  if (attr.gsi) {  // not counted in qp_count(): it belongs to the port, not to an application
+    qp->qkey = kGsiQkey;
+    gsi_ = std::move(qp);
+    return gsi_.get();
+  }
   ++qps_live_;
+  *slot = std::move(qp);
   return slot->get();
 }
 
 int Engine::destroy_qp(Qp* qp) {
   if (qp == nullptr) return EINVAL;
+  const bool gsi = qp == gsi_.get();
   const std::uint32_t idx = (qp->qpn - kFirstQpn - cfg_.qpn_offset) / cfg_.qpn_stride;
-  if (idx >= qps_.size() || qps_[idx].get() != qp) return EINVAL;
+  if (!gsi && (idx >= qps_.size() || qps_[idx].get() != qp)) return EINVAL;
   for (std::size_t i = 0; i < dead_qp_ctr_.v.size(); ++i) dead_qp_ctr_.v[i] += qp->ctr.v[i];
   std::erase(active_, qp);
   std::erase(ack_waiters_, qp);
   --qp->pd->refs;
-  qps_[idx].reset();
-  --qps_live_;
+  if (gsi) {
+    gsi_.reset();
+  } else {
+    qps_[idx].reset();
+    --qps_live_;
+  }
   return 0;
 }
 
+bool Engine::neighbor(const wire::IpAddr& ip, wire::MacAddr& mac) const {
+  auto it = neighbors_.find(ip);
+  if (it == neighbors_.end()) return false;
+  mac = it->second;
+  return true;
+}
+
 Qp* Engine::find_qp(std::uint32_t qpn) const {
+  if (qpn == kGsiQpn) return gsi_.get();
   const std::uint32_t d = qpn - kFirstQpn - cfg_.qpn_offset;
   if (d % cfg_.qpn_stride != 0) return nullptr;
   const std::uint32_t idx = d / cfg_.qpn_stride;
@@ -660,6 +680,9 @@ void Engine::rx(wire::ConstBytes frame, std::uint64_t now) {
     port_ctr_.inc(PortCounter::rx_malformed);
     return;
   }
+  // A CM peer reaches QP1 before anything else: learn its MAC from the frame
+  // (ARP-style gleaning), so the REP and the QP's RTR need no resolution.
+  if (qp == gsi_.get() && neighbors_.find(pkt.src) == neighbors_.end()) neighbors_[pkt.src] = pkt.eth_src;
   qp->ctr.inc(QpCounter::rcvd_pkts);
   if (pkt.info->has(wire::kOpRequest)) {
     on_request(*qp, pkt, now);

@@ -111,6 +111,8 @@ class Engine {
   int query_qp(const Qp* qp, ibv_qp_attr& attr) const;
   /// Static neighbour entry, used to resolve the peer's MAC at RTR and for UD.
   void set_neighbor(const wire::IpAddr& ip, const wire::MacAddr& mac);
+  /// The neighbour entry for ip, if there is one.
+  bool neighbor(const wire::IpAddr& ip, wire::MacAddr& mac) const;
 
   // ---- Data path ----
   /// Posts a send WR. 0, or an errno: EINVAL (bad WR or QP state), ENOMEM (SQ full).
@@ -207,6 +209,7 @@ class Engine {
   std::vector<std::unique_ptr<Cq>> cqs_;
   std::vector<std::unique_ptr<Srq>> srqs_;
   std::vector<std::unique_ptr<Qp>> qps_;  // index = qpn - kFirstQpn
+  std::unique_ptr<Qp> gsi_;               // QP1, when the CM agent made it
   std::size_t qps_live_ = 0;
   std::vector<Qp*> active_;       // QPs with work or timers; fixed capacity
   std::vector<Qp*> ack_waiters_;  // QPs with a coalesced ACK pending

@@ -77,7 +77,13 @@ struct QpInitAttr {
   Srq* srq = nullptr;
   QpCap cap{};
   bool sq_sig_all = false;
+  /// The General Services Interface QP: UD, QP number 1, Q_Key 0x80010000
+  /// (IBTA 13.5.1; the CM's MADs travel on it). One per engine.
+  bool gsi = false;
 };
+
+inline constexpr std::uint32_t kGsiQpn = 1;
+inline constexpr std::uint32_t kGsiQkey = 0x80010000u;
 
 /// Bytes in an IBTA MTU enum value, or 0 if it is not one.
 constexpr std::uint32_t mtu_bytes(ibv_mtu m) {

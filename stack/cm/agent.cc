@@ -1,0 +1,691 @@
+#include "stack/cm/agent.h"
+
+#include <algorithm>
+#include <cerrno>
+
+namespace uroce::cm {
+
+using transport::Qp;
+
+const char* to_string(CmEvent::Type t) {
+  switch (t) {
+    case CmEvent::Type::kConnectRequest: return "connect_request";
+    case CmEvent::Type::kEstablished: return "established";
+    case CmEvent::Type::kRejected: return "rejected";
+    case CmEvent::Type::kDisconnected: return "disconnected";
+    case CmEvent::Type::kUnreachable: return "unreachable";
+  }
+  return "?";
+}
+
+const char* to_string(CmCounter c) {
+  switch (c) {
+#define X(n) \
+  case CmCounter::n: return #n;
+    UROCE_CM_COUNTERS(X)
+#undef X
+    case CmCounter::kCount: break;
+  }
+  return "?";
+}
+
+namespace {
+
+constexpr std::uint8_t kCmResponseTimeout = 20;  // 4.096 us * 2^20 = 4.3 s, as Linux advertises
+constexpr std::uint8_t kMaxCmRetries = 15;
+constexpr std::uint8_t kMsgReq = 0, kMsgRep = 1, kMsgOther = 2;  // REJ's "message rejected"
+constexpr unsigned kAccess =
+    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+
+std::uint64_t splitmix(std::uint64_t& s) {
+  std::uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+void copy_priv(std::uint8_t* dst, std::size_t cap, wire::ConstBytes priv) {
+  std::memcpy(dst, priv.data(), std::min(cap, priv.size()));
+}
+
+}  // namespace
+
+CmAgent::CmAgent(transport::Engine& eng, const CmConfig& cfg, Resolve resolve, void* resolve_ctx)
+    : eng_(eng), cfg_(cfg), resolve_(resolve), resolve_ctx_(resolve_ctx), rng_(cfg.seed) {
+  next_comm_id = [this] {
+    std::uint32_t v;
+    do v = static_cast<std::uint32_t>(splitmix(rng_));
+    while (v == 0 || conns_.count(v));
+    return v;
+  };
+  next_psn = [this] { return static_cast<std::uint32_t>(splitmix(rng_)) & 0xffffff; };
+  next_tid = [this] { return splitmix(rng_); };
+  next_src_port = [this] { return static_cast<std::uint16_t>(0x8000 | (splitmix(rng_) & 0x7fff)); };
+
+  mem_.assign((kRecvSlots + kSendSlots) * kSlot, 0);
+  pd_ = eng_.alloc_pd();
+  cq_ = eng_.create_cq(2 * (kRecvSlots + kSendSlots));
+  mr_ = eng_.reg_mr(pd_, mem_.data(), mem_.size(), IBV_ACCESS_LOCAL_WRITE);
+  transport::QpInitAttr ia;
+  ia.qp_type = IBV_QPT_UD;
+  ia.send_cq = ia.recv_cq = cq_;
+  ia.cap.max_send_wr = kSendSlots;
+  ia.cap.max_recv_wr = kRecvSlots;
+  ia.gsi = true;
+  qp_ = pd_ && cq_ && mr_ ? eng_.create_qp(pd_, ia) : nullptr;
+  if (!qp_) return;
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_INIT;
+  a.qkey = transport::kGsiQkey;
+  a.port_num = 1;
+  bool up = eng_.modify_qp(qp_, a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY).err == 0;
+  a.qp_state = IBV_QPS_RTR;
+  up = up && eng_.modify_qp(qp_, a, IBV_QP_STATE).err == 0;
+  a.qp_state = IBV_QPS_RTS;
+  a.sq_psn = 0;
+  up = up && eng_.modify_qp(qp_, a, IBV_QP_STATE | IBV_QP_SQ_PSN).err == 0;
+  for (std::uint32_t i = 0; up && i < kRecvSlots; ++i) {
+    const transport::Sge sg{reinterpret_cast<std::uint64_t>(mem_.data() + i * kSlot), kSlot, mr_->lkey};
+    up = eng_.post_recv(qp_, transport::RecvWr{i, {&sg, 1}}) == 0;
+  }
+  if (!up) {
+    eng_.destroy_qp(qp_);
+    qp_ = nullptr;
+  }
+}
+
+CmAgent::~CmAgent() {
+  if (qp_) eng_.destroy_qp(qp_);
+  if (mr_) eng_.dereg_mr(mr_);
+  if (cq_) eng_.destroy_cq(cq_);
+  if (pd_) eng_.dealloc_pd(pd_);
+}
+
+// ------------------------------------------------------------ sending
+
+bool CmAgent::post(const wire::IpAddr& dst, const wire::MacAddr& mac, const Mad& m) {
+  if (send_outstanding_ >= kSendSlots) {
+    inc(CmCounter::send_full);
+    return false;
+  }
+  std::uint8_t* slot = mem_.data() + (kRecvSlots + send_next_ % kSendSlots) * kSlot;
+  ++send_next_;
+  std::memcpy(slot, &m, kMadBytes);
+  const transport::Sge sg{reinterpret_cast<std::uint64_t>(slot), kMadBytes, mr_->lkey};
+  const transport::Ah ah{dst, mac, 0};
+  transport::SendWr wr;
+  wr.wr_id = (1ull << 32) | send_next_;
+  wr.opcode = IBV_WR_SEND;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.sg_list = {&sg, 1};
+  wr.ah = &ah;
+  wr.remote_qpn = transport::kGsiQpn;
+  wr.remote_qkey = transport::kGsiQkey;
+  if (eng_.post_send(qp_, wr) != 0) {
+    inc(CmCounter::send_full);
+    return false;
+  }
+  ++send_outstanding_;
+  inc(CmCounter::mads_tx);
+  return true;
+}
+
+void CmAgent::send(const wire::IpAddr& dst, const Mad& m, std::uint64_t now) {
+  wire::MacAddr mac;
+  if (eng_.neighbor(dst, mac)) {
+    post(dst, mac, m);
+    return;
+  }
+  // The peer's MAC is not known yet: ask, and send when it is.
+  if (resolve_) resolve_(resolve_ctx_, dst);
+  pending_.push_back({dst, m, now + cfg_.resolve_ns});
+}
+
+void CmAgent::send_conn(Conn& c, const Mad& m, std::uint64_t now) {
+  c.last = m;
+  c.sends = 1;
+  c.deadline = now + cfg_.resend_ns;
+  send(c.peer, m, now);
+}
+
+void CmAgent::send_rej(const wire::IpAddr& dst, std::uint64_t tid, std::uint32_t local_id, std::uint32_t remote_id,
+                       std::uint8_t msg, std::uint16_t reason, wire::ConstBytes priv, std::uint64_t now) {
+  Mad m = Mad::make(Attr::kRej, tid);
+  Rej& r = m.as<Rej>();
+  r.local_comm_id.set(local_id);
+  r.remote_comm_id.set(remote_id);
+  r.b8 = static_cast<std::uint8_t>(msg << 6);
+  r.reason.set(reason);
+  copy_priv(r.private_data, sizeof r.private_data, priv);
+  inc(CmCounter::rejects_sent);
+  send(dst, m, now);
+}
+
+void CmAgent::event(const Conn& c, CmEvent::Type t, std::uint16_t reason, wire::ConstBytes priv) {
+  if (c.owner == 0) return;  // its owner is gone
+  CmEvent e;
+  e.type = t;
+  e.id = c.local_id;
+  e.peer = c.peer;
+  e.peer_port = c.peer_port;
+  e.local_port = c.local_port;
+  e.peer_qpn = c.peer_qpn;
+  e.responder_resources = c.responder_resources;
+  e.initiator_depth = c.initiator_depth;
+  e.mtu = c.mtu;
+  e.reason = reason;
+  e.private_len = static_cast<std::uint8_t>(std::min(priv.size(), sizeof e.private_data));
+  std::memcpy(e.private_data, priv.data(), e.private_len);
+  if (t == CmEvent::Type::kEstablished) inc(CmCounter::established);
+  if (t == CmEvent::Type::kDisconnected) inc(CmCounter::disconnected);
+  events_[c.owner].push_back(e);
+}
+
+// ------------------------------------------------------------ QP moves
+
+int CmAgent::bring_up(Qp* qp, const Conn& c, std::uint8_t max_rd_atomic, std::uint8_t max_dest_rd_atomic) {
+  if (!qp) return EINVAL;
+  ibv_qp_attr a{};
+  if (qp->state == IBV_QPS_RESET) {
+    a.qp_state = IBV_QPS_INIT;
+    a.port_num = 1;
+    a.qp_access_flags = kAccess;
+    if (auto r = eng_.modify_qp(qp, a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS); !r)
+      return r.err;
+  }
+  a = {};
+  a.qp_state = IBV_QPS_RTR;
+  a.path_mtu = c.mtu;
+  a.dest_qp_num = c.peer_qpn;
+  a.rq_psn = c.peer_psn;
+  a.max_dest_rd_atomic = max_dest_rd_atomic;
+  a.min_rnr_timer = 12;
+  a.ah_attr.is_global = 1;
+  a.ah_attr.port_num = 1;
+  a.ah_attr.grh.hop_limit = 64;
+  std::memcpy(a.ah_attr.grh.dgid.raw, c.peer.b.data(), 16);
+  if (auto r = eng_.modify_qp(qp, a,
+                              IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                                  IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+      !r)
+    return r.err;
+  a = {};
+  a.qp_state = IBV_QPS_RTS;
+  a.sq_psn = c.our_psn;
+  a.timeout = c.ack_timeout;
+  a.retry_cnt = c.retry_cnt;
+  a.rnr_retry = c.rnr_retry;
+  a.max_rd_atomic = max_rd_atomic;
+  return eng_
+      .modify_qp(qp, a,
+                 IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                     IBV_QP_MAX_QP_RD_ATOMIC)
+      .err;
+}
+
+void CmAgent::qp_to_error(const Conn& c) {
+  Qp* qp = eng_.find_qp(c.qpn);
+  if (!qp || qp->state == IBV_QPS_RESET || qp->state == IBV_QPS_ERR) return;
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_ERR;
+  eng_.modify_qp(qp, a, IBV_QP_STATE);
+}
+
+// ------------------------------------------------------------ the API
+
+int CmAgent::listen(std::uint16_t port, std::uint32_t owner) {
+  if (owner == 0) return EINVAL;
+  if (listens_.count(port)) return EADDRINUSE;
+  listens_[port] = owner;
+  return 0;
+}
+
+int CmAgent::unlisten(std::uint16_t port, std::uint32_t owner) {
+  auto it = listens_.find(port);
+  if (it == listens_.end() || it->second != owner) return EINVAL;
+  listens_.erase(it);
+  return 0;
+}
+
+int CmAgent::connect(Qp* qp, const wire::IpAddr& dst, std::uint16_t port, wire::ConstBytes priv,
+                     std::uint32_t owner, const ConnParams& p, std::uint64_t now, std::uint32_t& id) {
+  if (!ok() || !qp || qp->type != IBV_QPT_RC || owner == 0) return EINVAL;
+  if (qp->state != IBV_QPS_RESET && qp->state != IBV_QPS_INIT) return EINVAL;
+  if (priv.size() > kReqUserPrivate || transport::mtu_bytes(p.mtu) == 0) return EINVAL;
+  if (qp->state == IBV_QPS_RESET) {
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_INIT;
+    a.port_num = 1;
+    a.qp_access_flags = kAccess;
+    if (auto r = eng_.modify_qp(qp, a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS); !r)
+      return r.err;
+  }
+  Conn c;
+  c.local_id = next_comm_id();
+  c.tid = next_tid();
+  c.owner = owner;
+  c.active = true;
+  c.state = State::kReqSent;
+  c.qpn = qp->qpn;
+  c.peer = dst;
+  c.peer_port = port;
+  c.local_port = next_src_port();
+  c.our_psn = next_psn() & 0xffffff;
+  c.mtu = std::min(p.mtu, cfg_.max_mtu);
+  c.responder_resources = std::min<std::uint8_t>(p.responder_resources, transport::kMaxRdAtomic);
+  c.initiator_depth = std::min<std::uint8_t>(p.initiator_depth, transport::kMaxRdAtomic);
+  c.retry_cnt = p.retry_cnt & 7;
+  c.rnr_retry = p.rnr_retry & 7;
+  c.ack_timeout = p.ack_timeout & 31;
+
+  Mad m = Mad::make(Attr::kReq, c.tid);
+  Req& r = m.as<Req>();
+  r.local_comm_id.set(c.local_id);
+  r.service_id.set(service_id(kPortSpaceTcp, port));
+  r.local_ca_guid.set(cfg_.ca_guid);
+  r.local_qpn.set(c.qpn);
+  r.responder_resources = c.responder_resources;
+  r.initiator_depth = c.initiator_depth;
+  r.b43 = static_cast<std::uint8_t>(kCmResponseTimeout << 3);  // transport RC (0), no end-to-end flow control
+  r.starting_psn.set(c.our_psn);
+  r.b47 = static_cast<std::uint8_t>((kCmResponseTimeout << 3) | c.retry_cnt);
+  r.pkey.set(0xffff);
+  r.b50 = static_cast<std::uint8_t>((c.mtu << 4) | c.rnr_retry);
+  r.b51 = static_cast<std::uint8_t>(kMaxCmRetries << 4);
+  r.primary.local_lid.set(0xffff);  // RoCE: the permissive LID, the GIDs route
+  r.primary.remote_lid.set(0xffff);
+  std::memcpy(r.primary.local_gid, eng_.config().ip.b.data(), 16);
+  std::memcpy(r.primary.remote_gid, dst.b.data(), 16);
+  r.primary.flow_label_rate.set(17);  // packet rate 200 Gb/s, what Linux advertises for a soft port
+  r.primary.hop_limit = 64;
+  r.primary.ack_timeout = static_cast<std::uint8_t>(c.ack_timeout << 3);
+  auto* h = reinterpret_cast<CmaHdr*>(r.private_data);
+  h->cma_version = 0;
+  h->ip_version = dst.is_v4_mapped() ? 0x40 : 0x60;
+  h->src_port.set(c.local_port);
+  cma_addr(eng_.config().ip, h->src_addr);
+  cma_addr(dst, h->dst_addr);
+  copy_priv(r.private_data + sizeof(CmaHdr), kReqUserPrivate, priv);
+  id = c.local_id;
+  auto& stored = conns_[c.local_id] = c;
+  send_conn(stored, m, now);
+  return 0;
+}
+
+int CmAgent::accept(std::uint32_t id, Qp* qp, wire::ConstBytes priv, std::uint32_t owner, std::uint64_t now) {
+  auto it = conns_.find(id);
+  if (it == conns_.end() || it->second.owner != owner || it->second.state != State::kReqRcvd) return EINVAL;
+  if (!qp || qp->type != IBV_QPT_RC || (qp->state != IBV_QPS_RESET && qp->state != IBV_QPS_INIT)) return EINVAL;
+  if (priv.size() > sizeof(Rep::private_data)) return EINVAL;
+  Conn& c = it->second;
+  c.qpn = qp->qpn;
+  c.our_psn = next_psn() & 0xffffff;
+  // Our READ depth is bounded by what the peer accepts, and we accept what it issues.
+  const std::uint8_t our_depth = std::min<std::uint8_t>(c.responder_resources, transport::kMaxRdAtomic);
+  const std::uint8_t our_resources = std::min<std::uint8_t>(c.initiator_depth, transport::kMaxRdAtomic);
+  if (const int err = bring_up(qp, c, our_depth, our_resources); err != 0) return err;
+  Mad m = Mad::make(Attr::kRep, c.tid);
+  Rep& r = m.as<Rep>();
+  r.local_comm_id.set(c.local_id);
+  r.remote_comm_id.set(c.remote_id);
+  r.local_qpn.set(c.qpn);
+  r.starting_psn.set(c.our_psn);
+  r.responder_resources = our_resources;
+  r.initiator_depth = our_depth;
+  r.b26 = static_cast<std::uint8_t>(15 << 3);  // target ACK delay; failover not accepted; no flow control
+  r.b27 = static_cast<std::uint8_t>(c.rnr_retry << 5);
+  r.local_ca_guid.set(cfg_.ca_guid);
+  copy_priv(r.private_data, sizeof r.private_data, priv);
+  c.responder_resources = our_resources;
+  c.initiator_depth = our_depth;
+  c.state = State::kRepSent;
+  c.qp_rx_at_rep = qp->ctr[transport::QpCounter::rcvd_pkts];
+  send_conn(c, m, now);
+  return 0;
+}
+
+int CmAgent::reject(std::uint32_t id, wire::ConstBytes priv, std::uint32_t owner, std::uint64_t now) {
+  auto it = conns_.find(id);
+  if (it == conns_.end() || it->second.owner != owner || it->second.state != State::kReqRcvd) return EINVAL;
+  if (priv.size() > sizeof(Rej::private_data)) return EINVAL;
+  send_rej(it->second.peer, it->second.tid, id, it->second.remote_id, kMsgReq, kRejConsumer, priv, now);
+  conns_.erase(it);
+  return 0;
+}
+
+int CmAgent::disconnect(std::uint32_t id, std::uint32_t owner, std::uint64_t now) {
+  auto it = conns_.find(id);
+  if (it == conns_.end() || it->second.owner != owner) return EINVAL;
+  Conn& c = it->second;
+  switch (c.state) {
+    case State::kEstablished:
+    case State::kRepSent: {
+      qp_to_error(c);
+      // A DREQ opens a transaction of its sender's: the active side goes on
+      // with its REQ's ID, the passive side takes one of its own (as Linux).
+      if (!c.active) c.tid = next_tid();
+      Mad m = Mad::make(Attr::kDreq, c.tid);
+      Dreq& d = m.as<Dreq>();
+      d.local_comm_id.set(c.local_id);
+      d.remote_comm_id.set(c.remote_id);
+      d.remote_qpn.set(c.peer_qpn);
+      c.state = State::kDreqSent;
+      send_conn(c, m, now);
+      return 0;
+    }
+    case State::kReqSent:  // give up connecting
+      send_rej(c.peer, c.tid, c.local_id, 0, kMsgOther, kRejConsumer, {}, now);
+      conns_.erase(it);
+      return 0;
+    case State::kReqRcvd: return reject(id, {}, owner, now);
+    default: return EINVAL;  // already closing
+  }
+}
+
+void CmAgent::drop_owner(std::uint32_t owner, std::uint64_t now) {
+  std::vector<std::uint32_t> ids;
+  for (const auto& [id, c] : conns_)
+    if (c.owner == owner) ids.push_back(id);
+  for (std::uint32_t id : ids) {
+    disconnect(id, owner, now);
+    if (auto it = conns_.find(id); it != conns_.end()) it->second.owner = 0;
+  }
+  std::erase_if(listens_, [owner](const auto& l) { return l.second == owner; });
+  events_.erase(owner);
+}
+
+bool CmAgent::next_event(std::uint32_t owner, CmEvent& out) {
+  auto it = events_.find(owner);
+  if (it == events_.end() || it->second.empty()) return false;
+  out = it->second.front();
+  it->second.pop_front();
+  return true;
+}
+
+// ------------------------------------------------------------ receiving
+
+CmAgent::Conn* CmAgent::find(std::uint32_t local_id, const wire::IpAddr& src) {
+  auto it = conns_.find(local_id);
+  if (it == conns_.end() || !(it->second.peer == src)) {
+    inc(CmCounter::unmatched);
+    return nullptr;
+  }
+  return &it->second;
+}
+
+void CmAgent::on_req(const Mad& m, const wire::IpAddr& src, std::uint64_t now) {
+  const Req& r = m.as<Req>();
+  const std::uint32_t rid = r.local_comm_id.get();
+  for (auto& [id, c] : conns_) {
+    if (c.active || c.remote_id != rid || !(c.peer == src)) continue;
+    // A resent REQ: our REP was lost (answer it again) or the application
+    // has not decided yet (stay quiet; the peer keeps waiting).
+    inc(CmCounter::duplicates);
+    if (c.state == State::kRepSent || c.state == State::kEstablished) send(c.peer, c.last, now);
+    return;
+  }
+  const std::uint64_t sid = r.service_id.get();
+  const std::uint16_t port = static_cast<std::uint16_t>(sid);
+  auto l = listens_.find(port);
+  if ((sid & ~0xffffffull) != kServiceIdPrefix || ((sid >> 16) & 0xff) != kPortSpaceTcp || l == listens_.end())
+    return send_rej(src, m.hdr.tid.get(), 0, rid, kMsgReq, kRejInvalidServiceId, {}, now);
+  if (r.transport() != 0) return send_rej(src, m.hdr.tid.get(), 0, rid, kMsgReq, kRejInvalidTransport, {}, now);
+  if (!(ip_from_gid(r.primary.remote_gid) == eng_.config().ip))
+    return send_rej(src, m.hdr.tid.get(), 0, rid, kMsgReq, kRejInvalidGid, {}, now);
+  const auto* h = reinterpret_cast<const CmaHdr*>(r.private_data);
+  const std::uint8_t ipv = h->ip_version >> 4;
+  if (transport::mtu_bytes(static_cast<ibv_mtu>(r.path_mtu())) == 0)
+    return send_rej(src, m.hdr.tid.get(), 0, rid, kMsgReq, kRejInvalidMtu, {}, now);
+  Conn c;
+  c.local_id = next_comm_id();
+  c.remote_id = rid;
+  c.tid = m.hdr.tid.get();
+  c.owner = l->second;
+  c.state = State::kReqRcvd;
+  c.peer = src;
+  c.local_port = port;
+  c.peer_port = (ipv == 4 || ipv == 6) ? h->src_port.get() : 0;
+  c.peer_qpn = r.local_qpn.get();
+  c.peer_psn = r.starting_psn.get();
+  c.mtu = std::min(static_cast<ibv_mtu>(r.path_mtu()), cfg_.max_mtu);
+  c.responder_resources = r.responder_resources;
+  c.initiator_depth = r.initiator_depth;
+  c.retry_cnt = r.retry_count();
+  c.rnr_retry = r.rnr_retry();
+  c.ack_timeout = r.primary.ack_timeout >> 3;
+  if (c.ack_timeout == 0) c.ack_timeout = 14;
+  const Conn& stored = conns_[c.local_id] = c;
+  event(stored, CmEvent::Type::kConnectRequest, 0,
+        wire::ConstBytes(r.private_data + sizeof(CmaHdr), kReqUserPrivate));
+}
+
+void CmAgent::on_rep(const Mad& m, const wire::IpAddr& src, std::uint64_t now) {
+  const Rep& r = m.as<Rep>();
+  Conn* c = find(r.remote_comm_id.get(), src);
+  if (!c || !c->active) return;
+  if (c->state == State::kEstablished && c->remote_id == r.local_comm_id.get()) {
+    inc(CmCounter::duplicates);  // our RTU was lost: send it again
+    send(c->peer, c->last, now);
+    return;
+  }
+  if (c->state != State::kReqSent) return;
+  c->remote_id = r.local_comm_id.get();
+  c->peer_qpn = r.local_qpn.get();
+  c->peer_psn = r.starting_psn.get();
+  const std::uint8_t our_depth = std::min(r.responder_resources, c->initiator_depth);
+  const int err = bring_up(eng_.find_qp(c->qpn), *c, our_depth, c->responder_resources);
+  if (err != 0) {
+    send_rej(c->peer, c->tid, c->local_id, c->remote_id, kMsgRep, kRejNoResources, {}, now);
+    qp_to_error(*c);
+    event(*c, CmEvent::Type::kUnreachable, kRejNoResources);
+    conns_.erase(c->local_id);
+    return;
+  }
+  Mad rtu = Mad::make(Attr::kRtu, c->tid);
+  rtu.as<Rtu>().local_comm_id.set(c->local_id);
+  rtu.as<Rtu>().remote_comm_id.set(c->remote_id);
+  c->last = rtu;
+  c->deadline = 0;
+  c->state = State::kEstablished;
+  send(c->peer, rtu, now);
+  event(*c, CmEvent::Type::kEstablished, 0, wire::ConstBytes(r.private_data, kReqUserPrivate));
+}
+
+void CmAgent::on_rtu(const Mad& m, const wire::IpAddr& src) {
+  const Rtu& r = m.as<Rtu>();
+  Conn* c = find(r.remote_comm_id.get(), src);
+  if (!c || c->active || c->remote_id != r.local_comm_id.get()) return;
+  if (c->state != State::kRepSent) {
+    inc(CmCounter::duplicates);
+    return;
+  }
+  c->state = State::kEstablished;
+  c->deadline = 0;
+  event(*c, CmEvent::Type::kEstablished);
+}
+
+void CmAgent::on_rej(const Mad& m, const wire::IpAddr& src) {
+  const Rej& r = m.as<Rej>();
+  Conn* c = find(r.remote_comm_id.get(), src);
+  if (!c || (c->state != State::kReqSent && c->state != State::kRepSent)) return;
+  if (c->state == State::kRepSent) qp_to_error(*c);
+  event(*c, CmEvent::Type::kRejected, r.reason.get(), wire::ConstBytes(r.private_data, kReqUserPrivate));
+  conns_.erase(c->local_id);
+}
+
+void CmAgent::on_dreq(const Mad& m, const wire::IpAddr& src, std::uint64_t now) {
+  const Dreq& d = m.as<Dreq>();
+  Mad rep = Mad::make(Attr::kDrep, m.hdr.tid.get());
+  rep.as<Drep>().local_comm_id.set(d.remote_comm_id.get());
+  rep.as<Drep>().remote_comm_id.set(d.local_comm_id.get());
+  auto it = conns_.find(d.remote_comm_id.get());
+  if (it == conns_.end() || !(it->second.peer == src) || it->second.remote_id != d.local_comm_id.get()) {
+    // Nothing of ours (or long gone): answer anyway so the peer can finish.
+    inc(CmCounter::unmatched);
+    send(src, rep, now);
+    return;
+  }
+  Conn& c = it->second;
+  switch (c.state) {
+    case State::kEstablished:
+    case State::kRepSent:
+    case State::kDreqSent:
+      qp_to_error(c);
+      event(c, CmEvent::Type::kDisconnected);
+      c.state = State::kTimeWait;
+      c.deadline = now + cfg_.timewait_ns;
+      c.last = rep;
+      send(c.peer, rep, now);
+      return;
+    case State::kTimeWait:
+      inc(CmCounter::duplicates);  // our DREP was lost
+      send(c.peer, rep, now);
+      return;
+    default: inc(CmCounter::unmatched); return;
+  }
+}
+
+void CmAgent::on_drep(const Mad& m, const wire::IpAddr& src, std::uint64_t now) {
+  const Drep& d = m.as<Drep>();
+  Conn* c = find(d.remote_comm_id.get(), src);
+  if (!c || c->state != State::kDreqSent) return;
+  event(*c, CmEvent::Type::kDisconnected);
+  c->state = State::kTimeWait;
+  c->deadline = now + cfg_.timewait_ns;
+}
+
+void CmAgent::on_mra(const Mad& m, const wire::IpAddr& src) {
+  const Mra& r = m.as<Mra>();
+  Conn* c = find(r.remote_comm_id.get(), src);
+  if (!c || c->deadline == 0) return;
+  // The peer needs more time: 4.096 us * 2^timeout, at most a minute.
+  const std::uint64_t extra = std::min<std::uint64_t>(4096ull << std::min<std::uint8_t>(r.service_timeout(), 31),
+                                                      60'000'000'000ull);
+  c->deadline += extra;
+}
+
+void CmAgent::on_mad(const Mad& m, const wire::IpAddr& src, std::uint64_t now) {
+  switch (m.attr()) {
+    case Attr::kReq: return on_req(m, src, now);
+    case Attr::kRep: return on_rep(m, src, now);
+    case Attr::kRtu: return on_rtu(m, src);
+    case Attr::kRej: return on_rej(m, src);
+    case Attr::kDreq: return on_dreq(m, src, now);
+    case Attr::kDrep: return on_drep(m, src, now);
+    case Attr::kMra: return on_mra(m, src);
+  }
+}
+
+void CmAgent::on_timer(Conn& c, std::uint64_t now, bool& erase) {
+  const bool retry = c.sends < cfg_.max_sends;
+  switch (c.state) {
+    case State::kRepSent: {
+      // Traffic on the QP means the RTU was lost but the peer is up (IBTA
+      // 12.9.6: communication established).
+      const Qp* qp = eng_.find_qp(c.qpn);
+      if (qp && qp->ctr[transport::QpCounter::rcvd_pkts] > c.qp_rx_at_rep) {
+        c.state = State::kEstablished;
+        c.deadline = 0;
+        event(c, CmEvent::Type::kEstablished);
+        return;
+      }
+      if (!retry) {
+        qp_to_error(c);
+        send_rej(c.peer, c.tid, c.local_id, c.remote_id, kMsgRep, kRejTimeout, {}, now);
+        event(c, CmEvent::Type::kUnreachable, kRejTimeout);
+        erase = true;
+        return;
+      }
+      break;
+    }
+    case State::kReqSent:
+      if (!retry) {
+        send_rej(c.peer, c.tid, c.local_id, 0, kMsgOther, kRejTimeout, {}, now);
+        event(c, CmEvent::Type::kUnreachable, kRejTimeout);
+        erase = true;
+        return;
+      }
+      break;
+    case State::kDreqSent:
+      if (!retry) {  // the peer is gone: we are disconnected all the same
+        event(c, CmEvent::Type::kDisconnected);
+        c.state = State::kTimeWait;
+        c.deadline = now + cfg_.timewait_ns;
+        return;
+      }
+      break;
+    case State::kTimeWait: erase = true; return;
+    default: c.deadline = 0; return;
+  }
+  ++c.sends;
+  c.deadline = now + cfg_.resend_ns;
+  inc(CmCounter::resends);
+  send(c.peer, c.last, now);
+}
+
+std::uint64_t CmAgent::next_deadline() const {
+  std::uint64_t d = 0;
+  for (const auto& [id, c] : conns_)
+    if (c.deadline != 0 && (d == 0 || c.deadline < d)) d = c.deadline;
+  for (const Pending& p : pending_)
+    if (d == 0 || p.give_up < d) d = p.give_up;
+  return d;
+}
+
+std::size_t CmAgent::poll(std::uint64_t now) {
+  if (!ok()) return 0;
+  std::size_t work = 0;
+  ibv_wc wc[16];
+  int n;
+  while ((n = eng_.poll_cq(cq_, std::span<ibv_wc>(wc, 16))) > 0) {
+    for (int i = 0; i < n; ++i) {
+      ++work;
+      if (wc[i].wr_id >> 32) {  // a send slot is free again
+        if (send_outstanding_) --send_outstanding_;
+        continue;
+      }
+      const std::uint32_t slot = static_cast<std::uint32_t>(wc[i].wr_id);
+      std::uint8_t* buf = mem_.data() + slot * kSlot;
+      if (wc[i].status == IBV_WC_SUCCESS && wc[i].src_qp == transport::kGsiQpn &&
+          wc[i].byte_len >= transport::kGrhBytes) {
+        inc(CmCounter::mads_rx);
+        // The GRH area: an IPv6 header, or 20 zero bytes then the IPv4 header.
+        const bool v4 = buf[20] == 0x45;
+        const wire::IpAddr src = v4 ? wire::IpAddr::from_v4_bytes(buf + 20 + 12) : wire::IpAddr::from_v6_bytes(buf + 8);
+        Mad m;
+        if (parse_mad(buf + transport::kGrhBytes, wc[i].byte_len - transport::kGrhBytes, m) == MadError::kOk)
+          on_mad(m, src, now);
+        else
+          inc(CmCounter::bad_mads);
+      } else if (wc[i].status == IBV_WC_SUCCESS) {
+        inc(CmCounter::bad_mads);
+      }
+      const transport::Sge sg{reinterpret_cast<std::uint64_t>(buf), kSlot, mr_->lkey};
+      eng_.post_recv(qp_, transport::RecvWr{slot, {&sg, 1}});
+    }
+  }
+  for (auto it = conns_.begin(); it != conns_.end();) {
+    bool erase = false;
+    if (it->second.deadline != 0 && now >= it->second.deadline) {
+      on_timer(it->second, now, erase);
+      ++work;
+    }
+    it = erase ? conns_.erase(it) : std::next(it);
+  }
+  for (std::size_t i = 0; i < pending_.size();) {
+    wire::MacAddr mac;
+    const bool known = eng_.neighbor(pending_[i].dst, mac);
+    if (known) post(pending_[i].dst, mac, pending_[i].mad);
+    else if (now >= pending_[i].give_up) inc(CmCounter::unresolved);
+    if (known || now >= pending_[i].give_up) {
+      pending_[i] = pending_.back();
+      pending_.pop_back();
+      ++work;
+    } else {
+      ++i;
+    }
+  }
+  return work;
+}
+
+}  // namespace uroce::cm

@@ -1,0 +1,200 @@
+// The connection manager: RDMA CM's wire protocol (IBTA chapter 12 with the
+// RoCE/IP addressing of Annex A11) on the engine's QP1, so a peer using
+// librdmacm can connect to a uroce QP and a uroce QP to it.
+//
+//   active side:   connect()  --REQ-->   (peer)  --REP-->  QP to RTR/RTS, --RTU--> established
+//   passive side:  listen(port); REQ --> a kConnectRequest event; accept() takes the QP to
+//                  RTR/RTS and sends REP; RTU (or traffic on the QP) --> established
+//   either side:   disconnect(): QP to ERR, --DREQ-->, DREP --> disconnected (then time-wait)
+//
+// Every message is resent on a timer until its answer comes (REQ, REP, DREQ)
+// and a duplicate is answered again (REP, RTU, DREP), so a lost MAD costs a
+// resend interval, not the connection. Like rdma_cm, one transaction ID
+// serves a connection's whole life.
+//
+// Runs on the owner thread of its engine, on the engine's clock (`now`, ns).
+// It is control path: it may allocate, but poll() without MADs or due timers
+// does not.
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <vector>
+
+#include "stack/cm/mad.h"
+#include "stack/transport/engine.h"
+
+namespace uroce::cm {
+
+struct CmConfig {
+  std::uint64_t ca_guid = 0;                   // the CA GUID we advertise (EUI-64 of the MAC)
+  std::uint64_t resend_ns = 500'000'000;       // a REQ, REP or DREQ unanswered for this long is sent again
+  std::uint32_t max_sends = 8;                 // then the attempt fails
+  std::uint64_t timewait_ns = 2'000'000'000;   // a closed connection still answers duplicate DREQs
+  std::uint64_t resolve_ns = 3'000'000'000;    // a MAD waits this long for the peer's MAC
+  ibv_mtu max_mtu = IBV_MTU_4096;
+  std::uint64_t seed = 1;
+};
+
+/// What the active side asks for (rdma_conn_param's fields and the path's).
+struct ConnParams {
+  ibv_mtu mtu = IBV_MTU_1024;
+  std::uint8_t responder_resources = 4;  // READs/atomics we accept at once
+  std::uint8_t initiator_depth = 4;      // READs/atomics we issue at once
+  std::uint8_t retry_cnt = 7;
+  std::uint8_t rnr_retry = 7;
+  std::uint8_t ack_timeout = 14;  // 4.096 us * 2^14 = 67 ms
+};
+
+struct CmEvent {
+  enum class Type : std::uint8_t { kConnectRequest, kEstablished, kRejected, kDisconnected, kUnreachable };
+  Type type = Type::kConnectRequest;
+  std::uint32_t id = 0;  // the connection: our local communication ID
+  wire::IpAddr peer{};
+  std::uint16_t peer_port = 0, local_port = 0;
+  std::uint32_t peer_qpn = 0;
+  std::uint8_t responder_resources = 0, initiator_depth = 0;
+  ibv_mtu mtu = IBV_MTU_1024;
+  std::uint16_t reason = 0;  // kRejected, kUnreachable: the reject reason
+  std::uint8_t private_len = 0;
+  std::uint8_t private_data[kReqUserPrivate] = {};
+};
+const char* to_string(CmEvent::Type t);
+
+#define UROCE_CM_COUNTERS(X) \
+  X(mads_rx)                 \
+  X(mads_tx)                 \
+  X(resends)                 \
+  X(bad_mads)                \
+  X(unmatched)               \
+  X(duplicates)              \
+  X(rejects_sent)            \
+  X(unresolved)              \
+  X(send_full)               \
+  X(established)             \
+  X(disconnected)
+
+enum class CmCounter : std::uint8_t {
+#define X(n) n,
+  UROCE_CM_COUNTERS(X)
+#undef X
+  kCount
+};
+const char* to_string(CmCounter c);
+
+class CmAgent {
+ public:
+  /// Asks the neighbour layer to resolve ip (ARP / neighbour solicitation).
+  using Resolve = void (*)(void* ctx, const wire::IpAddr& ip);
+  CmAgent(transport::Engine& eng, const CmConfig& cfg, Resolve resolve = nullptr, void* resolve_ctx = nullptr);
+  ~CmAgent();
+  CmAgent(const CmAgent&) = delete;
+  CmAgent& operator=(const CmAgent&) = delete;
+
+  /// False if QP1 could not be made (another agent has it).
+  [[nodiscard]] bool ok() const { return qp_ != nullptr; }
+
+  /// 0, EADDRINUSE.
+  int listen(std::uint16_t port, std::uint32_t owner);
+  int unlisten(std::uint16_t port, std::uint32_t owner);
+  /// Sends a REQ for an RC QP in RESET or INIT; *id names the connection.
+  /// 0, or EINVAL (QP type or state, private data over 56 bytes).
+  int connect(transport::Qp* qp, const wire::IpAddr& dst, std::uint16_t port, wire::ConstBytes priv,
+              std::uint32_t owner, const ConnParams& p, std::uint64_t now, std::uint32_t& id);
+  /// Answers a kConnectRequest: the QP (RC, RESET or INIT) goes to RTS and a REP goes out.
+  int accept(std::uint32_t id, transport::Qp* qp, wire::ConstBytes priv, std::uint32_t owner, std::uint64_t now);
+  int reject(std::uint32_t id, wire::ConstBytes priv, std::uint32_t owner, std::uint64_t now);
+  /// The QP goes to ERR and a DREQ goes out; kDisconnected follows.
+  int disconnect(std::uint32_t id, std::uint32_t owner, std::uint64_t now);
+  /// An owner went away: its connections are closed (DREQ or REJ), its
+  /// listens and events dropped.
+  void drop_owner(std::uint32_t owner, std::uint64_t now);
+  /// The owner's next event, if any.
+  bool next_event(std::uint32_t owner, CmEvent& out);
+
+  /// Receives MADs, resends on timers, sends MADs whose peer MAC arrived.
+  std::size_t poll(std::uint64_t now);
+
+  /// The earliest resend or time-wait deadline, or 0.
+  [[nodiscard]] std::uint64_t next_deadline() const;
+  [[nodiscard]] std::uint64_t counter(CmCounter c) const { return ctr_[static_cast<std::size_t>(c)]; }
+  [[nodiscard]] std::size_t connections() const { return conns_.size(); }
+
+  /// Where new communication IDs, transaction IDs, PSNs and source ports come
+  /// from (random by default; replay tests pin them).
+  std::function<std::uint32_t()> next_comm_id, next_psn;
+  std::function<std::uint64_t()> next_tid;
+  std::function<std::uint16_t()> next_src_port;
+
+ private:
+  enum class State : std::uint8_t { kReqSent, kReqRcvd, kRepSent, kEstablished, kDreqSent, kTimeWait };
+  struct Conn {
+    std::uint32_t local_id = 0, remote_id = 0;
+    std::uint64_t tid = 0;
+    std::uint32_t owner = 0;
+    State state = State::kReqSent;
+    bool active = false;
+    std::uint32_t qpn = 0;
+    wire::IpAddr peer{};
+    std::uint16_t local_port = 0, peer_port = 0;
+    std::uint32_t peer_qpn = 0, peer_psn = 0, our_psn = 0;
+    ibv_mtu mtu = IBV_MTU_1024;
+    std::uint8_t responder_resources = 0, initiator_depth = 0;  // as offered in our REQ or REP
+    std::uint8_t retry_cnt = 7, rnr_retry = 7, ack_timeout = 14;
+    Mad last{};  // the last MAD sent, for resends and duplicate answers
+    std::uint64_t deadline = 0;
+    std::uint32_t sends = 0;
+    std::uint64_t qp_rx_at_rep = 0;
+  };
+  struct Pending {
+    wire::IpAddr dst;
+    Mad mad;
+    std::uint64_t give_up;
+  };
+
+  void on_mad(const Mad& m, const wire::IpAddr& src, std::uint64_t now);
+  void on_req(const Mad& m, const wire::IpAddr& src, std::uint64_t now);
+  void on_rep(const Mad& m, const wire::IpAddr& src, std::uint64_t now);
+  void on_rtu(const Mad& m, const wire::IpAddr& src);
+  void on_rej(const Mad& m, const wire::IpAddr& src);
+  void on_dreq(const Mad& m, const wire::IpAddr& src, std::uint64_t now);
+  void on_drep(const Mad& m, const wire::IpAddr& src, std::uint64_t now);
+  void on_mra(const Mad& m, const wire::IpAddr& src);
+  void on_timer(Conn& c, std::uint64_t now, bool& erase);
+
+  Conn* find(std::uint32_t local_id, const wire::IpAddr& src);
+  /// RESET/INIT -> RTR -> RTS with what the handshake agreed.
+  int bring_up(transport::Qp* qp, const Conn& c, std::uint8_t max_rd_atomic, std::uint8_t max_dest_rd_atomic);
+  void qp_to_error(const Conn& c);
+  void send(const wire::IpAddr& dst, const Mad& m, std::uint64_t now);
+  void send_conn(Conn& c, const Mad& m, std::uint64_t now);  // and arm the resend timer
+  void send_rej(const wire::IpAddr& dst, std::uint64_t tid, std::uint32_t local_id, std::uint32_t remote_id,
+                std::uint8_t msg, std::uint16_t reason, wire::ConstBytes priv, std::uint64_t now);
+  bool post(const wire::IpAddr& dst, const wire::MacAddr& mac, const Mad& m);
+  void event(const Conn& c, CmEvent::Type t, std::uint16_t reason = 0, wire::ConstBytes priv = {});
+  void inc(CmCounter c) { ++ctr_[static_cast<std::size_t>(c)]; }
+
+  transport::Engine& eng_;
+  CmConfig cfg_;
+  Resolve resolve_;
+  void* resolve_ctx_;
+  transport::Pd* pd_ = nullptr;
+  transport::Cq* cq_ = nullptr;
+  transport::Mr* mr_ = nullptr;
+  transport::Qp* qp_ = nullptr;
+  static constexpr std::uint32_t kRecvSlots = 64, kSendSlots = 64, kSlot = transport::kGrhBytes + kMadBytes;
+  std::vector<std::uint8_t> mem_;  // receive slots, then send slots
+  std::uint32_t send_next_ = 0, send_outstanding_ = 0;
+  std::map<std::uint32_t, Conn> conns_;  // by our local communication ID
+  std::map<std::uint16_t, std::uint32_t> listens_;  // port -> owner
+  std::map<std::uint32_t, std::deque<CmEvent>> events_;
+  std::vector<Pending> pending_;
+  std::uint64_t ctr_[static_cast<std::size_t>(CmCounter::kCount)] = {};
+  std::uint64_t rng_;
+};
+
+}  // namespace uroce::cm

@@ -1,0 +1,288 @@
+// The CM agent between two engines on a virtual wire: the handshake, data
+// over the connected QPs, disconnect, rejects, and loss of MADs.
+#include <gtest/gtest.h>
+
+#include "stack/cm/agent.h"
+#include "tests/support/pair.h"
+
+namespace uroce::cm {
+namespace {
+
+using testing::Pair;
+using namespace uroce::transport;
+
+constexpr std::uint32_t kOwnerA = 7, kOwnerB = 9;
+constexpr std::uint16_t kPort = 7471;
+
+struct CmPair : ::testing::Test {
+  explicit CmPair(std::uint64_t seed = 1) : p(seed) { init(); }
+  void init() {
+    CmConfig c;
+    c.ca_guid = 0x0200000000000a01ull;
+    c.seed = 11;
+    a = std::make_unique<CmAgent>(p.A(), c);
+    c.ca_guid = 0x0200000000000b01ull;
+    c.seed = 12;
+    b = std::make_unique<CmAgent>(p.B(), c);
+    p.wire.next_timer = [this] {
+      std::uint64_t d = 0;
+      for (CmAgent* x : {a.get(), b.get()}) {
+        const std::uint64_t t = x->next_deadline();
+        if (t != 0 && (d == 0 || t < d)) d = t;
+      }
+      return d;
+    };
+  }
+  Qp* new_qp(int side) {
+    testing::Node& n = p.node[side];
+    QpInitAttr ia;
+    ia.send_cq = ia.recv_cq = n.cq;
+    return n.eng->create_qp(n.pd, ia);
+  }
+  /// Runs the wire and both agents until `done` or `ns` pass.
+  bool run(const std::function<bool()>& done, std::uint64_t ns = 10'000'000'000ull) {
+    return p.wire.run_until(
+        [&] {
+          a->poll(p.wire.now());
+          b->poll(p.wire.now());
+          return done();
+        },
+        ns);
+  }
+  /// Waits for the owner's next event.
+  bool event(CmAgent& ag, std::uint32_t owner, CmEvent& e, std::uint64_t ns = 10'000'000'000ull) {
+    return run([&] { return ag.next_event(owner, e); }, ns);
+  }
+  /// B connects to A's listen; A accepts. Fills the QPs and ids.
+  void handshake(Qp*& qa, Qp*& qb, std::uint32_t& ida, std::uint32_t& idb) {
+    ASSERT_EQ(a->listen(kPort, kOwnerA), 0);
+    qa = new_qp(0);
+    qb = new_qp(1);
+    const std::uint8_t hello[] = {'h', 'i', 0};
+    ConnParams cp;
+    cp.mtu = IBV_MTU_2048;
+    ASSERT_EQ(b->connect(qb, p.A().config().ip, kPort, hello, kOwnerB, cp, p.wire.now(), idb), 0);
+    CmEvent e;
+    ASSERT_TRUE(event(*a, kOwnerA, e));
+    ASSERT_EQ(e.type, CmEvent::Type::kConnectRequest);
+    EXPECT_EQ(e.peer_qpn, qb->qpn);
+    EXPECT_EQ(e.local_port, kPort);
+    EXPECT_EQ(e.mtu, IBV_MTU_2048);
+    EXPECT_EQ(e.responder_resources, 4);
+    EXPECT_STREQ(reinterpret_cast<const char*>(e.private_data), "hi");
+    EXPECT_TRUE(e.peer == p.B().config().ip);
+    ida = e.id;
+    const std::uint8_t welcome[] = {'o', 'k', 0};
+    ASSERT_EQ(a->accept(ida, qa, welcome, kOwnerA, p.wire.now()), 0);
+    ASSERT_TRUE(event(*b, kOwnerB, e));
+    ASSERT_EQ(e.type, CmEvent::Type::kEstablished) << to_string(e.type);
+    EXPECT_EQ(e.id, idb);
+    EXPECT_EQ(e.peer_qpn, qa->qpn);
+    EXPECT_STREQ(reinterpret_cast<const char*>(e.private_data), "ok");
+    ASSERT_TRUE(event(*a, kOwnerA, e));
+    ASSERT_EQ(e.type, CmEvent::Type::kEstablished);
+    EXPECT_EQ(qa->state, IBV_QPS_RTS);
+    EXPECT_EQ(qb->state, IBV_QPS_RTS);
+  }
+  /// A SEND of `len` bytes from qb to qa, checked on arrival.
+  void send_and_check(Qp* qb, Qp* qa, std::uint32_t len) {
+    testing::Node& na = p.node[0];
+    testing::Node& nb = p.node[1];
+    for (std::uint32_t i = 0; i < len; ++i) nb.mem[i] = static_cast<std::uint8_t>(i * 7 + 1);
+    const Sge rs{reinterpret_cast<std::uint64_t>(na.mem.data()), len, na.mr->lkey};
+    ASSERT_EQ(p.A().post_recv(qa, RecvWr{1, {&rs, 1}}), 0);
+    const Sge ss{reinterpret_cast<std::uint64_t>(nb.mem.data()), len, nb.mr->lkey};
+    SendWr w;
+    w.wr_id = 2;
+    w.send_flags = IBV_SEND_SIGNALED;
+    w.sg_list = {&ss, 1};
+    ASSERT_EQ(p.B().post_send(qb, w), 0);
+    ibv_wc wa{}, wb{};
+    ASSERT_TRUE(run([&] { return p.A().poll_cq(na.cq, {&wa, 1}) == 1; }));
+    ASSERT_TRUE(run([&] { return p.B().poll_cq(nb.cq, {&wb, 1}) == 1; }));
+    EXPECT_EQ(wa.status, IBV_WC_SUCCESS);
+    EXPECT_EQ(wb.status, IBV_WC_SUCCESS);
+    EXPECT_EQ(wa.byte_len, len);
+    EXPECT_EQ(std::memcmp(na.mem.data(), nb.mem.data(), len), 0);
+  }
+
+  Pair p;
+  std::unique_ptr<CmAgent> a, b;
+};
+
+TEST(CmMad, RejectsWhatIsNotACmSend) {
+  Mad m = Mad::make(Attr::kReq, 1), out;
+  auto bytes = [&](const Mad& x) { return reinterpret_cast<const std::uint8_t*>(&x); };
+  EXPECT_EQ(parse_mad(bytes(m), kMadBytes, out), MadError::kOk);
+  EXPECT_EQ(parse_mad(bytes(m), kMadBytes - 1, out), MadError::kShort);
+  Mad bad = m;
+  bad.hdr.mgmt_class = 0x04;  // PerfMgt
+  EXPECT_EQ(parse_mad(bytes(bad), kMadBytes, out), MadError::kClass);
+  bad = m;
+  bad.hdr.class_version = 1;
+  EXPECT_EQ(parse_mad(bytes(bad), kMadBytes, out), MadError::kClassVersion);
+  bad = m;
+  bad.hdr.method = 0x01;  // Get
+  EXPECT_EQ(parse_mad(bytes(bad), kMadBytes, out), MadError::kMethod);
+  bad = m;
+  bad.hdr.attr_id.set(0x0019);  // LAP: not handled
+  EXPECT_EQ(parse_mad(bytes(bad), kMadBytes, out), MadError::kAttr);
+  bad = m;
+  bad.hdr.base_version = 2;
+  EXPECT_EQ(parse_mad(bytes(bad), kMadBytes, out), MadError::kBaseVersion);
+}
+
+TEST(CmMad, ServiceIdAndAddresses) {
+  EXPECT_EQ(service_id(kPortSpaceTcp, 0x4853), 0x0000000001064853ull);
+  std::uint8_t a[16];
+  cma_addr(wire::IpAddr::from_v4(10, 1, 16, 62), a);
+  const std::uint8_t want[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 10, 1, 16, 62};
+  EXPECT_EQ(std::memcmp(a, want, 16), 0);
+  EXPECT_TRUE(ip_from_cma(a, 0x40) == wire::IpAddr::from_v4(10, 1, 16, 62));
+}
+
+TEST_F(CmPair, HandshakeDataAndDisconnect) {
+  Qp *qa, *qb;
+  std::uint32_t ida, idb;
+  handshake(qa, qb, ida, idb);
+  send_and_check(qb, qa, 3000);  // MTU 2048, as negotiated: two packets
+  EXPECT_EQ(qa->mtu, 2048u);
+  ASSERT_EQ(b->disconnect(idb, kOwnerB, p.wire.now()), 0);
+  EXPECT_EQ(qb->state, IBV_QPS_ERR);  // at once, as rdma_disconnect does
+  CmEvent e;
+  ASSERT_TRUE(event(*a, kOwnerA, e));
+  EXPECT_EQ(e.type, CmEvent::Type::kDisconnected);
+  EXPECT_EQ(e.id, ida);
+  ASSERT_TRUE(event(*b, kOwnerB, e));
+  EXPECT_EQ(e.type, CmEvent::Type::kDisconnected);
+  EXPECT_EQ(qa->state, IBV_QPS_ERR);
+  EXPECT_EQ(a->counter(CmCounter::established), 1u);
+  EXPECT_EQ(b->counter(CmCounter::disconnected), 1u);
+  EXPECT_EQ(a->counter(CmCounter::resends) + b->counter(CmCounter::resends), 0u);
+  // Time-wait ends: nothing left.
+  run([&] { return a->connections() == 0 && b->connections() == 0; });
+  EXPECT_EQ(a->connections() + b->connections(), 0u);
+}
+
+TEST_F(CmPair, NoListenerIsRejectedWithInvalidServiceId) {
+  Qp* qb = new_qp(1);
+  std::uint32_t id;
+  ASSERT_EQ(b->connect(qb, p.A().config().ip, 9999, {}, kOwnerB, {}, p.wire.now(), id), 0);
+  CmEvent e;
+  ASSERT_TRUE(event(*b, kOwnerB, e));
+  EXPECT_EQ(e.type, CmEvent::Type::kRejected);
+  EXPECT_EQ(e.reason, kRejInvalidServiceId);
+  EXPECT_EQ(a->counter(CmCounter::rejects_sent), 1u);
+}
+
+TEST_F(CmPair, ApplicationRejectCarriesPrivateData) {
+  ASSERT_EQ(a->listen(kPort, kOwnerA), 0);
+  EXPECT_EQ(a->listen(kPort, kOwnerB), EADDRINUSE);
+  Qp* qb = new_qp(1);
+  std::uint32_t id;
+  ASSERT_EQ(b->connect(qb, p.A().config().ip, kPort, {}, kOwnerB, {}, p.wire.now(), id), 0);
+  CmEvent e;
+  ASSERT_TRUE(event(*a, kOwnerA, e));
+  EXPECT_EQ(a->accept(e.id, new_qp(0), {}, kOwnerB, p.wire.now()), EINVAL);  // not the listener's owner
+  const std::uint8_t why[] = {'f', 'u', 'l', 'l', 0};
+  ASSERT_EQ(a->reject(e.id, why, kOwnerA, p.wire.now()), 0);
+  ASSERT_TRUE(event(*b, kOwnerB, e));
+  EXPECT_EQ(e.type, CmEvent::Type::kRejected);
+  EXPECT_EQ(e.reason, kRejConsumer);
+  EXPECT_STREQ(reinterpret_cast<const char*>(e.private_data), "full");
+  EXPECT_EQ(b->connections(), 0u);
+}
+
+TEST_F(CmPair, BadRequestsAreRefused) {
+  Qp* qb = new_qp(1);
+  std::uint32_t id;
+  std::uint8_t big[57] = {};
+  EXPECT_EQ(b->connect(qb, p.A().config().ip, kPort, big, kOwnerB, {}, p.wire.now(), id), EINVAL);
+  EXPECT_EQ(b->connect(nullptr, p.A().config().ip, kPort, {}, kOwnerB, {}, p.wire.now(), id), EINVAL);
+  EXPECT_EQ(b->disconnect(12345, kOwnerB, p.wire.now()), EINVAL);
+  EXPECT_EQ(b->accept(12345, qb, {}, kOwnerB, p.wire.now()), EINVAL);
+  EXPECT_EQ(b->listen(1, 0), EINVAL);
+  Qp* ud = nullptr;
+  {
+    QpInitAttr ia;
+    ia.qp_type = IBV_QPT_UD;
+    ia.send_cq = ia.recv_cq = p.node[1].cq;
+    ud = p.B().create_qp(p.node[1].pd, ia);
+  }
+  EXPECT_EQ(b->connect(ud, p.A().config().ip, kPort, {}, kOwnerB, {}, p.wire.now(), id), EINVAL);  // RC only
+  QpInitAttr gsi;
+  gsi.qp_type = IBV_QPT_UD;
+  gsi.gsi = true;
+  gsi.send_cq = gsi.recv_cq = p.node[1].cq;
+  EXPECT_EQ(p.B().create_qp(p.node[1].pd, gsi), nullptr);  // QP1 is the agent's
+  EXPECT_EQ(p.B().find_qp(transport::kGsiQpn)->qkey, transport::kGsiQkey);
+}
+
+TEST_F(CmPair, ServerDisconnectsFirst) {
+  Qp *qa, *qb;
+  std::uint32_t ida, idb;
+  handshake(qa, qb, ida, idb);
+  ASSERT_EQ(a->disconnect(ida, kOwnerA, p.wire.now()), 0);
+  CmEvent e;
+  ASSERT_TRUE(event(*b, kOwnerB, e));
+  EXPECT_EQ(e.type, CmEvent::Type::kDisconnected);
+  ASSERT_TRUE(event(*a, kOwnerA, e));
+  EXPECT_EQ(e.type, CmEvent::Type::kDisconnected);
+}
+
+TEST_F(CmPair, AnOwnerThatGoesAwayDisconnectsItsPeers) {
+  Qp *qa, *qb;
+  std::uint32_t ida, idb;
+  handshake(qa, qb, ida, idb);
+  a->drop_owner(kOwnerA, p.wire.now());
+  CmEvent e;
+  ASSERT_TRUE(event(*b, kOwnerB, e));
+  EXPECT_EQ(e.type, CmEvent::Type::kDisconnected);
+  EXPECT_FALSE(a->next_event(kOwnerA, e));
+  EXPECT_EQ(a->listen(kPort, kOwnerB), 0);  // its listen is gone too
+}
+
+TEST_F(CmPair, UnansweredRequestIsResentThenUnreachable) {
+  Qp* qb = new_qp(1);
+  std::uint32_t id;
+  // Nobody at this address answers (its MAC is known, the frames go nowhere).
+  const auto ghost = wire::IpAddr::from_v4(10, 0, 0, 99);
+  p.B().set_neighbor(ghost, {0x02, 0, 0, 0, 0, 0x99});
+  ASSERT_EQ(b->connect(qb, ghost, kPort, {}, kOwnerB, {}, p.wire.now(), id), 0);
+  CmEvent e;
+  ASSERT_TRUE(event(*b, kOwnerB, e, 20'000'000'000ull));
+  EXPECT_EQ(e.type, CmEvent::Type::kUnreachable);
+  EXPECT_EQ(e.reason, kRejTimeout);
+  EXPECT_EQ(b->counter(CmCounter::resends), 7u);  // 8 sends in all
+}
+
+// MADs lost at random: every handshake and disconnect still completes, by resends.
+TEST(CmLoss, HandshakesSurviveLoss) {
+  std::uint64_t resends = 0;
+  for (std::uint64_t seed = 1; seed <= 8; ++seed) {
+    struct P : CmPair {
+      explicit P(std::uint64_t s) : CmPair(s) {}
+      void TestBody() override {}
+    } t(seed);
+    sim::Impairments imp;
+    imp.loss = 0.3;
+    imp.dup = 0.2;
+    imp.filter = [](const TxFrame& f) { return f.qpn == transport::kGsiQpn; };  // MADs only
+    t.p.wire.set_impairments(imp);
+    Qp *qa, *qb;
+    std::uint32_t ida, idb;
+    t.handshake(qa, qb, ida, idb);
+    if (::testing::Test::HasFatalFailure()) return;
+    ASSERT_EQ(t.b->disconnect(idb, kOwnerB, t.p.wire.now()), 0);
+    CmEvent e;
+    ASSERT_TRUE(t.event(*t.a, kOwnerA, e)) << "seed " << seed;
+    EXPECT_EQ(e.type, CmEvent::Type::kDisconnected);
+    ASSERT_TRUE(t.event(*t.b, kOwnerB, e)) << "seed " << seed;
+    EXPECT_EQ(e.type, CmEvent::Type::kDisconnected);
+    resends += t.a->counter(CmCounter::resends) + t.b->counter(CmCounter::resends);
+  }
+  EXPECT_GT(resends, 0u) << "30% loss and not one resend: the loss did not reach the MADs";
+}
+
+}  // namespace
+}  // namespace uroce::cm
