@@ -141,7 +141,8 @@ std::string Daemon::status_json() const {
   std::ostringstream o;
   o << "{\"pipelines\": " << pipes.size() << ", \"app\": \"" << (app ? (app->finished() ? "done" : "running") : "none")
     << "\", \"sessions\": " << (sessions ? sessions->sessions() : 0)
-    << ", \"session_list\": " << (sessions ? sessions->describe_json() : std::string("[]"));
+    << ", \"session_list\": " << (sessions ? sessions->describe_json() : std::string("[]"))
+    << ", \"cm\": " << (sessions ? sessions->cm_json() : std::string("{}"));
   for (std::size_t k = 0; k < pipes.size(); ++k) {
     const Pipeline& p = *pipes[k];
     const std::string pre = k == 0 ? "" : "_" + std::to_string(k);

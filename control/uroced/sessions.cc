@@ -28,6 +28,12 @@ struct Mapping {
   }
 };
 
+std::uint64_t now_ns() {
+  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                        std::chrono::steady_clock::now().time_since_epoch())
+                                        .count());
+}
+
 /// A memfd with `len` bytes mapped here; the fd goes to the application.
 bool make_shared(std::size_t len, Mapping& m, int& fd) {
   fd = ::memfd_create("uroce-ring", MFD_CLOEXEC);
@@ -104,6 +110,12 @@ SessionServer::SessionServer(asio::io_context& io, const std::string& path, unsi
   ::chmod(path.c_str(), mode);
   acceptor_.listen();
   accept();
+  cm::CmConfig cc;
+  const auto& mac = eng.config().mac;  // the CA GUID: the MAC's EUI-64
+  cc.ca_guid = (std::uint64_t{mac[0] ^ 2u} << 56) | (std::uint64_t{mac[1]} << 48) | (std::uint64_t{mac[2]} << 40) |
+               (0xfffeull << 24) | (std::uint64_t{mac[3]} << 16) | (std::uint64_t{mac[4]} << 8) | mac[5];
+  cc.seed = static_cast<std::uint64_t>(::getpid()) ^ static_cast<std::uint64_t>(now_ns());
+  cm_ = std::make_unique<cm::CmAgent>(eng, cc, resolve, resolve_ctx);
 }
 
 SessionServer::~SessionServer() {
@@ -424,6 +436,77 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
       }
       return fail(EINVAL, "unknown object kind");
     }
+    case UROCE_MSG_CM_LISTEN:
+    case UROCE_MSG_CM_CONNECT:
+    case UROCE_MSG_CM_ACCEPT:
+    case UROCE_MSG_CM_REJECT:
+    case UROCE_MSG_CM_DISCONNECT: {
+      uroce_cm_msg m;
+      if (!take(m)) return;
+      if (!cm_->ok()) return fail(ENODEV, "the CM agent has no QP1");
+      if (m.private_len > UROCE_CM_PRIVATE_MAX) return fail(EINVAL, "CM private data is at most 56 bytes");
+      const wire::ConstBytes priv(m.private_data, m.private_len);
+      const std::uint64_t t = now_ns();
+      Qp* qp = nullptr;
+      if (h.type == UROCE_MSG_CM_CONNECT || h.type == UROCE_MSG_CM_ACCEPT) {
+        auto q = s.qps.find(m.qp);
+        if (q == s.qps.end()) return fail(EINVAL, "no such QP in this session");
+        qp = q->second.qp;
+      }
+      int rc = 0;
+      switch (h.type) {
+        case UROCE_MSG_CM_LISTEN:
+          rc = cm_->listen(m.port, s.id);
+          if (rc == EADDRINUSE) return fail(rc, "another application listens on this port");
+          break;
+        case UROCE_MSG_CM_CONNECT: {
+          cm::ConnParams p;
+          if (m.mtu != 0) p.mtu = static_cast<ibv_mtu>(m.mtu);
+          p.responder_resources = m.responder_resources;
+          p.initiator_depth = m.initiator_depth;
+          p.retry_cnt = m.retry_cnt ? m.retry_cnt : 7;
+          p.rnr_retry = m.rnr_retry ? m.rnr_retry : 7;
+          uroce_cm_id_reply r{};
+          rc = cm_->connect(qp, wire::IpAddr::from_v6_bytes(m.dgid), m.port, priv, s.id, p, t, r.id);
+          if (rc != 0) return fail(rc, "cannot connect: the QP must be RC in RESET or INIT, the MTU valid");
+          return send_reply(sock, h, 0, "", &r, sizeof r);
+        }
+        case UROCE_MSG_CM_ACCEPT:
+          rc = cm_->accept(m.id, qp, priv, s.id, t);
+          if (rc != 0) return fail(rc, "cannot accept: no such request of this session, or the QP is not RC in RESET/INIT");
+          break;
+        case UROCE_MSG_CM_REJECT:
+          rc = cm_->reject(m.id, priv, s.id, t);
+          if (rc != 0) return fail(rc, "no such connect request of this session");
+          break;
+        default:
+          rc = cm_->disconnect(m.id, s.id, t);
+          if (rc != 0) return fail(rc, "no such connection of this session, or it is already closing");
+          break;
+      }
+      return send_reply(sock, h, 0, "", nullptr, 0);
+    }
+    case UROCE_MSG_CM_EVENT: {
+      cm::CmEvent e;
+      if (!cm_->next_event(s.id, e)) return fail(EAGAIN, "no CM event");
+      // rdma_cm_event_type's values
+      static constexpr std::uint32_t kType[] = {4 /* CONNECT_REQUEST */, 9 /* ESTABLISHED */, 8 /* REJECTED */,
+                                                10 /* DISCONNECTED */, 7 /* UNREACHABLE */};
+      uroce_cm_event_msg r{};
+      r.event = kType[static_cast<int>(e.type)];
+      r.id = e.id;
+      r.status = e.reason;
+      r.peer_qpn = e.peer_qpn;
+      std::memcpy(r.peer_gid, e.peer.b.data(), 16);
+      r.peer_port = e.peer_port;
+      r.local_port = e.local_port;
+      r.responder_resources = e.responder_resources;
+      r.initiator_depth = e.initiator_depth;
+      r.mtu = static_cast<std::uint8_t>(e.mtu);
+      r.private_len = e.private_len;
+      std::memcpy(r.private_data, e.private_data, e.private_len);
+      return send_reply(sock, h, 0, "", &r, sizeof r);
+    }
     case UROCE_MSG_QUERY: {
       uroce_query_msg m;
       if (!take(m)) return;
@@ -493,8 +576,10 @@ std::string SessionServer::describe_json() const {
 }
 
 void SessionServer::close(Session& s) {
-  // The application is gone: its QPs go to ERR (the peer's QPs then fail
-  // with retry-exceeded, as with a dead host), then everything is freed.
+  // The application is gone: its CM connections are closed (the peers get a
+  // DREQ), its QPs go to ERR (peers not connected by CM then fail with
+  // retry-exceeded, as with a dead host), then everything is freed.
+  if (cm_) cm_->drop_owner(s.id, now_ns());
   for (auto& [h, q] : s.qps) {
     ibv_qp_attr a{};
     a.qp_state = IBV_QPS_ERR;
@@ -551,8 +636,17 @@ std::size_t SessionServer::retry_pending() {
   return done;
 }
 
+std::string SessionServer::cm_json() const {
+  std::string o = "{";
+  for (std::size_t i = 0; i < static_cast<std::size_t>(cm::CmCounter::kCount); ++i) {
+    const auto c = static_cast<cm::CmCounter>(i);
+    o += std::string(i ? ", " : "") + "\"" + cm::to_string(c) + "\": " + std::to_string(cm_->counter(c));
+  }
+  return o + ", \"connections\": " + std::to_string(cm_->connections()) + "}";
+}
+
 std::size_t SessionServer::step() {
-  std::size_t work = retry_pending();
+  std::size_t work = retry_pending() + cm_->poll(now_ns());
   // A receive ring's entries into the engine (a QP's RQ or an SRQ).
   auto drain_recvs = [&work](abi::Ring<uroce_recv_entry>& ring, auto&& post) {
     uroce_recv_entry r;

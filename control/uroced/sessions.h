@@ -20,6 +20,7 @@
 
 #include "stack/abi/ring.h"
 #include "stack/abi/session_proto.h"
+#include "stack/cm/agent.h"
 #include "stack/transport/engine.h"
 #include "stack/wire/addr.h"
 
@@ -43,6 +44,8 @@ class SessionServer {
   [[nodiscard]] std::size_t sessions() const { return sessions_.size(); }
   /// A JSON array: per session its id, the application's pid, and what it holds.
   [[nodiscard]] std::string describe_json() const;
+  /// The CM agent's counters as a JSON object.
+  [[nodiscard]] std::string cm_json() const;
 
   struct Session;
 
@@ -65,6 +68,7 @@ class SessionServer {
   std::size_t retry_pending();
 
   std::vector<PendingModify> pending_;
+  std::unique_ptr<cm::CmAgent> cm_;  // RDMA CM on QP1, for every session
   Resolve resolve_;
   void* resolve_ctx_;
   boost::asio::local::stream_protocol::acceptor acceptor_;

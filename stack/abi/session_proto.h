@@ -37,6 +37,13 @@ enum uroce_msg_type {
   UROCE_MSG_DESTROY = 7,    /* body: destroy;     reply: status */
   UROCE_MSG_QUERY = 8,      /* body: query;       reply: device_attr (UROCE_OBJ_DEVICE) or modify_qp (UROCE_OBJ_QP) */
   UROCE_MSG_CREATE_SRQ = 9, /* body: create_srq;  reply: handle + fd of the SRQ ring (minor 2) */
+  /* RDMA CM (minor 3): the daemon's CM agent on QP1 does the handshake. */
+  UROCE_MSG_CM_LISTEN = 10,     /* body: cm (port);                 reply: status */
+  UROCE_MSG_CM_CONNECT = 11,    /* body: cm (qp, dgid, port, param); reply: cm_id */
+  UROCE_MSG_CM_ACCEPT = 12,     /* body: cm (qp, id, param);        reply: status */
+  UROCE_MSG_CM_REJECT = 13,     /* body: cm (id, private data);     reply: status */
+  UROCE_MSG_CM_DISCONNECT = 14, /* body: cm (id);                   reply: status */
+  UROCE_MSG_CM_EVENT = 15,      /* body: none;  reply: cm_event, or EAGAIN when there is none */
 };
 
 struct uroce_msg_hdr {
@@ -123,6 +130,32 @@ struct uroce_query_msg {
   uint32_t handle; /* the QP's; 0 for the device */
 };
 
+#define UROCE_CM_PRIVATE_MAX 56 /* a REQ's user private data after RDMA CM's header */
+
+struct uroce_cm_msg {
+  uint32_t qp; /* QP handle (CONNECT, ACCEPT) */
+  uint32_t id; /* the connection (ACCEPT, REJECT, DISCONNECT) */
+  uint8_t dgid[16];
+  uint16_t port;
+  uint8_t private_len;
+  uint8_t mtu; /* enum ibv_mtu; 0: IBV_MTU_1024 */
+  uint8_t responder_resources, initiator_depth, retry_cnt, rnr_retry;
+  uint8_t private_data[UROCE_CM_PRIVATE_MAX];
+};
+struct uroce_cm_id_reply {
+  uint32_t id;
+};
+struct uroce_cm_event_msg {
+  uint32_t event;  /* enum uroce_cm_event_type (rdma_cm_event_type's values) */
+  uint32_t id;
+  int32_t status;  /* REJECTED, UNREACHABLE: the IBTA reject reason */
+  uint32_t peer_qpn;
+  uint8_t peer_gid[16];
+  uint16_t peer_port, local_port;
+  uint8_t responder_resources, initiator_depth, mtu, private_len;
+  uint8_t private_data[UROCE_CM_PRIVATE_MAX];
+};
+
 /* What this session may create (its limits) and what the daemon supports. */
 struct uroce_device_attr {
   uint32_t max_qp, max_cq, max_mr, max_pd;
@@ -137,6 +170,8 @@ UROCE_STATIC_ASSERT(sizeof(struct uroce_msg_hdr) == 16, "message header is 16 by
 UROCE_STATIC_ASSERT(sizeof(struct uroce_reply_status) == 128, "reply status is 128 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_reg_mr_msg) == 32, "reg_mr is 32 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_create_qp_msg) == 32, "create_qp is 32 bytes (28 before minor 2)");
+UROCE_STATIC_ASSERT(sizeof(struct uroce_cm_msg) == 88, "cm is 88 bytes");
+UROCE_STATIC_ASSERT(sizeof(struct uroce_cm_event_msg) == 96, "cm_event is 96 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_create_srq_msg) == 12, "create_srq is 12 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_create_qp_reply) == 24, "create_qp reply is 24 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_modify_qp_msg) == 64, "modify_qp is 64 bytes");

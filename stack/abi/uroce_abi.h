@@ -42,7 +42,7 @@ extern "C" {
 
 #define UROCE_ABI_MAGIC 0x45524f55u /* "UORE" read little-endian */
 #define UROCE_ABI_MAJOR 1
-#define UROCE_ABI_MINOR 2 /* 1: CQ notification words (arm, notified); 2: SRQs */
+#define UROCE_ABI_MINOR 3 /* 1: CQ notification words (arm, notified); 2: SRQs; 3: RDMA CM */
 #define UROCE_ABI_CACHELINE 64
 #define UROCE_ABI_MAX_SGE 4
 

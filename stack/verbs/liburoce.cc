@@ -191,6 +191,102 @@ extern "C" {
 
 const char* uroce_last_error(void) { return t_error.c_str(); }
 
+}  // extern "C"
+
+namespace {
+
+/// A CM request with its parameters filled in.
+int cm_call(uroce_context* ctx, std::uint16_t type, uroce_cm_msg& m, const uroce_cm_param* p, void* reply = nullptr,
+            std::size_t rlen = 0) {
+  if (p) {
+    if (p->private_data_len > UROCE_CM_PRIVATE_MAX || (p->private_data_len && !p->private_data))
+      return set_error(EINVAL, "CM private data is at most 56 bytes");
+    m.private_len = p->private_data_len;
+    if (p->private_data_len) std::memcpy(m.private_data, p->private_data, p->private_data_len);
+    m.mtu = static_cast<std::uint8_t>(p->mtu);
+    m.responder_resources = p->responder_resources;
+    m.initiator_depth = p->initiator_depth;
+    m.retry_cnt = p->retry_count;
+    m.rnr_retry = p->rnr_retry_count;
+  }
+  return call(ctx, type, &m, sizeof m, -1, reply, rlen);
+}
+
+}  // namespace
+
+extern "C" {
+
+int uroce_cm_listen(uroce_context* ctx, std::uint16_t port) {
+  if (!ctx) return set_error(EINVAL, "no context");
+  uroce_cm_msg m{};
+  m.port = port;
+  return cm_call(ctx, UROCE_MSG_CM_LISTEN, m, nullptr);
+}
+
+int uroce_cm_connect(uroce_qp* qp, const ibv_gid* dgid, std::uint16_t port, const uroce_cm_param* p,
+                     std::uint32_t* id) {
+  if (!qp || !dgid || !id) return set_error(EINVAL, "no QP, GID or id");
+  uroce_cm_msg m{};
+  m.qp = qp->handle;
+  std::memcpy(m.dgid, dgid->raw, 16);
+  m.port = port;
+  uroce_cm_id_reply r{};
+  const int rc = cm_call(qp->ctx, UROCE_MSG_CM_CONNECT, m, p, &r, sizeof r);
+  if (rc == 0) *id = r.id;
+  return rc;
+}
+
+int uroce_cm_accept(uroce_qp* qp, std::uint32_t id, const uroce_cm_param* p) {
+  if (!qp) return set_error(EINVAL, "no QP");
+  uroce_cm_msg m{};
+  m.qp = qp->handle;
+  m.id = id;
+  return cm_call(qp->ctx, UROCE_MSG_CM_ACCEPT, m, p);
+}
+
+int uroce_cm_reject(uroce_context* ctx, std::uint32_t id, const void* priv, std::uint8_t len) {
+  if (!ctx) return set_error(EINVAL, "no context");
+  uroce_cm_msg m{};
+  m.id = id;
+  const uroce_cm_param p{priv, len, 0, 0, 0, 0, static_cast<ibv_mtu>(0)};
+  return cm_call(ctx, UROCE_MSG_CM_REJECT, m, &p);
+}
+
+int uroce_cm_disconnect(uroce_context* ctx, std::uint32_t id) {
+  if (!ctx) return set_error(EINVAL, "no context");
+  uroce_cm_msg m{};
+  m.id = id;
+  return cm_call(ctx, UROCE_MSG_CM_DISCONNECT, m, nullptr);
+}
+
+int uroce_cm_get_event(uroce_context* ctx, int timeout_ms, uroce_cm_event* ev) {
+  if (!ctx || !ev) return set_error(EINVAL, "no context or event");
+  // Events wait in the daemon; ask every millisecond until one comes.
+  for (int waited = 0;; ++waited) {
+    uroce_cm_event_msg r{};
+    const int rc = call(ctx, UROCE_MSG_CM_EVENT, nullptr, 0, -1, &r, sizeof r);
+    if (rc == 0) {
+      *ev = uroce_cm_event{};
+      ev->event = static_cast<uroce_cm_event_type>(r.event);
+      ev->id = r.id;
+      ev->status = r.status;
+      ev->peer_qp_num = r.peer_qpn;
+      std::memcpy(ev->peer_gid.raw, r.peer_gid, 16);
+      ev->peer_port = r.peer_port;
+      ev->local_port = r.local_port;
+      ev->responder_resources = r.responder_resources;
+      ev->initiator_depth = r.initiator_depth;
+      ev->mtu = static_cast<ibv_mtu>(r.mtu);
+      ev->private_data_len = std::min<std::uint8_t>(r.private_len, sizeof ev->private_data);
+      std::memcpy(ev->private_data, r.private_data, ev->private_data_len);
+      return 0;
+    }
+    if (rc != EAGAIN) return rc;
+    if (waited >= timeout_ms) return timeout_ms == 0 ? rc : set_error(ETIMEDOUT, "no CM event in time");
+    ::usleep(1000);
+  }
+}
+
 uroce_device** uroce_get_device_list(int* num) {
   std::vector<uroce_device*> devs;
   std::vector<std::string> seen;  // canonical paths: one device per socket, however it is named

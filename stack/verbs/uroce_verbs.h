@@ -146,6 +146,47 @@ int uroce_post_send(struct uroce_qp* qp, struct ibv_send_wr* wr, struct ibv_send
 int uroce_post_recv(struct uroce_qp* qp, struct ibv_recv_wr* wr, struct ibv_recv_wr** bad_wr);
 int uroce_poll_cq(struct uroce_cq* cq, int num_entries, struct ibv_wc* wc);
 
+/* RDMA CM: connection setup with rdma_cm's wire protocol (CM MADs on QP1,
+ * RoCE service IDs), done by the daemon's CM agent, so a librdmacm peer
+ * (rping, ib_*_bw -R) can connect to us and we to it. The QP must be RC in
+ * RESET or INIT; the agent takes it to RTS (and to ERR on disconnect).
+ * Events are rdma_cm's; uroce_cm_get_event waits up to timeout_ms
+ * (ETIMEDOUT; 0 polls once, EAGAIN when there is none). */
+enum uroce_cm_event_type {
+  UROCE_CM_EVENT_CONNECT_REQUEST = 4, /* RDMA_CM_EVENT_CONNECT_REQUEST: accept or reject it */
+  UROCE_CM_EVENT_UNREACHABLE = 7,     /* no answer, or the handshake failed (status: reason) */
+  UROCE_CM_EVENT_REJECTED = 8,        /* the peer rejected (status: IBTA reject reason; 28: by the application) */
+  UROCE_CM_EVENT_ESTABLISHED = 9,
+  UROCE_CM_EVENT_DISCONNECTED = 10,
+};
+struct uroce_cm_event {
+  enum uroce_cm_event_type event;
+  uint32_t id; /* the connection */
+  int status;
+  uint32_t peer_qp_num;
+  union ibv_gid peer_gid;
+  uint16_t peer_port, local_port;
+  uint8_t responder_resources, initiator_depth;
+  enum ibv_mtu mtu;
+  uint8_t private_data_len;
+  uint8_t private_data[56];
+};
+/* As rdma_conn_param; zero fields take defaults (MTU 1024, retries 7). */
+struct uroce_cm_param {
+  const void* private_data;
+  uint8_t private_data_len; /* at most 56 */
+  uint8_t responder_resources, initiator_depth;
+  uint8_t retry_count, rnr_retry_count;
+  enum ibv_mtu mtu;
+};
+int uroce_cm_listen(struct uroce_context* ctx, uint16_t port);
+int uroce_cm_connect(struct uroce_qp* qp, const union ibv_gid* dgid, uint16_t port, const struct uroce_cm_param* param,
+                     uint32_t* id);
+int uroce_cm_accept(struct uroce_qp* qp, uint32_t id, const struct uroce_cm_param* param);
+int uroce_cm_reject(struct uroce_context* ctx, uint32_t id, const void* private_data, uint8_t private_data_len);
+int uroce_cm_disconnect(struct uroce_context* ctx, uint32_t id);
+int uroce_cm_get_event(struct uroce_context* ctx, int timeout_ms, struct uroce_cm_event* event);
+
 const char* uroce_last_error(void);
 
 #ifdef __cplusplus

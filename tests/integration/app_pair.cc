@@ -7,9 +7,12 @@
 //   app_pair crash SOCK_A           create resources, then die without cleaning up
 //   app_pair srq SOCK_A SOCK_B      two QPs receiving from one shared receive queue
 //   app_pair devices N              the device list ($UROCE_RUN_DIR, $UROCE_DEVICES) has N devices, all usable
+//   app_pair cm SOCK_A SOCK_B       RDMA CM: listen, connect, accept with private data, data, reject,
+//                                   no listener, disconnect, a client that dies connected
 //
 // Prints "N passed, M failed"; exits 0 only if nothing failed.
 #include <poll.h>
+#include <sys/wait.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -532,6 +535,147 @@ int srq(const char* sa, const char* sb) {
   return g_fail == 0 ? 0 : 1;
 }
 
+/// Waits for the next CM event of `ctx`; false on timeout.
+bool cm_event(uroce_context* ctx, uroce_cm_event& e, uroce_cm_event_type want, const std::string& what) {
+  const int rc = uroce_cm_get_event(ctx, 5000, &e);
+  check(rc == 0 && e.event == want, what + " (got event " + std::to_string(rc == 0 ? e.event : -rc) + ")");
+  return rc == 0 && e.event == want;
+}
+
+/// A fresh RC QP on an open end (the CM agent takes it from RESET).
+uroce_qp* rc_qp(End& e) {
+  uroce_qp_init_attr ia{};
+  ia.send_cq = ia.recv_cq = e.cq;
+  ia.qp_type = IBV_QPT_RC;
+  ia.cap.max_send_wr = ia.cap.max_recv_wr = 64;
+  return uroce_create_qp(e.pd, &ia);
+}
+
+struct CmOffer {  // what the server puts in its REP's private data, as rping does
+  std::uint64_t addr;
+  std::uint32_t rkey;
+};
+
+int cm(const char* sa, const char* sb) {
+  End a, b;
+  check(open_end(a, sa, false) && open_end(b, sb, false), "both applications open");
+  const std::uint16_t port = static_cast<std::uint16_t>(7000 + getpid() % 1000);
+  check(uroce_cm_listen(a.ctx, port) == 0, "A listens");
+  End o;  // a third application, on A's daemon
+  check(open_end(o, sa, false), "a third application opens");
+  uroce_context* other = o.ctx;
+  check(uroce_cm_listen(other, port) == EADDRINUSE, "a second listen on the port: EADDRINUSE");
+
+  // Connect with private data; the server accepts with its buffer's address and rkey.
+  const char hello[] = "hello from B";
+  uroce_cm_param cp{};
+  cp.private_data = hello;
+  cp.private_data_len = sizeof hello;
+  cp.responder_resources = cp.initiator_depth = 4;
+  cp.mtu = IBV_MTU_4096;
+  std::uint32_t bid = 0;
+  check(uroce_cm_connect(b.qp, &a.gid, port, &cp, &bid) == 0, "B connects");
+  uroce_cm_event e{};
+  if (!cm_event(a.ctx, e, UROCE_CM_EVENT_CONNECT_REQUEST, "A: a connect request")) return 1;
+  check(e.peer_qp_num == uroce_qp_num(b.qp), "A: the request names B's QP");
+  check(std::memcmp(e.peer_gid.raw, b.gid.raw, 16) == 0, "A: the request comes from B's GID");
+  check(e.local_port == port && e.peer_port != 0, "A: ports (ours and the peer's RDMA CM source port)");
+  check(e.private_data_len >= sizeof hello && std::memcmp(e.private_data, hello, sizeof hello) == 0,
+        "A: B's private data arrived");
+  check(e.mtu == IBV_MTU_4096 && e.responder_resources == 4, "A: MTU 4096 and 4 responder resources asked");
+  const std::uint32_t aid = e.id;
+  check(uroce_cm_accept(o.qp, aid, nullptr) == EINVAL, "accepting another session's request: refused");
+  uroce_cm_event oe{};
+  check(uroce_cm_get_event(other, 0, &oe) == EAGAIN, "another session sees none of A's events");
+  CmOffer offer{reinterpret_cast<std::uint64_t>(a.buf), uroce_mr_rkey(a.mr)};
+  uroce_cm_param ap{};
+  ap.private_data = &offer;
+  ap.private_data_len = sizeof offer;
+  check(uroce_cm_accept(a.qp, aid, &ap) == 0, "A accepts with its buffer's address and rkey");
+  if (!cm_event(b.ctx, e, UROCE_CM_EVENT_ESTABLISHED, "B: established")) return 1;
+  check(e.id == bid && e.peer_qp_num == uroce_qp_num(a.qp), "B: the connection and A's QP");
+  CmOffer got{};
+  std::memcpy(&got, e.private_data, sizeof got);
+  check(got.addr == offer.addr && got.rkey == offer.rkey, "B: A's offer arrived in the REP");
+  cm_event(a.ctx, e, UROCE_CM_EVENT_ESTABLISHED, "A: established");
+  ibv_qp_attr qa{};
+  uroce_query_qp(b.qp, &qa, IBV_QP_STATE, nullptr);
+  check(qa.qp_state == IBV_QPS_RTS && qa.path_mtu == IBV_MTU_4096 && qa.dest_qp_num == uroce_qp_num(a.qp),
+        "B's QP: RTS, MTU 4096, connected to A's");
+
+  // Data over what CM set up: a WRITE to the offered buffer, then a SEND.
+  for (int i = 0; i < 8192; ++i) b.buf[i] = static_cast<std::uint8_t>(i * 13 + 5);
+  ibv_sge ws{reinterpret_cast<std::uint64_t>(b.buf), 8192, uroce_mr_lkey(b.mr)};
+  ibv_send_wr w{};
+  w.wr_id = 1;
+  w.opcode = IBV_WR_RDMA_WRITE;
+  w.send_flags = IBV_SEND_SIGNALED;
+  w.sg_list = &ws;
+  w.num_sge = 1;
+  w.wr.rdma.remote_addr = got.addr + 65536;
+  w.wr.rdma.rkey = got.rkey;
+  ibv_send_wr* bad = nullptr;
+  ibv_wc wc{};
+  check(uroce_post_send(b.qp, &w, &bad) == 0 && wait_wc(b, wc) && wc.status == IBV_WC_SUCCESS,
+        "B: an 8 KiB WRITE through the CM-made connection completes");
+  check(std::memcmp(a.buf + 65536, b.buf, 8192) == 0, "A: the WRITE's bytes are all there");
+
+  // Reject, and no listener.
+  check(uroce_cm_listen(a.ctx, port + 1) == 0, "A listens on a second port");
+  End b2 = b;
+  b2.qp = rc_qp(b);
+  std::uint32_t rid = 0;
+  check(uroce_cm_connect(b2.qp, &a.gid, port + 1, nullptr, &rid) == 0, "B connects to the second port");
+  if (cm_event(a.ctx, e, UROCE_CM_EVENT_CONNECT_REQUEST, "A: the second request")) {
+    check(uroce_cm_reject(other, e.id, nullptr, 0) == EINVAL, "rejecting another session's request: refused");
+    check(uroce_cm_reject(a.ctx, e.id, "busy", 5) == 0, "A rejects it, saying why");
+  }
+  if (cm_event(b.ctx, e, UROCE_CM_EVENT_REJECTED, "B: rejected"))
+    check(e.status == 28 && std::strcmp(reinterpret_cast<const char*>(e.private_data), "busy") == 0,
+          "B: reason 28 (consumer) and A's words");
+  uroce_qp* b3 = rc_qp(b);
+  check(uroce_cm_connect(b3, &a.gid, port + 2, nullptr, &rid) == 0, "B connects to a port nobody listens on");
+  if (cm_event(b.ctx, e, UROCE_CM_EVENT_REJECTED, "B: rejected by the daemon"))
+    check(e.status == 8, "B: reason 8 (invalid service ID)");
+
+  // Disconnect: both sides hear of it, both QPs end in ERR.
+  check(uroce_cm_disconnect(other, aid) == EINVAL, "disconnecting another session's connection: refused");
+  check(uroce_cm_disconnect(b.ctx, bid) == 0, "B disconnects");
+  cm_event(a.ctx, e, UROCE_CM_EVENT_DISCONNECTED, "A: disconnected");
+  check(e.id == aid, "A: the disconnect names the connection");
+  cm_event(b.ctx, e, UROCE_CM_EVENT_DISCONNECTED, "B: disconnected");
+  uroce_query_qp(a.qp, &qa, IBV_QP_STATE, nullptr);
+  check(qa.qp_state == IBV_QPS_ERR, "A's QP is in ERR");
+
+  // A client that dies while connected: its daemon disconnects for it.
+  const pid_t child = fork();
+  if (child == 0) {
+    End c;
+    if (!open_end(c, sb, false)) _exit(3);
+    std::uint32_t cid;
+    if (uroce_cm_connect(c.qp, &a.gid, port, nullptr, &cid) != 0) _exit(4);
+    uroce_cm_event ce{};
+    if (uroce_cm_get_event(c.ctx, 5000, &ce) != 0 || ce.event != UROCE_CM_EVENT_ESTABLISHED) _exit(5);
+    _exit(0);  // no disconnect, no cleanup
+  }
+  uroce_qp* a2 = rc_qp(a);
+  if (cm_event(a.ctx, e, UROCE_CM_EVENT_CONNECT_REQUEST, "A: the doomed client's request"))
+    check(uroce_cm_accept(a2, e.id, nullptr) == 0, "A accepts it");
+  int status = -1;
+  waitpid(child, &status, 0);
+  check(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the client connected, then exited");
+  uroce_cm_event last{};
+  for (int i = 0; i < 3; ++i) {  // ESTABLISHED first, then the disconnect its daemon sent
+    if (uroce_cm_get_event(a.ctx, 5000, &last) != 0 || last.event == UROCE_CM_EVENT_DISCONNECTED) break;
+  }
+  check(last.event == UROCE_CM_EVENT_DISCONNECTED, "A: the dead client's daemon disconnected it");
+  uroce_close_device(other);
+  uroce_close_device(a.ctx);
+  uroce_close_device(b.ctx);
+  std::printf("%d passed, %d failed\n", g_pass, g_fail);
+  return g_fail == 0 ? 0 : 1;
+}
+
 /// The device list finds `want` devices, and each one opens and answers.
 int devices(int want) {
   int n = -1;
@@ -568,6 +712,7 @@ int main(int argc, char** argv) {
   }
   if (argc >= 4 && std::string(argv[1]) == "events") return events(argv[2], argv[3]);
   if (argc >= 4 && std::string(argv[1]) == "srq") return srq(argv[2], argv[3]);
+  if (argc >= 4 && std::string(argv[1]) == "cm") return cm(argv[2], argv[3]);
   if (argc >= 3 && std::string(argv[1]) == "devices") return devices(std::atoi(argv[2]));
   if (argc >= 5 && std::string(argv[1]) == "oob") return oob(argv[2], argv[3], std::atoi(argv[4]));
   std::fprintf(stderr, "usage: app_pair ops|hostile|events|srq SOCK_A SOCK_B | crash SOCK_A | oob SOCK_A SOCK_B PORT | devices N\n");

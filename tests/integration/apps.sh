@@ -5,7 +5,7 @@
 need_root
 APP=${APP_PAIR:?path to app_pair}
 start_daemon "" da --port net_memif0 --vdev "net_memif0,role=server,socket=$TMP/m.sock" --ip 10.94.0.1 --lcore 0 \
-  --app-socket "$TMP/a.app" --ctl-socket "$TMP/a.ctl"
+  --app-socket "$TMP/a.app" --ctl-socket "$TMP/a.ctl" --capture "$TMP/a.pcap"
 sleep 1
 start_daemon "" db --port net_memif0 --vdev "net_memif0,role=client,socket=$TMP/m.sock" --ip 10.94.0.2 --lcore 1 \
   --app-socket "$TMP/b.app" --ctl-socket "$TMP/b.ctl"
@@ -37,6 +37,23 @@ echo "== a shared receive queue feeding two QPs"
 "$APP" srq "$TMP/a.app" "$TMP/b.app" > "$TMP/srq.out" 2>&1; rc=$?
 tail -3 "$TMP/srq.out" | sed 's/^/  /'
 check "srq: all checks passed" "[ $rc -eq 0 ] && grep -qE '^[1-9][0-9]* passed, 0 failed' '$TMP/srq.out'"
+
+echo "== RDMA CM: the handshake on QP1, data, reject, disconnect, a client that dies"
+"$APP" cm "$TMP/a.app" "$TMP/b.app" > "$TMP/cm.out" 2>&1; rc=$?
+grep FAIL "$TMP/cm.out" | sed 's/^/  /'; tail -1 "$TMP/cm.out" | sed 's/^/  /'
+check "cm: all checks passed" "[ $rc -eq 0 ] && grep -qE '^[1-9][0-9]* passed, 0 failed' '$TMP/cm.out'"
+st=$(ctl "$TMP/a.ctl" status)
+echo "  daemon A's CM counters: $(echo "$st" | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["cm"])')"
+check "cm: daemon A counted its handshakes" "[ \$(jget '$st' cm.established) -ge 2 ] && [ \$(jget '$st' cm.rejects_sent) -ge 2 ]"
+if command -v tshark > /dev/null && [ -s "$TMP/a.pcap" ]; then
+  attrs=$(tshark -r "$TMP/a.pcap" -d udp.port==4791,infiniband --disable-protocol rpcordma \
+    -Y infiniband.mad.attributeid -T fields -e infiniband.mad.attributeid 2>/dev/null | sort -u | tr '\n' ' ')
+  malformed=$(tshark -r "$TMP/a.pcap" -d udp.port==4791,infiniband --disable-protocol rpcordma -Y _ws.malformed \
+    2>/dev/null | wc -l)
+  echo "  tshark: CM attributes on the wire: $attrs; malformed frames: $malformed"
+  check "cm: tshark dissects REQ, REJ, REP, RTU, DREQ and DREP in daemon A's capture, none malformed" \
+    "[ '$attrs' = '0x0010 0x0012 0x0013 0x0014 0x0015 0x0016 ' ] && [ $malformed -eq 0 ]"
+fi
 
 echo "== the device list: a run directory of sockets plus \$UROCE_DEVICES"
 mkdir -p "$TMP/run" && ln -sf "$TMP/a.app" "$TMP/run/uroce0.sock" && touch "$TMP/run/not-a-socket.sock"
