@@ -44,6 +44,8 @@ grep FAIL "$TMP/cm.out" | sed 's/^/  /'; tail -1 "$TMP/cm.out" | sed 's/^/  /'
 check "cm: all checks passed" "[ $rc -eq 0 ] && grep -qE '^[1-9][0-9]* passed, 0 failed' '$TMP/cm.out'"
 st=$(ctl "$TMP/a.ctl" status)
 echo "  daemon A's CM counters: $(echo "$st" | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["cm"])')"
+"$UROCE_CTL" --socket "$TMP/a.ctl" status | grep '^RDMA CM' | sed 's/^/  /'
+check "cm: uroce-ctl shows the CM agent's counters" "'$UROCE_CTL' --socket '$TMP/a.ctl' status | grep -qE '^RDMA CM \(QP1\): [0-9]+ connections; MADs rx [1-9]'"
 check "cm: daemon A counted its handshakes" "[ \$(jget '$st' cm.established) -ge 2 ] && [ \$(jget '$st' cm.rejects_sent) -ge 2 ]"
 if command -v tshark > /dev/null && [ -s "$TMP/a.pcap" ]; then
   attrs=$(tshark -r "$TMP/a.pcap" -d udp.port==4791,infiniband --disable-protocol rpcordma \

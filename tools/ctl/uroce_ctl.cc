@@ -74,6 +74,13 @@ void render(const pt::ptree& st, const pt::ptree* prev, double secs) {
                   x.get<unsigned>("mrs"), num(x, "mr_bytes"), x.get<unsigned>("cqs"), qpns.empty() ? "-" : qpns.c_str());
     }
   }
+  if (auto c = st.get_child_optional("cm"); c && !c->empty()) {
+    std::printf("\nRDMA CM (QP1): %lu connections; MADs rx %lu tx %lu, resends %lu, duplicates %lu, rejects sent %lu, "
+                "established %lu, disconnected %lu, bad %lu, unmatched %lu\n",
+                num(*c, "connections"), num(*c, "mads_rx"), num(*c, "mads_tx"), num(*c, "resends"),
+                num(*c, "duplicates"), num(*c, "rejects_sent"), num(*c, "established"), num(*c, "disconnected"),
+                num(*c, "bad_mads"), num(*c, "unmatched"));
+  }
   for (unsigned k = 0; k < n; ++k) {
     const std::string pre = k == 0 ? "" : "_" + std::to_string(k);
     const auto& p = st.get_child("pipeline" + pre);
