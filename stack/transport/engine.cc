@@ -1,5 +1,7 @@
 #include "stack/transport/engine.h"
 
+#include "stack/abi/wc_status.h"
+
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -23,22 +25,7 @@ const char* to_string(ibv_qp_state s) {
   }
 }
 
-const char* to_string(ibv_wc_status s) {
-  switch (s) {
-    case IBV_WC_SUCCESS: return "SUCCESS";
-    case IBV_WC_LOC_LEN_ERR: return "LOC_LEN_ERR";
-    case IBV_WC_LOC_QP_OP_ERR: return "LOC_QP_OP_ERR";
-    case IBV_WC_LOC_PROT_ERR: return "LOC_PROT_ERR";
-    case IBV_WC_WR_FLUSH_ERR: return "WR_FLUSH_ERR";
-    case IBV_WC_REM_INV_REQ_ERR: return "REM_INV_REQ_ERR";
-    case IBV_WC_REM_ACCESS_ERR: return "REM_ACCESS_ERR";
-    case IBV_WC_REM_OP_ERR: return "REM_OP_ERR";
-    case IBV_WC_RETRY_EXC_ERR: return "RETRY_EXC_ERR";
-    case IBV_WC_RNR_RETRY_EXC_ERR: return "RNR_RETRY_EXC_ERR";
-    case IBV_WC_REM_INV_RD_REQ_ERR: return "REM_INV_RD_REQ_ERR";
-    default: return "OTHER_ERR";
-  }
-}
+const char* to_string(ibv_wc_status s) { return uroce_wc_status_name(s); }
 
 std::size_t TxFrame::copy_to(wire::Bytes out) const {
   const std::size_t n = size();

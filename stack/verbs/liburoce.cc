@@ -22,6 +22,7 @@
 #include "stack/abi/fd_msg.h"
 #include "stack/abi/ring.h"
 #include "stack/abi/session_proto.h"
+#include "stack/abi/wc_status.h"
 #include "stack/verbs/uroce_verbs.h"
 
 namespace uroce::verbs_detail {
@@ -190,6 +191,8 @@ const Buf* find_buf(const uroce_context* ctx, const void* addr, std::size_t len)
 extern "C" {
 
 const char* uroce_last_error(void) { return t_error.c_str(); }
+
+const char* uroce_wc_status_str(ibv_wc_status s) { return uroce_wc_status_name(s); }
 
 }  // extern "C"
 

@@ -187,6 +187,9 @@ int uroce_cm_reject(struct uroce_context* ctx, uint32_t id, const void* private_
 int uroce_cm_disconnect(struct uroce_context* ctx, uint32_t id);
 int uroce_cm_get_event(struct uroce_context* ctx, int timeout_ms, struct uroce_cm_event* event);
 
+/* The name of a completion status ("SUCCESS", "RETRY_EXC_ERR", ...). */
+const char* uroce_wc_status_str(enum ibv_wc_status status);
+
 const char* uroce_last_error(void);
 
 #ifdef __cplusplus

@@ -1,0 +1,401 @@
+// uroce-pingpong: rdma-core's ibv_rc_pingpong over uroce, with its flags,
+// its output and its TCP exchange byte for byte, so either side can be the
+// real ibv_rc_pingpong.
+//
+//   uroce-pingpong [options]        server
+//   uroce-pingpong [options] HOST   client
+//
+// The exchange (rdma-core libibverbs/examples/rc_pingpong.c): the client
+// writes a 52-byte "LID:QPN:PSN:GID" string ("%04x:%06x:%06x:" and 32 hex
+// digits, NUL included), reads the server's, writes "done\0" and closes;
+// the server reads, brings its QP to RTS, answers, and reads the 5-byte
+// "done". Then the ping-pong: the client sends first; each side sends one
+// message per message received, `iters` each way.
+//
+// -c checks every received message. ibv_rc_pingpong sends and receives in
+// one buffer, so it echoes what it last received (its first message is its
+// 0x7b fill); uroce-pingpong sends a numbered pattern. A message passes if it
+// is the peer's pattern, or the echo of our previous message, or the fill.
+#include <arpa/inet.h>
+#include <getopt.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "stack/verbs/uroce_verbs.h"
+
+namespace {
+
+using clk = std::chrono::steady_clock;
+constexpr std::size_t kMsg = sizeof "0000:000000:000000:00000000000000000000000000000000";  // 52
+constexpr std::uint64_t kRecvId = 1, kSendId = 2;
+
+struct Dest {
+  unsigned lid = 0, qpn = 0, psn = 0;
+  std::uint8_t gid[16] = {};
+};
+
+struct Opts {
+  std::string host, device;
+  std::uint16_t port = 18515;
+  std::uint32_t size = 4096, rx_depth = 500, iters = 1000;
+  ibv_mtu mtu = IBV_MTU_1024;
+  int gidx = -1;
+  bool events = false, check = false;
+  int timeout_ms = 30000;
+};
+
+int fail(const std::string& why) {
+  std::fprintf(stderr, "uroce-pingpong: %s\n", why.c_str());
+  return 1;
+}
+
+std::string to_msg(const Dest& d) {
+  char m[kMsg];
+  int n = std::snprintf(m, sizeof m, "%04x:%06x:%06x:", d.lid, d.qpn, d.psn);
+  for (int i = 0; i < 16; ++i) n += std::snprintf(m + n, sizeof m - static_cast<std::size_t>(n), "%02x", d.gid[i]);
+  return std::string(m, kMsg);  // with the NUL, as rc_pingpong writes sizeof msg
+}
+
+bool from_msg(const char* m, Dest& d) {
+  if (m[kMsg - 1] != '\0' || std::strlen(m) != kMsg - 1) return false;
+  char gid[33] = {};
+  if (std::sscanf(m, "%x:%x:%x:%32s", &d.lid, &d.qpn, &d.psn, gid) != 4 || std::strlen(gid) != 32) return false;
+  for (int i = 0; i < 16; ++i) {
+    unsigned v;
+    if (std::sscanf(gid + 2 * i, "%2x", &v) != 1) return false;
+    d.gid[i] = static_cast<std::uint8_t>(v);
+  }
+  return true;
+}
+
+bool read_n(int fd, void* p, std::size_t n, int timeout_ms) {
+  auto* b = static_cast<char*>(p);
+  std::size_t got = 0;
+  while (got < n) {
+    pollfd pf{fd, POLLIN, 0};
+    if (::poll(&pf, 1, timeout_ms) != 1) return false;
+    const ssize_t r = ::read(fd, b + got, n - got);
+    if (r <= 0) return false;
+    got += static_cast<std::size_t>(r);
+  }
+  return true;
+}
+
+int tcp_client(const Opts& o) {
+  addrinfo hints{}, *res = nullptr;
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  if (::getaddrinfo(o.host.c_str(), std::to_string(o.port).c_str(), &hints, &res) != 0) return -1;
+  int fd = -1;
+  const auto end = clk::now() + std::chrono::milliseconds(o.timeout_ms);
+  while (fd < 0 && clk::now() < end) {
+    for (addrinfo* a = res; a && fd < 0; a = a->ai_next) {
+      fd = ::socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+      if (fd >= 0 && ::connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
+        ::close(fd);
+        fd = -1;
+      }
+    }
+    if (fd < 0) ::usleep(100000);
+  }
+  ::freeaddrinfo(res);
+  return fd;
+}
+
+int tcp_server(const Opts& o) {
+  const int ls = ::socket(AF_INET, SOCK_STREAM, 0);
+  const int one = 1;
+  ::setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(o.port);
+  if (::bind(ls, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(ls, 1) != 0) {
+    ::close(ls);
+    return -1;
+  }
+  pollfd pf{ls, POLLIN, 0};
+  const int fd = ::poll(&pf, 1, o.timeout_ms) == 1 ? ::accept(ls, nullptr, nullptr) : -1;
+  ::close(ls);
+  return fd;
+}
+
+/// The numbered pattern uroce-pingpong sends: message k from `role`.
+void fill_pattern(std::uint8_t* b, std::uint32_t size, std::uint64_t k, int role) {
+  for (std::uint32_t i = 0; i < size; ++i) b[i] = static_cast<std::uint8_t>((k * 31 + i * 7 + static_cast<unsigned>(role) * 101) & 0xff);
+}
+
+bool connect_qp(uroce_qp* qp, const Opts& o, const Dest& me, const Dest& rem) {
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_RTR;
+  a.path_mtu = o.mtu;
+  a.dest_qp_num = rem.qpn;
+  a.rq_psn = rem.psn;
+  a.max_dest_rd_atomic = 1;
+  a.min_rnr_timer = 12;
+  a.ah_attr.is_global = 1;  // RoCE routes by GID
+  a.ah_attr.port_num = 1;
+  a.ah_attr.grh.hop_limit = 1;
+  std::memcpy(a.ah_attr.grh.dgid.raw, rem.gid, 16);
+  if (uroce_modify_qp(qp, &a,
+                      IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                          IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER) != 0)
+    return false;
+  a = {};
+  a.qp_state = IBV_QPS_RTS;
+  a.timeout = 14;
+  a.retry_cnt = 7;
+  a.rnr_retry = 7;
+  a.sq_psn = me.psn;
+  a.max_rd_atomic = 1;
+  return uroce_modify_qp(qp, &a,
+                         IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+                             IBV_QP_MAX_QP_RD_ATOMIC) == 0;
+}
+
+std::string gid_text(const std::uint8_t* g) {
+  char b[INET6_ADDRSTRLEN];
+  ::inet_ntop(AF_INET6, g, b, sizeof b);
+  return b;
+}
+
+int run(const Opts& o) {
+  const bool client = !o.host.empty();
+  // The device: a socket path, a name from the list, or the first one.
+  std::string path = o.device;
+  if (path.find('/') == std::string::npos) {
+    int n = 0;
+    uroce_device** list = uroce_get_device_list(&n);
+    path.clear();
+    for (int i = 0; i < n && path.empty(); ++i)
+      if (o.device.empty() || o.device == uroce_get_device_name(list[i])) path = uroce_get_device_path(list[i]);
+    uroce_free_device_list(list);
+    if (path.empty()) return fail("no uroce device (see uroce-perf --help for how devices are found)");
+  }
+  uroce_context* ctx = uroce_open_device(path.c_str());
+  if (!ctx) return fail(std::string("cannot open ") + path + ": " + uroce_last_error());
+  auto* buf = static_cast<std::uint8_t*>(uroce_alloc_buf(ctx, 2 * static_cast<std::size_t>(o.size)));
+  std::uint8_t* sbuf = buf;
+  std::uint8_t* rbuf = buf + o.size;
+  std::memset(buf, 0x7b, 2 * static_cast<std::size_t>(o.size));
+  uroce_pd* pd = uroce_alloc_pd(ctx);
+  uroce_mr* mr = uroce_reg_mr(pd, buf, 2 * static_cast<std::size_t>(o.size), IBV_ACCESS_LOCAL_WRITE);
+  uroce_comp_channel* ch = o.events ? uroce_create_comp_channel(ctx) : nullptr;
+  uroce_cq* cq = uroce_create_cq(ctx, static_cast<int>(o.rx_depth + 1), nullptr, ch, 0);
+  uroce_qp_init_attr ia{};
+  ia.send_cq = ia.recv_cq = cq;
+  ia.qp_type = IBV_QPT_RC;
+  ia.cap.max_send_wr = 1;
+  ia.cap.max_recv_wr = o.rx_depth;
+  uroce_qp* qp = cq ? uroce_create_qp(pd, &ia) : nullptr;
+  if (!mr || !qp || (o.events && !ch)) return fail(std::string("cannot set up: ") + uroce_last_error());
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_INIT;
+  a.port_num = 1;
+  if (uroce_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) != 0)
+    return fail(std::string("INIT: ") + uroce_last_error());
+  ibv_sge rs{reinterpret_cast<std::uint64_t>(rbuf), o.size, uroce_mr_lkey(mr)};
+  ibv_recv_wr rw{};
+  rw.wr_id = kRecvId;
+  rw.sg_list = &rs;
+  rw.num_sge = 1;
+  auto post_recv = [&](std::uint32_t n) {
+    std::uint32_t i = 0;
+    for (ibv_recv_wr* bad = nullptr; i < n && uroce_post_recv(qp, &rw, &bad) == 0; ++i) {
+    }
+    return i;
+  };
+  std::uint32_t routs = post_recv(o.rx_depth);
+  if (o.events) uroce_req_notify_cq(cq, 0);
+
+  Dest me;
+  me.qpn = uroce_qp_num(qp);
+  srand48(getpid() * time(nullptr));
+  me.psn = static_cast<unsigned>(lrand48()) & 0xffffff;
+  if (o.gidx >= 0) {
+    ibv_gid g{};
+    uroce_query_gid(ctx, 1, 0, &g);
+    std::memcpy(me.gid, g.raw, 16);
+  }
+  std::printf("  local address:  LID 0x%04x, QPN 0x%06x, PSN 0x%06x, GID %s\n", me.lid, me.qpn, me.psn,
+              gid_text(me.gid).c_str());
+  const std::string mine = to_msg(me);
+  char msg[kMsg];
+  Dest rem;
+  if (client) {
+    const int fd = tcp_client(o);
+    if (fd < 0) return fail("couldn't connect to " + o.host + ":" + std::to_string(o.port));
+    if (::write(fd, mine.data(), kMsg) != static_cast<ssize_t>(kMsg) || !read_n(fd, msg, kMsg, o.timeout_ms) ||
+        !from_msg(msg, rem))
+      return fail("couldn't read/write the remote address");
+    static const char kDone[] = "done";
+    (void)!::write(fd, kDone, sizeof kDone);
+    ::close(fd);
+    if (!connect_qp(qp, o, me, rem)) return fail(std::string("couldn't connect to remote QP: ") + uroce_last_error());
+  } else {
+    const int fd = tcp_server(o);
+    if (fd < 0) return fail("no client connected on port " + std::to_string(o.port));
+    if (!read_n(fd, msg, kMsg, o.timeout_ms) || !from_msg(msg, rem))
+      return fail("couldn't read the remote address");
+    if (!connect_qp(qp, o, me, rem)) return fail(std::string("couldn't connect to remote QP: ") + uroce_last_error());
+    char done[5];
+    if (::write(fd, mine.data(), kMsg) != static_cast<ssize_t>(kMsg) || !read_n(fd, done, sizeof done, o.timeout_ms))
+      return fail("couldn't exchange with the client");
+    ::close(fd);
+  }
+  std::printf("  remote address: LID 0x%04x, QPN 0x%06x, PSN 0x%06x, GID %s\n", rem.lid, rem.qpn, rem.psn,
+              gid_text(rem.gid).c_str());
+
+  // The ping-pong.
+  const int role = client ? 1 : 2, peer_role = client ? 2 : 1;
+  ibv_sge ss{reinterpret_cast<std::uint64_t>(sbuf), o.size, uroce_mr_lkey(mr)};
+  ibv_send_wr sw{};
+  sw.wr_id = kSendId;
+  sw.sg_list = &ss;
+  sw.num_sge = 1;
+  sw.opcode = IBV_WR_SEND;
+  sw.send_flags = IBV_SEND_SIGNALED;
+  std::uint64_t scnt = 0, rcnt = 0, bad_msgs = 0;
+  std::vector<std::uint8_t> expect(o.size), prev_sent(o.size, 0x7b);
+  auto post_send = [&]() {
+    if (o.check) {
+      std::memcpy(prev_sent.data(), sbuf, o.size);
+      fill_pattern(sbuf, o.size, scnt, role);
+    }
+    ibv_send_wr* bad = nullptr;
+    return uroce_post_send(qp, &sw, &bad) == 0;
+  };
+  unsigned pending = kRecvId;
+  if (client) {
+    if (!post_send()) return fail("couldn't post send");
+    pending |= kSendId;
+  }
+  const auto start = clk::now();
+  auto last_progress = clk::now();
+  while (rcnt < o.iters || scnt < o.iters) {
+    if (o.events) {
+      uroce_cq* ev_cq = nullptr;
+      void* ev_ctx = nullptr;
+      pollfd pf{uroce_comp_channel_fd(ch), POLLIN, 0};
+      if (::poll(&pf, 1, 0) == 1 && uroce_get_cq_event(ch, &ev_cq, &ev_ctx) == 0) {
+        uroce_ack_cq_events(ev_cq, 1);
+        uroce_req_notify_cq(cq, 0);
+      }
+    }
+    ibv_wc wc[2];
+    const int n = uroce_poll_cq(cq, 2, wc);
+    if (n == 0) {
+      if (clk::now() - last_progress > std::chrono::milliseconds(o.timeout_ms))
+        return fail("no completion for " + std::to_string(o.timeout_ms / 1000) + " s (peer gone?)");
+      continue;
+    }
+    last_progress = clk::now();
+    for (int i = 0; i < n; ++i) {
+      if (wc[i].status != IBV_WC_SUCCESS)
+        return fail(std::string("failed status ") + uroce_wc_status_str(wc[i].status) + " for wr_id " +
+                    std::to_string(wc[i].wr_id));
+      if (wc[i].wr_id == kSendId) {
+        ++scnt;
+      } else {
+        if (o.check) {
+          // rcnt-th message: the peer's pattern, an echo of what we sent last, or the fill.
+          fill_pattern(expect.data(), o.size, rcnt, peer_role);
+          const bool ok = wc[i].byte_len == o.size &&
+                          (std::memcmp(rbuf, expect.data(), o.size) == 0 ||
+                           std::memcmp(rbuf, prev_sent.data(), o.size) == 0 ||
+                           std::all_of(rbuf, rbuf + o.size, [](std::uint8_t b) { return b == 0x7b; }));
+          if (!ok) ++bad_msgs;
+        }
+        if (--routs <= 1) {
+          routs += post_recv(o.rx_depth - routs);
+          if (routs < o.rx_depth) return fail("couldn't post receives");
+        }
+        ++rcnt;
+      }
+      pending &= ~static_cast<unsigned>(wc[i].wr_id);
+      if (scnt < o.iters && !pending) {
+        if (!post_send()) return fail("couldn't post send");
+        pending = kRecvId | kSendId;
+      }
+    }
+  }
+  const double secs = std::chrono::duration<double>(clk::now() - start).count();
+  const long long bytes = static_cast<long long>(o.size) * o.iters * 2;
+  std::printf("%lld bytes in %.2f seconds = %.2f Mbit/sec\n", bytes, secs, static_cast<double>(bytes) * 8 / secs / 1e6);
+  std::printf("%u iters in %.2f seconds = %.2f usec/iter\n", o.iters, secs, secs * 1e6 / o.iters);
+  if (o.check) std::printf("%lu messages checked, %lu bad\n", static_cast<unsigned long>(rcnt), static_cast<unsigned long>(bad_msgs));
+  uroce_destroy_qp(qp);
+  uroce_close_device(ctx);
+  return bad_msgs == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Opts o;
+  static const option kLong[] = {{"port", required_argument, nullptr, 'p'},    {"ib-dev", required_argument, nullptr, 'd'},
+                                 {"ib-port", required_argument, nullptr, 'i'}, {"size", required_argument, nullptr, 's'},
+                                 {"mtu", required_argument, nullptr, 'm'},     {"rx-depth", required_argument, nullptr, 'r'},
+                                 {"iters", required_argument, nullptr, 'n'},   {"sl", required_argument, nullptr, 'l'},
+                                 {"events", no_argument, nullptr, 'e'},        {"gid-idx", required_argument, nullptr, 'g'},
+                                 {"chk", no_argument, nullptr, 'c'},           {nullptr, 0, nullptr, 0}};
+  int c;
+  auto num = [](const char* s, long lo, long hi, long& out) {
+    char* e = nullptr;
+    out = std::strtol(s, &e, 0);
+    return e && *e == '\0' && out >= lo && out <= hi;
+  };
+  long v = 0;
+  while ((c = getopt_long(argc, argv, "p:d:i:s:m:r:n:l:eg:c", kLong, nullptr)) != -1) {
+    switch (c) {
+      case 'p':
+        if (!num(optarg, 1, 65535, v)) return fail("-p: a TCP port");
+        o.port = static_cast<std::uint16_t>(v);
+        break;
+      case 'd': o.device = optarg; break;
+      case 'i':
+      case 'l': break;  // one port, no SLs on RoCE
+      case 's':
+        if (!num(optarg, 1, 1 << 24, v)) return fail("-s: 1..16 MiB");
+        o.size = static_cast<std::uint32_t>(v);
+        break;
+      case 'm': {
+        if (!num(optarg, 256, 4096, v)) return fail("-m: 256..4096");
+        const int m = v == 256 ? 1 : v == 512 ? 2 : v == 1024 ? 3 : v == 2048 ? 4 : v == 4096 ? 5 : -1;
+        if (m < 0) return fail("-m: 256, 512, 1024, 2048 or 4096");
+        o.mtu = static_cast<ibv_mtu>(m);
+        break;
+      }
+      case 'r':
+        if (!num(optarg, 2, 4096, v)) return fail("-r: 2..4096");
+        o.rx_depth = static_cast<std::uint32_t>(v);
+        break;
+      case 'n':
+        if (!num(optarg, 1, 100000000, v)) return fail("-n: 1..100000000");
+        o.iters = static_cast<std::uint32_t>(v);
+        break;
+      case 'e': o.events = true; break;
+      case 'g':
+        if (!num(optarg, 0, 255, v)) return fail("-g: a GID index");
+        o.gidx = static_cast<int>(v);
+        break;
+      case 'c': o.check = true; break;
+      default:
+        std::fprintf(stderr, "usage: uroce-pingpong [-p port] [-d dev] [-s size] [-m mtu] [-r rx_depth] [-n iters] [-e] "
+                             "[-g gid_idx] [-c] [host]\n");
+        return 2;
+    }
+  }
+  if (optind < argc) o.host = argv[optind];
+  if (o.gidx < 0) o.gidx = 0;  // RoCE needs a GID; rc_pingpong without -g sends zeros and could not connect
+  return run(o);
+}
