@@ -1,0 +1,105 @@
+#!/bin/bash
+# uroce-perf and uroce-pingpong between two uroced over memif. Every run goes
+# through perftest_peer.py, a scripted peer that checks each message of
+# perftest's (and ibv_rc_pingpong's) TCP exchange against the real tools'
+# format and order before relaying it.
+. "$(dirname "$0")/lib.sh"
+need_root
+PERF=${UROCE_PERF:?path to uroce-perf}
+PP=${UROCE_PINGPONG:?path to uroce-pingpong}
+PEER="/usr/bin/python3 $(dirname "$0")/perftest_peer.py"
+start_daemon "" da --port net_memif0 --vdev "net_memif0,role=server,socket=$TMP/m.sock" --ip 10.95.0.1 --lcore 0 \
+  --app-socket "$TMP/a.app" --ctl-socket "$TMP/a.ctl"
+sleep 1
+start_daemon "" db --port net_memif0 --vdev "net_memif0,role=client,socket=$TMP/m.sock" --ip 10.95.0.2 --lcore 1 \
+  --app-socket "$TMP/b.app" --ctl-socket "$TMP/b.ctl"
+for i in $(seq 1 50); do [ -S "$TMP/a.app" ] && [ -S "$TMP/b.app" ] && break; sleep 0.1; done
+BASE=$((21000 + ($$ % 200) * 20))
+py() { /usr/bin/python3 -c "import json,sys; r=json.load(open(sys.argv[1])); $1" "$2"; }
+
+# pair TEST NAME PROXY-ARGS -- CLIENT-ARGS: server on A, proxy, client on B (both --json)
+pair() {
+  local test=$1 name=$2 pargs=$3; shift 3
+  local sp=$BASE cp=$((BASE + 1)); BASE=$((BASE + 2))
+  timeout 120 $PERF "$test" -d "$TMP/a.app" -p $sp --json "$@" > "$TMP/$name.srv" 2> "$TMP/$name.srv.err" & local s=$!
+  sleep 0.2
+  $PEER proxy "$test" $cp $sp $pargs > "$TMP/$name.peer" 2>&1 & local p=$!
+  sleep 0.2
+  timeout 120 $PERF "$test" -d "$TMP/b.app" -p $cp --json "$@" 127.0.0.1 > "$TMP/$name.cli" 2> "$TMP/$name.cli.err"
+  local crc=$?
+  wait $s; local src=$?
+  wait $p; local prc=$?
+  echo "  $name: client $crc server $src peer $prc; $(tail -1 "$TMP/$name.peer")"
+  [ $crc -eq 0 ] && [ $src -eq 0 ] && [ $prc -eq 0 ]
+}
+
+echo "== the eight tests, through the scripted perftest peer"
+for t in write_bw send_bw read_bw atomic_bw write_lat send_lat read_lat atomic_lat; do
+  check "$t: client, server and the format check all pass" "pair $t $t '' -n 300"
+  case $t in
+    *_bw)
+      check "$t: the client moved 300 messages at a positive rate" \
+        "py 'x=r[\"results\"][0]; sys.exit(not (x[\"iterations\"]==300 and x[\"bw_average\"]>0 and x[\"msg_rate_mpps\"]>0))' $TMP/$t.cli"
+      if [ $t = send_bw ]; then
+        check "$t: the server counted 300 receives itself" \
+          "py 'x=r[\"results\"][0]; sys.exit(not (x[\"iterations\"]==300 and x[\"bw_average\"]>0))' $TMP/$t.srv"
+      else
+        check "$t: the server prints the client's report (perftest's report exchange)" \
+          "py 'import json; c=json.load(open(\"$TMP/$t.cli\"))[\"results\"][0]; s=r[\"results\"][0]; sys.exit(not (abs(s[\"bw_average\"]-c[\"bw_average\"])<0.01 and s[\"iterations\"]==c[\"iterations\"]))' $TMP/$t.srv"
+      fi ;;
+    *)
+      check "$t: latency columns ordered (min <= typical <= max, p99 <= max)" \
+        "py 'x=r[\"results\"][0]; sys.exit(not (0<x[\"t_min\"]<=x[\"t_typical\"]<=x[\"t_max\"] and x[\"p99\"]<=x[\"t_max\"] and x[\"iterations\"]==300))' $TMP/$t.cli" ;;
+  esac
+done
+py 'x=r["results"][0]; print("  write_lat %.1f us typical; " % x["t_typical"])' "$TMP/write_lat.cli"
+
+echo "== four QPs, a timed run, Gb/s, all sizes"
+check "write_bw -q 4: the peer sees four QPs' keys in both loops" "pair write_bw q4 '--qps 4' -n 200 -q 4"
+check "write_bw -q 4: 4 x 200 messages" "py 'sys.exit(r[\"results\"][0][\"iterations\"]!=800)' $TMP/q4.cli"
+check "write_bw -D 2: a timed run counts what it did" "pair write_bw dur '' -D 2"
+check "write_bw -D 2: iterations counted, a progress line shown" \
+  "py 'sys.exit(r[\"results\"][0][\"iterations\"]<10)' $TMP/dur.cli && grep -q 'progress:' $TMP/dur.cli.err"
+timeout 60 $PERF send_bw -d "$TMP/a.app" -p $BASE -n 200 --report_gbits > "$TMP/gb.srv" 2>&1 & s=$!; sleep 0.2
+timeout 60 $PERF send_bw -d "$TMP/b.app" -p $BASE -n 200 --report_gbits 127.0.0.1 > "$TMP/gb.cli" 2>&1; wait $s
+BASE=$((BASE + 1))
+check "--report_gbits: perftest's Gb/s header" \
+  "grep -qxF ' #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]' $TMP/gb.cli"
+timeout 60 $PERF read_lat -d "$TMP/a.app" -p $BASE -n 50 > "$TMP/tl.srv" 2>&1 & s=$!; sleep 0.2
+timeout 60 $PERF read_lat -d "$TMP/b.app" -p $BASE -n 50 127.0.0.1 > "$TMP/tl.cli" 2>&1; wait $s
+check "text output: perftest's latency header" \
+  "grep -qxF ' #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] ' $TMP/tl.cli"
+BASE=$((BASE + 1))
+timeout 120 $PERF write_bw -d "$TMP/a.app" -p $BASE -n 20 -a --json > "$TMP/all.srv" 2>&1 & s=$!; sleep 0.2
+timeout 120 $PERF write_bw -d "$TMP/b.app" -p $BASE -n 20 -a --json 127.0.0.1 > "$TMP/all.cli" 2>&1; wait $s
+BASE=$((BASE + 1))
+check "write_bw -a: 23 sizes, 2 B to 8 MiB" \
+  "py 'x=[y[\"bytes\"] for y in r[\"results\"]]; sys.exit(x!=[2**i for i in range(1,24)])' $TMP/all.cli"
+
+echo "== the newer perftest (6.24: no closing 'done'), and an old one"
+check "write_bw against a 6.24 server" "pair write_bw v624 '--as-version 6.24 --no-done' -n 200"
+check "send_lat against a 6.24 server" "pair send_lat v624l '--as-version 6.24 --no-done' -n 100"
+$PEER old-server $BASE 5.60 > "$TMP/old.peer" 2>&1 & p=$!; sleep 0.2
+timeout 30 $PERF write_bw -d "$TMP/b.app" -p $BASE 127.0.0.1 > "$TMP/old.cli" 2>&1; orc=$?; wait $p; prc=$?
+BASE=$((BASE + 1))
+check "a peer at perftest 5.60 is refused with a clear error" \
+  "[ $orc -eq 1 ] && [ $prc -eq 0 ] && grep -q '5.70 or newer' $TMP/old.cli"
+
+echo "== bad input"
+check "unknown test: usage, exit 2" "$PERF write_fast 2>&1 | grep -q 'unknown test'; [ \${PIPESTATUS[0]} -eq 2 ]"
+check "-s 0: refused" "! $PERF write_bw -s 0 127.0.0.1 2>/dev/null"
+check "-m 1000: refused" "$PERF write_bw -m 1000 127.0.0.1 2>&1 | grep -q '256, 512'"
+check "no such device: a clear error" "$PERF write_bw -d nosuchdev 127.0.0.1 2>&1 | grep -q 'no device named nosuchdev'"
+
+echo "== uroce-pingpong, through the scripted ibv_rc_pingpong peer, data checked"
+for sz in 1 1000 4096; do
+  sp=$BASE; cp=$((BASE + 1)); BASE=$((BASE + 2))
+  timeout 60 $PP -d "$TMP/a.app" -p $sp -s $sz -n 200 -c -e > "$TMP/pp$sz.srv" 2>&1 & s=$!; sleep 0.2
+  $PEER pingpong-proxy $cp $sp > "$TMP/pp$sz.peer" 2>&1 & p=$!; sleep 0.2
+  timeout 60 $PP -d "$TMP/b.app" -p $cp -s $sz -n 200 -c -g 0 127.0.0.1 > "$TMP/pp$sz.cli" 2>&1; crc=$?
+  wait $s; src=$?; wait $p; prc=$?
+  echo "  $sz B: $(grep usec/iter "$TMP/pp$sz.cli")"
+  check "pingpong $sz B: both sides 200 messages, none bad; exchange as rc_pingpong's" \
+    "[ $crc -eq 0 ] && [ $src -eq 0 ] && [ $prc -eq 0 ] && grep -q '^200 messages checked, 0 bad' $TMP/pp$sz.cli && grep -q '^200 messages checked, 0 bad' $TMP/pp$sz.srv"
+done
+finish
