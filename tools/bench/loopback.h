@@ -24,13 +24,15 @@ struct Side {
 
 class Loopback {
  public:
-  Loopback(ibv_mtu mtu, std::uint32_t sq_depth = 1024, std::size_t mem = 8u << 20) {
+  Loopback(ibv_mtu mtu, std::uint32_t sq_depth = 1024, std::size_t mem = 8u << 20, std::uint32_t max_qps = 1024)
+      : mtu_(mtu) {
     for (int i = 0; i < 2; ++i) {
       EngineConfig c;
       c.mac = {0x02, 0, 0, 0, 0, static_cast<std::uint8_t>(1 + i)};
       c.ip = wire::IpAddr::from_v4(10, 0, 0, static_cast<std::uint8_t>(1 + i));
       c.tx_ring = 4096;
       c.send_window = 1024;
+      c.max_qps = max_qps;
       Side& s = side[i];
       s.eng = std::make_unique<Engine>(c);
       s.pd = s.eng->alloc_pd();
@@ -40,41 +42,50 @@ class Loopback {
                            IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
     }
     for (int i = 0; i < 2; ++i) side[i].eng->set_neighbor(side[1 - i].eng->config().ip, side[1 - i].eng->config().mac);
+    auto [a, b] = add_pair(sq_depth);
+    side[0].qp = a;
+    side[1].qp = b;
+    buf_.resize(8192);
+  }
+
+  /// Another connected QP pair (RTS on both sides), or nulls when the engines are full.
+  std::pair<Qp*, Qp*> add_pair(std::uint32_t depth) {
+    Qp* q[2];
     for (int i = 0; i < 2; ++i) {
       QpInitAttr ia;
       ia.send_cq = ia.recv_cq = side[i].cq;
-      ia.cap.max_send_wr = sq_depth;
-      ia.cap.max_recv_wr = sq_depth;
-      side[i].qp = side[i].eng->create_qp(side[i].pd, ia);
+      ia.cap.max_send_wr = depth;
+      ia.cap.max_recv_wr = depth;
+      q[i] = side[i].eng->create_qp(side[i].pd, ia);
+      if (!q[i]) return {nullptr, nullptr};
     }
     for (int i = 0; i < 2; ++i) {
       Engine& e = *side[i].eng;
-      Qp* q = side[i].qp;
       ibv_qp_attr a{};
       a.qp_state = IBV_QPS_INIT;
       a.port_num = 1;
       a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
-      e.modify_qp(q, a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+      e.modify_qp(q[i], a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
       a = ibv_qp_attr{};
       a.qp_state = IBV_QPS_RTR;
-      a.path_mtu = mtu;
-      a.dest_qp_num = side[1 - i].qp->qpn;
+      a.path_mtu = mtu_;
+      a.dest_qp_num = q[1 - i]->qpn;
       a.max_dest_rd_atomic = 16;
       a.min_rnr_timer = 1;
       a.ah_attr.is_global = 1;
       std::memcpy(a.ah_attr.grh.dgid.raw, side[1 - i].eng->config().ip.b.data(), 16);
-      e.modify_qp(q, a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                            IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+      e.modify_qp(q[i], a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                               IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
       a = ibv_qp_attr{};
       a.qp_state = IBV_QPS_RTS;
       a.timeout = 14;
       a.retry_cnt = 7;
       a.rnr_retry = 7;
       a.max_rd_atomic = 16;
-      e.modify_qp(q, a, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                            IBV_QP_MAX_QP_RD_ATOMIC);
+      e.modify_qp(q[i], a, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                               IBV_QP_MAX_QP_RD_ATOMIC);
     }
-    buf_.resize(8192);
+    return {q[0], q[1]};
   }
 
   /// One round: both engines poll, and each frame crosses to the other side.
@@ -99,6 +110,7 @@ class Loopback {
 
  private:
   std::vector<std::uint8_t> buf_;
+  ibv_mtu mtu_;
 };
 
 }  // namespace uroce::bench
