@@ -451,7 +451,16 @@ int main(int argc, char** argv) {
   bool all_vdev = true;
   for (const auto& pn : port_names) all_vdev = all_vdev && pn.rfind("net_", 0) == 0;
   if (all_vdev && eal_extra.find("-a ") == std::string::npos) eal.push_back("--no-pci");
-  for (const auto& v : vdevs) eal.push_back("--vdev=" + v);
+  for (const auto& v : vdevs) {
+    eal.push_back("--vdev=" + v);
+    // DPDK 22.11's memif chains descriptors for frames larger than its buffer
+    // (2048 bytes by default), and under 4 KiB-MTU load that path delivered
+    // frames more than once here (a storm of duplicate ACKs and timeouts).
+    if (v.rfind("net_memif", 0) == 0 && v.find("bsize=") == std::string::npos)
+      log(2, "memif with its default 2048-byte buffers: frames over 2 KiB are chained; for path MTU 2048 or 4096 add "
+             "bsize=8192 to the vdev (docs/deploy.md)",
+          "vdev=" + v.substr(0, v.find(',')));
+  }
   {
     std::istringstream es(eal_extra);
     std::string a;

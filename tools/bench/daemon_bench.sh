@@ -12,17 +12,17 @@ export UROCED=$(realpath "$build/control/uroced") UROCE_PCAP=$(realpath "$build/
 . "$(dirname "$0")/../../tests/integration/lib.sh"
 need_root
 make_link
-AFP="iface=veth0,framesz=9216,blocksz=36864,framecnt=512"
+. "$(dirname "$0")/bench_lib.sh"
 declare -A R
 
 app() {  # link msgs size mtu -> prints "msg/s MB/s"
   local link=$1 msgs=$2 size=$3 mtu=$4 sv cv
   if [ "$link" = memif ]; then
     rm -f "$TMP/m.sock"
-    start_daemon "" bsrv --port net_memif0 --vdev "net_memif0,role=server,socket=$TMP/m.sock" --ip 10.91.0.1 --lcore 0 \
+    start_daemon "" bsrv --port net_memif0 --vdev "net_memif0,role=server,socket=$TMP/m.sock,bsize=8192" --ip 10.91.0.1 --lcore 0 \
       --app server --app-size "$size" --app-ops send --app-depth 64 --mtu "$mtu" --idle-max-us 0
     sleep 1
-    start_daemon "" bcli --port net_memif0 --vdev "net_memif0,role=client,socket=$TMP/m.sock" --ip 10.91.0.2 --lcore 1 \
+    start_daemon "" bcli --port net_memif0 --vdev "net_memif0,role=client,socket=$TMP/m.sock,bsize=8192" --ip 10.91.0.2 --lcore 1 \
       --app client --app-peer 127.0.0.1 --app-messages "$msgs" --app-size "$size" --app-ops send --app-depth 64 --mtu "$mtu" --idle-max-us 0
   else
     start_daemon "$NS_A" bsrv --port net_af_packet0 --vdev "net_af_packet0,$AFP" --ip 10.90.2.1 --lcore 0 \
@@ -34,29 +34,6 @@ app() {  # link msgs size mtu -> prints "msg/s MB/s"
   wait $LAST_PID
   wait
   sed -n 's/.* s, \([0-9.e+]*\) MB\/s, \([0-9.e+]*\) msg\/s.*/\2 \1/p' "$TMP/bcli.out"
-}
-
-testpmd() {  # link pktsize -> prints rx pps
-  # (af_packet with 9216-byte frames needs mbufs whose data room holds a whole frame)
-  local link=$1 size=$2 tx rx
-  local common="--no-huge -m 1024 --log-level=lib.eal:error"
-  if [ "$link" = memif ]; then
-    rm -f "$TMP/t.sock"
-    timeout 12 dpdk-testpmd $common -l 0,1 --file-prefix tpa-$$ --no-pci --vdev "net_memif0,role=server,socket=$TMP/t.sock" -- \
-      --forward-mode=rxonly --auto-start --stats-period 1 --total-num-mbufs=32768 --rxd=2048 --txd=2048 > "$TMP/tp-rx.out" 2>&1 &
-    sleep 1.5
-    timeout 9 dpdk-testpmd $common -l 1,0 --file-prefix tpb-$$ --no-pci --vdev "net_memif0,role=client,socket=$TMP/t.sock" -- \
-      --forward-mode=txonly --txpkts="$size" --auto-start --stats-period 1 --total-num-mbufs=32768 --rxd=2048 --txd=2048 --burst=64 > "$TMP/tp-tx.out" 2>&1 &
-  else
-    ip netns exec "$NS_A" timeout 12 dpdk-testpmd $common -l 0,1 --file-prefix tpa-$$ --no-pci --vdev "net_af_packet0,$AFP" -- \
-      --forward-mode=rxonly --auto-start --stats-period 1 --total-num-mbufs=16384 --rxd=512 --txd=512 --mbuf-size=9472 > "$TMP/tp-rx.out" 2>&1 &
-    sleep 1.5
-    ip netns exec "$NS_B" timeout 9 dpdk-testpmd $common -l 1,0 --file-prefix tpb-$$ --no-pci --vdev "net_af_packet0,$AFP" -- \
-      --forward-mode=txonly --txpkts="$size" --auto-start --stats-period 1 --total-num-mbufs=16384 --rxd=512 --txd=512 --burst=64 --mbuf-size=9472 > "$TMP/tp-tx.out" 2>&1 &
-  fi
-  wait
-  # The best steady 2-second Rx-pps the receiver saw.
-  grep -o 'Rx-pps: *[0-9]*' "$TMP/tp-rx.out" | awk '{print $2}' | sort -n | tail -1
 }
 
 for link in memif veth; do

@@ -12,6 +12,7 @@
 // sends first; read/atomic: only the client issues), and the same report
 // exchange for write/read/atomic_bw.
 #include <getopt.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -57,6 +58,7 @@ struct Options {
   std::uint32_t rx_depth = 0;
   std::uint32_t cq_mod = 100;
   int timeout_ms = 60000;  // waiting for the peer
+  bool yield = false;      // give the CPU away while polling (shared cores)
 };
 
 const char* verb_name(Verb v) {
@@ -446,6 +448,7 @@ bool wait_wc(Ctx& c, bool want_recv, std::uint64_t& recvs, std::uint64_t& sends,
       (want_recv ? recvs : sends)--;
       return true;
     }
+    if (n == 0 && c.o->yield) sched_yield();
     if (clk::now() > deadline) {
       err = "no completion from the peer within the timeout";
       return false;
@@ -480,8 +483,10 @@ bool run_lat(Ctx& c, std::uint64_t size, LatResult& r) {
       if (rcnt < o.iters && !(scnt < 1 && !client)) {
         ++rcnt;
         const auto deadline = clk::now() + std::chrono::milliseconds(o.timeout_ms);
-        while (*poll_buf != static_cast<std::uint8_t>(rcnt))
+        while (*poll_buf != static_cast<std::uint8_t>(rcnt)) {
           if (clk::now() > deadline) return die("the peer's write never arrived");
+          if (o.yield) sched_yield();
+        }
       }
       if (scnt < o.iters) {
         *post_buf = static_cast<std::uint8_t>(++scnt);
@@ -633,7 +638,9 @@ void usage(FILE* f) {
                "  -p, --port N          TCP port of the exchange (18515)\n"
                "  -t, --tx-depth N      outstanding WRs per QP (BW 128, LAT 1)\n"
                "      --report_gbits    BW in Gb/s\n"
-               "      --json            results as JSON on stdout\n");
+               "      --json            results as JSON on stdout\n"
+               "      --yield           sched_yield() while polling: for hosts where the daemons and\n"
+               "                        the application share cores\n");
 }
 
 bool parse_args(int argc, char** argv, Options& o) {
@@ -655,13 +662,14 @@ bool parse_args(int argc, char** argv, Options& o) {
       known = true;
     }
   if (!known) return die("unknown test '" + o.test + "'");
-  enum { kGbits = 1000, kJson };
+  enum { kGbits = 1000, kJson, kYield };
   static const option kLong[] = {{"size", required_argument, nullptr, 's'},    {"iters", required_argument, nullptr, 'n'},
                                  {"all", no_argument, nullptr, 'a'},           {"qp", required_argument, nullptr, 'q'},
                                  {"duration", required_argument, nullptr, 'D'}, {"mtu", required_argument, nullptr, 'm'},
                                  {"gid-index", required_argument, nullptr, 'x'}, {"ib-dev", required_argument, nullptr, 'd'},
                                  {"port", required_argument, nullptr, 'p'},    {"tx-depth", required_argument, nullptr, 't'},
                                  {"report_gbits", no_argument, nullptr, kGbits}, {"json", no_argument, nullptr, kJson},
+                                 {"yield", no_argument, nullptr, kYield},
                                  {"help", no_argument, nullptr, 'h'},          {nullptr, 0, nullptr, 0}};
   optind = 2;
   int ch;
@@ -711,6 +719,7 @@ bool parse_args(int argc, char** argv, Options& o) {
         break;
       case kGbits: o.gbits = true; break;
       case kJson: o.json = true; break;
+      case kYield: o.yield = true; break;
       case 'h': usage(stdout); std::exit(0);
       default: return false;
     }
