@@ -5,6 +5,7 @@
 #   tools/setup.sh demo    install, build, run the main job (two daemons, verified RC traffic)
 #   tools/setup.sh test    install, build (plain and ASan/UBSan), run every test suite
 #   tools/setup.sh build   install and build only
+#   tools/setup.sh bench   install, build, run the side-by-side benchmark suite (root; writes bench-out/)
 #
 # Environment: UROCE_BUILD (default: build), UROCE_ASAN_BUILD (default: build-asan),
 # UROCE_SKIP_INSTALL=1 to skip apt.
@@ -86,5 +87,6 @@ case "${1:-}" in
   demo) install_packages; build_plain; run_demo ;;
   test) install_packages; build_plain; build_asan; run_tests ;;
   build) install_packages; build_plain ;;
-  *) echo "usage: tools/setup.sh demo|test|build" >&2; exit 2 ;;
+  bench) install_packages; build_plain; tools/bench/suite.sh "$build" "${2:-bench-out}" ;;
+  *) echo "usage: tools/setup.sh demo|test|build|bench" >&2; exit 2 ;;
 esac
