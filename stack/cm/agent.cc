@@ -197,7 +197,7 @@ int CmAgent::bring_up(Qp* qp, const Conn& c, std::uint8_t max_rd_atomic, std::ui
   a.qp_state = IBV_QPS_RTR;
   a.path_mtu = c.mtu;
   a.dest_qp_num = c.peer_qpn;
-  a.rq_psn = c.peer_psn;
+  a.rq_psn = c.rq_psn;
   a.max_dest_rd_atomic = max_dest_rd_atomic;
   a.min_rnr_timer = 12;
   a.ah_attr.is_global = 1;
@@ -211,7 +211,7 @@ int CmAgent::bring_up(Qp* qp, const Conn& c, std::uint8_t max_rd_atomic, std::ui
     return r.err;
   a = {};
   a.qp_state = IBV_QPS_RTS;
-  a.sq_psn = c.our_psn;
+  a.sq_psn = c.sq_psn;
   a.timeout = c.ack_timeout;
   a.retry_cnt = c.retry_cnt;
   a.rnr_retry = c.rnr_retry;
@@ -270,7 +270,7 @@ int CmAgent::connect(Qp* qp, const wire::IpAddr& dst, std::uint16_t port, wire::
   c.peer = dst;
   c.peer_port = port;
   c.local_port = next_src_port();
-  c.our_psn = next_psn() & 0xffffff;
+  c.rq_psn = next_psn() & 0xffffff;
   c.mtu = std::min(p.mtu, cfg_.max_mtu);
   c.responder_resources = std::min<std::uint8_t>(p.responder_resources, transport::kMaxRdAtomic);
   c.initiator_depth = std::min<std::uint8_t>(p.initiator_depth, transport::kMaxRdAtomic);
@@ -287,7 +287,7 @@ int CmAgent::connect(Qp* qp, const wire::IpAddr& dst, std::uint16_t port, wire::
   r.responder_resources = c.responder_resources;
   r.initiator_depth = c.initiator_depth;
   r.b43 = static_cast<std::uint8_t>(kCmResponseTimeout << 3);  // transport RC (0), no end-to-end flow control
-  r.starting_psn.set(c.our_psn);
+  r.starting_psn.set(c.rq_psn);
   r.b47 = static_cast<std::uint8_t>((kCmResponseTimeout << 3) | c.retry_cnt);
   r.pkey.set(0xffff);
   r.b50 = static_cast<std::uint8_t>((c.mtu << 4) | c.rnr_retry);
@@ -319,7 +319,7 @@ int CmAgent::accept(std::uint32_t id, Qp* qp, wire::ConstBytes priv, std::uint32
   if (priv.size() > sizeof(Rep::private_data)) return EINVAL;
   Conn& c = it->second;
   c.qpn = qp->qpn;
-  c.our_psn = next_psn() & 0xffffff;
+  c.rq_psn = next_psn() & 0xffffff;
   // Our READ depth is bounded by what the peer accepts, and we accept what it issues.
   const std::uint8_t our_depth = std::min<std::uint8_t>(c.responder_resources, transport::kMaxRdAtomic);
   const std::uint8_t our_resources = std::min<std::uint8_t>(c.initiator_depth, transport::kMaxRdAtomic);
@@ -329,7 +329,7 @@ int CmAgent::accept(std::uint32_t id, Qp* qp, wire::ConstBytes priv, std::uint32
   r.local_comm_id.set(c.local_id);
   r.remote_comm_id.set(c.remote_id);
   r.local_qpn.set(c.qpn);
-  r.starting_psn.set(c.our_psn);
+  r.starting_psn.set(c.rq_psn);
   r.responder_resources = our_resources;
   r.initiator_depth = our_depth;
   r.b26 = static_cast<std::uint8_t>(15 << 3);  // target ACK delay; failover not accepted; no flow control
@@ -446,7 +446,7 @@ void CmAgent::on_req(const Mad& m, const wire::IpAddr& src, std::uint64_t now) {
   c.local_port = port;
   c.peer_port = (ipv == 4 || ipv == 6) ? h->src_port.get() : 0;
   c.peer_qpn = r.local_qpn.get();
-  c.peer_psn = r.starting_psn.get();
+  c.sq_psn = r.starting_psn.get();
   c.mtu = std::min(static_cast<ibv_mtu>(r.path_mtu()), cfg_.max_mtu);
   c.responder_resources = r.responder_resources;
   c.initiator_depth = r.initiator_depth;
@@ -471,7 +471,7 @@ void CmAgent::on_rep(const Mad& m, const wire::IpAddr& src, std::uint64_t now) {
   if (c->state != State::kReqSent) return;
   c->remote_id = r.local_comm_id.get();
   c->peer_qpn = r.local_qpn.get();
-  c->peer_psn = r.starting_psn.get();
+  c->sq_psn = r.starting_psn.get();
   const std::uint8_t our_depth = std::min(r.responder_resources, c->initiator_depth);
   const int err = bring_up(eng_.find_qp(c->qpn), *c, our_depth, c->responder_resources);
   if (err != 0) {

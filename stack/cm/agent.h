@@ -141,7 +141,13 @@ class CmAgent {
     std::uint32_t qpn = 0;
     wire::IpAddr peer{};
     std::uint16_t local_port = 0, peer_port = 0;
-    std::uint32_t peer_qpn = 0, peer_psn = 0, our_psn = 0;
+    std::uint32_t peer_qpn = 0;
+    // The starting PSN a side puts in its REQ or REP is the one it expects
+    // to *receive* (its RQ PSN); the peer starts sending there. That is what
+    // Linux's CM does (rxe's captures: the passive side's first SEND carries
+    // the REQ's PSN), and what interoperates. So the PSN we advertise is our
+    // rq_psn, and the one we are told is our sq_psn.
+    std::uint32_t rq_psn = 0, sq_psn = 0;
     ibv_mtu mtu = IBV_MTU_1024;
     std::uint8_t responder_resources = 0, initiator_depth = 0;  // as offered in our REQ or REP
     std::uint8_t retry_cnt = 7, rnr_retry = 7, ack_timeout = 14;

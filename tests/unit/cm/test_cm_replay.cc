@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <optional>
 
 #include "drivers/pcap/pcap_io.h"
 #include "stack/cm/agent.h"
@@ -55,6 +56,21 @@ std::vector<CapMad> load(const std::string& path) {
     out.push_back(m);
   }
   return out;
+}
+
+/// The PSN of the first request (SEND, WRITE, READ, atomic) that src sent to
+/// QP dest_qpn after the handshake: where that side's send queue started.
+std::optional<std::uint32_t> first_request_psn(const std::string& path, const wire::IpAddr& src,
+                                               std::uint32_t dest_qpn) {
+  pcapio::Reader r;
+  if (!r.open(path)) return std::nullopt;
+  pcapio::Frame f;
+  while (r.next(f)) {
+    wire::Packet p;
+    if (!wire::parse_frame(f.data, wire::ParseOptions{}, p).ok()) continue;
+    if (p.src == src && p.destqp == dest_qpn && p.info->has(wire::kOpRequest)) return p.psn.value();
+  }
+  return std::nullopt;
 }
 
 /// Byte offsets (into the MAD) that a side picks for itself.
@@ -130,6 +146,19 @@ struct Side {
   std::vector<std::shared_ptr<std::vector<std::uint8_t>>> keep;
 };
 
+/// After the handshake, our QP must start where the captured side did: its
+/// send PSN at that side's first request, its receive PSN at the peer's.
+void expect_psns(Side& s, const std::string& file, const wire::IpAddr& us, const wire::IpAddr& peer,
+                 std::uint32_t our_qpn_in_capture, std::uint32_t peer_qpn, const std::string& where) {
+  ibv_qp_attr a{};
+  ASSERT_EQ(s.eng->query_qp(s.qp, a), 0);
+  const std::string path = std::string(UROCE_CAPTURES_DIR) + "/" + file;
+  if (auto sent = first_request_psn(path, us, peer_qpn))
+    EXPECT_EQ(a.sq_psn, *sent) << where << ": our first request PSN differs from the captured side's";
+  if (auto got = first_request_psn(path, peer, our_qpn_in_capture))
+    EXPECT_EQ(a.rq_psn, *got) << where << ": we would not accept the peer's first request";
+}
+
 void expect_same(Side& s, const CapMad& want, const std::string& where) {
   auto got = s.sent();
   ASSERT_EQ(got.size(), 1u) << where << ": expected our " << to_string(want.mad.attr()) << " (capture frame "
@@ -197,7 +226,7 @@ std::vector<CapMad> causal(std::vector<CapMad> mads, const wire::IpAddr& us) {
   return mads;
 }
 
-void replay_passive(const Conversation& c, const std::string& where) {
+void replay_passive(const Conversation& c, const std::string& file, const std::string& where) {
   const CapMad* req = c.first(Attr::kReq);
   const CapMad* rep = c.first(Attr::kRep);
   ASSERT_TRUE(req && rep) << where;
@@ -231,6 +260,7 @@ void replay_passive(const Conversation& c, const std::string& where) {
           EXPECT_EQ(s.qp->state, IBV_QPS_RTS) << at;
           EXPECT_EQ(s.qp->dest_qp_num, rq.local_qpn.get()) << at;
           EXPECT_EQ(s.qp->path_mtu, static_cast<ibv_mtu>(rq.path_mtu())) << at;
+          expect_psns(s, file, req->dst, req->src, rp.local_qpn.get(), rq.local_qpn.get(), at);
           break;
         case Attr::kRtu:
           ASSERT_TRUE(s.agent->next_event(1, e)) << at;
@@ -257,7 +287,7 @@ void replay_passive(const Conversation& c, const std::string& where) {
   EXPECT_EQ(s.agent->counter(CmCounter::unmatched), 0u) << where;
 }
 
-void replay_active(const Conversation& c, const std::string& where) {
+void replay_active(const Conversation& c, const std::string& file, const std::string& where) {
   const CapMad* req = c.first(Attr::kReq);
   ASSERT_TRUE(req) << where;
   const Req& rq = req->mad.as<Req>();
@@ -297,6 +327,7 @@ void replay_active(const Conversation& c, const std::string& where) {
         ASSERT_EQ(e.type, CmEvent::Type::kEstablished) << at;
         EXPECT_EQ(s.qp->state, IBV_QPS_RTS) << at;
         EXPECT_EQ(s.qp->dest_qp_num, m.mad.as<Rep>().local_qpn.get()) << at;
+        expect_psns(s, file, req->src, req->dst, rq.local_qpn.get(), m.mad.as<Rep>().local_qpn.get(), at);
         break;
       case Attr::kDrep:
       case Attr::kDreq:
@@ -321,8 +352,8 @@ TEST_P(CmReplay, BothSidesMatchTheCapture) {
   std::size_t n = 0;
   for (const Conversation& c : convs) {
     const std::string where = std::string(GetParam()) + " conversation " + std::to_string(++n);
-    replay_passive(c, where + " (we are passive)");
-    replay_active(c, where + " (we are active)");
+    replay_passive(c, GetParam(), where + " (we are passive)");
+    replay_active(c, GetParam(), where + " (we are active)");
   }
 }
 
