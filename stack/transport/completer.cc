@@ -163,8 +163,13 @@ void Engine::on_response(Qp& qp, const wire::Packet& pkt, std::uint64_t now) {
       const bool last_pkt = w.read_pkts_done + 1 == w.npkts;
       // Opcode sequence (9.7.5.2.3): a response stream starts with FIRST or
       // ONLY, continues with MIDDLE, and ends with LAST exactly at the end.
+      // A READ restarted part-way (after a lost response) is a new request,
+      // so its answer should start again with FIRST or ONLY; Linux rxe
+      // instead continues the original run with MIDDLE or LAST (seen in
+      // docs/interop.md). Both are taken at the restart PSN.
       const bool starts = pkt.info->has(wire::kOpStart), ends = pkt.info->has(wire::kOpEnd);
-      if (starts == w.read_stream_open || ends != last_pkt) {
+      const bool restarted = w.read_pkts_done > 0 && !w.read_stream_open;
+      if ((!restarted && starts == w.read_stream_open) || ends != last_pkt) {
         qp.ctr.inc(QpCounter::unexpected_resp);
         return;
       }

@@ -59,6 +59,7 @@ struct Options {
   std::uint32_t cq_mod = 100;
   int timeout_ms = 60000;  // waiting for the peer
   bool yield = false;      // give the CPU away while polling (shared cores)
+  std::uint8_t qp_timeout = 14;  // -u: 4.096 us * 2^N before a retry (perftest's default 14)
 };
 
 const char* verb_name(Verb v) {
@@ -199,7 +200,7 @@ bool connect_qps(Ctx& c) {
     a = {};
     a.qp_state = IBV_QPS_RTS;
     a.sq_psn = me.psn;
-    a.timeout = 14;
+    a.timeout = c.o->qp_timeout;
     a.retry_cnt = 7;
     a.rnr_retry = 7;
     a.max_rd_atomic = static_cast<std::uint8_t>(std::clamp<std::uint32_t>(th.out_reads, 1, kMaxRdAtomic));
@@ -637,6 +638,7 @@ void usage(FILE* f) {
                "  -d, --ib-dev NAME     device name from the device list, or a uroced socket path\n"
                "  -p, --port N          TCP port of the exchange (18515)\n"
                "  -t, --tx-depth N      outstanding WRs per QP (BW 128, LAT 1)\n"
+               "  -u, --qp-timeout N    ACK timeout 4.096 us * 2^N (14)\n"
                "      --report_gbits    BW in Gb/s\n"
                "      --json            results as JSON on stdout\n"
                "      --yield           sched_yield() while polling: for hosts where the daemons and\n"
@@ -670,6 +672,7 @@ bool parse_args(int argc, char** argv, Options& o) {
                                  {"port", required_argument, nullptr, 'p'},    {"tx-depth", required_argument, nullptr, 't'},
                                  {"report_gbits", no_argument, nullptr, kGbits}, {"json", no_argument, nullptr, kJson},
                                  {"yield", no_argument, nullptr, kYield},
+                                 {"qp-timeout", required_argument, nullptr, 'u'},
                                  {"help", no_argument, nullptr, 'h'},          {nullptr, 0, nullptr, 0}};
   optind = 2;
   int ch;
@@ -681,7 +684,7 @@ bool parse_args(int argc, char** argv, Options& o) {
     return true;
   };
   std::uint64_t v = 0;
-  while ((ch = getopt_long(argc, argv, "s:n:aq:D:m:x:d:p:t:h", kLong, nullptr)) != -1) {
+  while ((ch = getopt_long(argc, argv, "s:n:aq:D:m:x:d:p:t:u:h", kLong, nullptr)) != -1) {
     switch (ch) {
       case 's':
         if (!number(optarg, 1, 1u << 23, v)) return die("-s: 1..8388608");
@@ -716,6 +719,10 @@ bool parse_args(int argc, char** argv, Options& o) {
       case 't':
         if (!number(optarg, 1, 4096, v)) return die("-t: 1..4096");
         o.tx_depth = static_cast<std::uint32_t>(v);
+        break;
+      case 'u':
+        if (!number(optarg, 1, 31, v)) return die("-u: 1..31");
+        o.qp_timeout = static_cast<std::uint8_t>(v);
         break;
       case kGbits: o.gbits = true; break;
       case kJson: o.json = true; break;

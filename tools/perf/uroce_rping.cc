@@ -14,6 +14,7 @@
 // RDMA CM (REQ/REP/RTU, DREQ/DREP on QP1, service ID RDMA_PS_TCP:port).
 #include <arpa/inet.h>
 #include <getopt.h>
+#include <unistd.h>
 #include <netdb.h>
 
 #include <chrono>
@@ -176,10 +177,19 @@ int run(const Opts& o) {
     gid.raw[10] = gid.raw[11] = 0xff;
     std::memcpy(gid.raw + 12, &reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr, 4);
     ::freeaddrinfo(res);
-    if (!post_recv(c) || uroce_cm_connect(c.qp, &gid, o.port, &p, &c.id) != 0)
-      return fail(std::string("connect: ") + uroce_last_error());
+    if (!post_recv(c)) return fail(std::string("cannot post a receive: ") + uroce_last_error());
+    // A server that does not listen yet answers REJ 8 (invalid service ID):
+    // try again for a few seconds, as a user restarting rping would.
+    for (int attempt = 0;; ++attempt) {
+      if (uroce_cm_connect(c.qp, &gid, o.port, &p, &c.id) != 0)
+        return fail(std::string("connect: ") + uroce_last_error());
+      if (uroce_cm_get_event(c.ctx, o.timeout_ms, &e) != 0) return fail("no answer to the connect request");
+      if (e.event != UROCE_CM_EVENT_REJECTED || e.status != 8 || attempt >= 10) break;
+      ::usleep(500000);
+    }
   }
-  if (uroce_cm_get_event(c.ctx, o.timeout_ms, &e) != 0 || e.event != UROCE_CM_EVENT_ESTABLISHED)
+  if (o.server && uroce_cm_get_event(c.ctx, o.timeout_ms, &e) != 0) return fail("no RTU from the client");
+  if (e.event != UROCE_CM_EVENT_ESTABLISHED)
     return fail("the connection was not established (event " + std::to_string(e.event) + ", status " +
                 std::to_string(e.status) + ")");
   long pings = 0, bad = 0;
@@ -225,7 +235,7 @@ int run(const Opts& o) {
     uroce_cm_disconnect(c.ctx, c.id);
   }
   // The disconnect: ours (client) or the peer's (server).
-  for (int i = 0; i < 5; ++i)
+  for (int i = 0; i < 10; ++i)
     if (uroce_cm_get_event(c.ctx, 2000, &e) == 0 && e.event == UROCE_CM_EVENT_DISCONNECTED) break;
   std::printf("%ld pings%s\n", pings, o.validate ? (bad ? ", data mismatches" : ", data validated") : "");
   uroce_close_device(c.ctx);
