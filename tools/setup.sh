@@ -20,6 +20,7 @@ packages=(
   dpdk-dev libdpdk-dev libibverbs-dev libgtest-dev googletest libgmock-dev libbenchmark-dev
   libboost-dev libboost-program-options-dev libpcap-dev meson ninja-build python3-scapy tshark zlib1g-dev pkg-config
   g++ clang libclang-rt-14-dev valgrind nftables iproute2 gnuplot-nox bc
+  busybox-static cpio zstd qemu-system-x86
 )
 
 log() { printf '== %s\n' "$*"; }
@@ -76,6 +77,8 @@ run_demo() {
 run_tests() {
   log "tests: unit + conformance + integration (plain build)"
   meson test -C "$build" --suite unit --suite conformance --suite integration --print-errorlogs
+  log "tests: interop with Linux rxe in a QEMU guest (skipped with a reason when the guest cannot run)"
+  meson test -C "$build" --suite interop --print-errorlogs
   log "demo (the README's first command, on the same build)"
   tools/demo.sh "$build" 5000
   log "tests: unit + conformance + fuzz (ASan/UBSan build)"
