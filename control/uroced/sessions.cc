@@ -662,7 +662,23 @@ std::size_t SessionServer::step() {
     Session& s = *sp;
     for (auto& [h, q] : s.srqs) drain_recvs(q.ring, [&](const RecvWr& wr) { eng_.post_srq_recv(q.srq, wr); });
     for (auto& [h, q] : s.qps) {
-      drain_recvs(q.rq, [&](const RecvWr& wr) { eng_.post_recv(q.qp, wr); });
+      // A work request the engine refuses (bad SGEs, or a receive posted
+      // while the QP is still in RESET) is never dropped silently: the
+      // application gets a LOC_QP_OP_ERR completion for it.
+      auto refuse = [&](std::uint32_t cq, std::uint64_t wr_id, ibv_wc_opcode op) {
+        auto c = s.cqs.find(cq);
+        if (c == s.cqs.end()) return;
+        uroce_cq_entry ce{};
+        ce.wr_id = wr_id;
+        ce.status = IBV_WC_LOC_QP_OP_ERR;
+        ce.opcode = op;
+        ce.qp_num = q.qp->qpn;
+        c->second.ring.push(ce);
+        c->second.notify();
+      };
+      drain_recvs(q.rq, [&](const RecvWr& wr) {
+        if (eng_.post_recv(q.qp, wr) != 0) refuse(q.recv_cq, wr.wr_id, IBV_WC_RECV);
+      });
       uroce_send_entry e;
       while (q.sq.pop(e)) {
         Sge sg[UROCE_ABI_MAX_SGE];
@@ -679,18 +695,7 @@ std::size_t SessionServer::step() {
         wr.rkey = e.rkey;
         wr.compare_add = e.compare_add;
         wr.swap = e.swap;
-        if (eng_.post_send(q.qp, wr) != 0) {
-          // Refused (bad opcode, SGEs, state): the application learns it from a completion.
-          auto c = s.cqs.find(q.send_cq);
-          if (c != s.cqs.end()) {
-            uroce_cq_entry ce{};
-            ce.wr_id = e.wr_id;
-            ce.status = IBV_WC_LOC_QP_OP_ERR;
-            ce.qp_num = q.qp->qpn;
-            c->second.ring.push(ce);
-            c->second.notify();
-          }
-        }
+        if (eng_.post_send(q.qp, wr) != 0) refuse(q.send_cq, e.wr_id, IBV_WC_SEND);
         ++work;
       }
     }

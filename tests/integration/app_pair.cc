@@ -479,6 +479,20 @@ int srq(const char* sa, const char* sb) {
   b.qp = uroce_create_qp(b.pd, &ia);
   b2.qp = uroce_create_qp(b.pd, &ia);
   check(a2.qp && b.qp && b2.qp, "QPs created, B's two on the SRQ");
+  {
+    // A receive posted to a QP still in RESET is refused, and the
+    // application hears of it: a LOC_QP_OP_ERR completion, not silence.
+    ibv_sge es{reinterpret_cast<std::uint64_t>(a.buf), 64, uroce_mr_lkey(a.mr)};
+    ibv_recv_wr ew{};
+    ew.wr_id = 4242;
+    ew.sg_list = &es;
+    ew.num_sge = 1;
+    ibv_recv_wr* ebad = nullptr;
+    ibv_wc wc{};
+    check(uroce_post_recv(a2.qp, &ew, &ebad) == 0 && wait_wc(a, wc) && wc.wr_id == 4242 &&
+              wc.status == IBV_WC_LOC_QP_OP_ERR && wc.opcode == IBV_WC_RECV,
+          "a receive posted in RESET comes back as a LOC_QP_OP_ERR completion");
+  }
   check(connect(a, b) && connect(b, a) && connect(a2, b2) && connect(b2, a2), "both pairs connected");
   ibv_sge rs{reinterpret_cast<std::uint64_t>(b.buf), 64, uroce_mr_lkey(b.mr)};
   ibv_recv_wr rw{};

@@ -107,16 +107,26 @@ def sequence(test, qps):
 SIZES = {"VER": 16, "SYS": 4, "MTU": 2, "REP": 8, "DONE": 5}
 
 
-def proxy(test, listen_port, server_port, qps, as_version, no_done):
+def accept_one(port, server_port=None, timeout=30):
+    """Accepts one client on 127.0.0.1:port; with server_port, also connects
+    to the real server there. Returns (client, server or None)."""
     ls = socket.socket()
     ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    ls.bind(("127.0.0.1", listen_port))
+    ls.bind(("127.0.0.1", port))
     ls.listen(1)
     ls.settimeout(60)
     cli, _ = ls.accept()
-    srv = socket.create_connection(("127.0.0.1", server_port), timeout=60)
-    for s in (cli, srv):
-        s.settimeout(120)  # a BW server waits out the whole run
+    ls.close()
+    cli.settimeout(timeout)
+    srv = None
+    if server_port is not None:
+        srv = socket.create_connection(("127.0.0.1", server_port), timeout=60)
+        srv.settimeout(timeout)
+    return cli, srv
+
+
+def proxy(test, listen_port, server_port, qps, as_version, no_done):
+    cli, srv = accept_one(listen_port, server_port, timeout=120)  # a BW server waits out the whole run
     keys = {"client": {}, "server": {}}
     n = 0
     for kind in sequence(test, qps):
@@ -163,13 +173,7 @@ def proxy(test, listen_port, server_port, qps, as_version, no_done):
 
 
 def old_server(port, version):
-    ls = socket.socket()
-    ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    ls.bind(("127.0.0.1", port))
-    ls.listen(1)
-    ls.settimeout(60)
-    c, _ = ls.accept()
-    c.settimeout(30)
+    c, _ = accept_one(port)
     v = recv_exact(c, 16, "client version")
     check_msg("VER", v, "client", {})
     c.sendall(version.encode().ljust(16, b"\0"))
@@ -186,15 +190,7 @@ PP_RE = re.compile(rb"^[0-9a-f]{4}:[0-9a-f]{6}:[0-9a-f]{6}:[0-9a-f]{32}\x00$")
 
 
 def pingpong_proxy(listen_port, server_port):
-    ls = socket.socket()
-    ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    ls.bind(("127.0.0.1", listen_port))
-    ls.listen(1)
-    ls.settimeout(60)
-    cli, _ = ls.accept()
-    srv = socket.create_connection(("127.0.0.1", server_port), timeout=60)
-    cli.settimeout(30)
-    srv.settimeout(30)
+    cli, srv = accept_one(listen_port, server_port)
     c = recv_exact(cli, 52, "client address")
     ok(PP_RE.match(c) is not None, "client's 52-byte LID:QPN:PSN:GID: %r" % c)
     srv.sendall(c)

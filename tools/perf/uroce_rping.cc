@@ -158,6 +158,14 @@ int run(const Opts& o) {
   ia.cap.max_recv_wr = 4;
   c.qp = c.cq ? uroce_create_qp(c.pd, &ia) : nullptr;
   if (!c.mr || !c.qp) return fail(std::string("cannot set up: ") + uroce_last_error());
+  // As rdma_create_qp does: the QP goes to INIT at once, so receives can be
+  // posted before the connection exists (a RESET QP takes none).
+  ibv_qp_attr init{};
+  init.qp_state = IBV_QPS_INIT;
+  init.port_num = 1;
+  init.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE;
+  if (uroce_modify_qp(c.qp, &init, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) != 0)
+    return fail(std::string("INIT: ") + uroce_last_error());
   uroce_cm_param p{};
   p.responder_resources = p.initiator_depth = 1;
   p.retry_count = p.rnr_retry_count = 7;

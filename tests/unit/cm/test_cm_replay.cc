@@ -153,10 +153,24 @@ void expect_psns(Side& s, const std::string& file, const wire::IpAddr& us, const
   ibv_qp_attr a{};
   ASSERT_EQ(s.eng->query_qp(s.qp, a), 0);
   const std::string path = std::string(UROCE_CAPTURES_DIR) + "/" + file;
-  if (auto sent = first_request_psn(path, us, peer_qpn))
+  if (auto sent = first_request_psn(path, us, peer_qpn)) {
     EXPECT_EQ(a.sq_psn, *sent) << where << ": our first request PSN differs from the captured side's";
-  if (auto got = first_request_psn(path, peer, our_qpn_in_capture))
+  }
+  if (auto got = first_request_psn(path, peer, our_qpn_in_capture)) {
     EXPECT_EQ(a.rq_psn, *got) << where << ": we would not accept the peer's first request";
+  }
+}
+
+/// A DREQ or DREP from the peer: one kDisconnected event (the first time),
+/// and the QP in ERR.
+void expect_disconnected(Side& s, bool& disconnected, const std::string& at) {
+  CmEvent e;
+  if (!disconnected) {
+    ASSERT_TRUE(s.agent->next_event(1, e)) << at;
+    EXPECT_EQ(e.type, CmEvent::Type::kDisconnected) << at;
+    disconnected = true;
+  }
+  EXPECT_EQ(s.qp->state, IBV_QPS_ERR) << at;
 }
 
 void expect_same(Side& s, const CapMad& want, const std::string& where) {
@@ -267,14 +281,7 @@ void replay_passive(const Conversation& c, const std::string& file, const std::s
           EXPECT_EQ(e.type, CmEvent::Type::kEstablished) << at;
           break;
         case Attr::kDreq:
-        case Attr::kDrep:
-          if (!disconnected) {
-            ASSERT_TRUE(s.agent->next_event(1, e)) << at;
-            EXPECT_EQ(e.type, CmEvent::Type::kDisconnected) << at;
-            disconnected = true;
-          }
-          EXPECT_EQ(s.qp->state, IBV_QPS_ERR) << at;
-          break;
+        case Attr::kDrep: expect_disconnected(s, disconnected, at); break;
         default: break;
       }
     } else {
@@ -330,14 +337,7 @@ void replay_active(const Conversation& c, const std::string& file, const std::st
         expect_psns(s, file, req->src, req->dst, rq.local_qpn.get(), m.mad.as<Rep>().local_qpn.get(), at);
         break;
       case Attr::kDrep:
-      case Attr::kDreq:
-        if (!disconnected) {
-          ASSERT_TRUE(s.agent->next_event(1, e)) << at;
-          EXPECT_EQ(e.type, CmEvent::Type::kDisconnected) << at;
-          disconnected = true;
-        }
-        EXPECT_EQ(s.qp->state, IBV_QPS_ERR) << at;
-        break;
+      case Attr::kDreq: expect_disconnected(s, disconnected, at); break;
       default: break;
     }
   }
