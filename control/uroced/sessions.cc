@@ -660,8 +660,13 @@ std::size_t SessionServer::step() {
   };
   for (auto& [id, sp] : sessions_) {
     Session& s = *sp;
-    for (auto& [h, q] : s.srqs) drain_recvs(q.ring, [&](const RecvWr& wr) { eng_.post_srq_recv(q.srq, wr); });
-    for (auto& [h, q] : s.qps) {
+    // (Plain references, not structured bindings: clang 14 cannot capture those.)
+    for (auto& srq_entry : s.srqs) {
+      Session::SrqRes& q = srq_entry.second;
+      drain_recvs(q.ring, [&](const RecvWr& wr) { eng_.post_srq_recv(q.srq, wr); });
+    }
+    for (auto& qp_entry : s.qps) {
+      Session::QpRes& q = qp_entry.second;
       // A work request the engine refuses (bad SGEs, or a receive posted
       // while the QP is still in RESET) is never dropped silently: the
       // application gets a LOC_QP_OP_ERR completion for it.
