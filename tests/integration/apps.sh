@@ -6,6 +6,7 @@ need_root
 APP=${APP_PAIR:?path to app_pair}
 start_daemon "" da --port net_memif0 --vdev "net_memif0,role=server,socket=$TMP/m.sock" --ip 10.94.0.1 --lcore 0 \
   --app-socket "$TMP/a.app" --ctl-socket "$TMP/a.ctl" --capture "$TMP/a.pcap"
+A_PID=$LAST_PID
 sleep 1
 start_daemon "" db --port net_memif0 --vdev "net_memif0,role=client,socket=$TMP/m.sock" --ip 10.94.0.2 --lcore 1 \
   --app-socket "$TMP/b.app" --ctl-socket "$TMP/b.ctl"
@@ -47,15 +48,6 @@ echo "  daemon A's CM counters: $(echo "$st" | /usr/bin/python3 -c 'import json,
 "$UROCE_CTL" --socket "$TMP/a.ctl" status | grep '^RDMA CM' | sed 's/^/  /'
 check "cm: uroce-ctl shows the CM agent's counters" "'$UROCE_CTL' --socket '$TMP/a.ctl' status | grep -qE '^RDMA CM \(QP1\): [0-9]+ connections; MADs rx [1-9]'"
 check "cm: daemon A counted its handshakes" "[ \$(jget '$st' cm.established) -ge 2 ] && [ \$(jget '$st' cm.rejects_sent) -ge 2 ]"
-if command -v tshark > /dev/null && [ -s "$TMP/a.pcap" ]; then
-  attrs=$(tshark -r "$TMP/a.pcap" -d udp.port==4791,infiniband --disable-protocol rpcordma \
-    -Y infiniband.mad.attributeid -T fields -e infiniband.mad.attributeid 2>/dev/null | sort -u | tr '\n' ' ')
-  malformed=$(tshark -r "$TMP/a.pcap" -d udp.port==4791,infiniband --disable-protocol rpcordma -Y _ws.malformed \
-    2>/dev/null | wc -l)
-  echo "  tshark: CM attributes on the wire: $attrs; malformed frames: $malformed"
-  check "cm: tshark dissects REQ, REJ, REP, RTU, DREQ and DREP in daemon A's capture, none malformed" \
-    "[ '$attrs' = '0x0010 0x0012 0x0013 0x0014 0x0015 0x0016 ' ] && [ $malformed -eq 0 ]"
-fi
 
 echo "== the device list: a run directory of sockets plus \$UROCE_DEVICES"
 mkdir -p "$TMP/run" && ln -sf "$TMP/a.app" "$TMP/run/uroce0.sock" && touch "$TMP/run/not-a-socket.sock"
@@ -88,4 +80,15 @@ okc=0; for p in $pids; do wait $p && okc=$((okc+1)); done
 check "many: all four passed" "[ $okc -eq 4 ]"
 st=$(ctl "$TMP/a.ctl" status)
 check "many: everything released afterwards" "[ $(jget "$st" sessions) -eq 0 ] && [ $(jget "$st" pipeline.qps) -eq 0 ]"
+# Daemon A's capture, read once A has stopped (so every frame is on disk).
+kill -TERM "$A_PID" 2>/dev/null; while kill -0 "$A_PID" 2>/dev/null; do sleep 0.1; done
+if command -v tshark > /dev/null && [ -s "$TMP/a.pcap" ]; then
+  attrs=$(tshark -r "$TMP/a.pcap" -d udp.port==4791,infiniband --disable-protocol rpcordma \
+    -Y infiniband.mad.attributeid -T fields -e infiniband.mad.attributeid 2>/dev/null | sort -u | tr '\n' ' ')
+  malformed=$(tshark -r "$TMP/a.pcap" -d udp.port==4791,infiniband --disable-protocol rpcordma -Y _ws.malformed \
+    2>/dev/null | wc -l)
+  echo "  tshark: CM attributes on the wire: $attrs; malformed frames: $malformed"
+  check "cm: tshark dissects REQ, REJ, REP, RTU, DREQ and DREP in daemon A's capture, none malformed" \
+    "[ '$attrs' = '0x0010 0x0012 0x0013 0x0014 0x0015 0x0016 ' ] && [ $malformed -eq 0 ]"
+fi
 finish
