@@ -5,6 +5,7 @@
 //
 // Every option can also come from a config file (key = value, same names).
 
+#include <execinfo.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <time.h>
@@ -283,7 +284,21 @@ void learn_cb(void* ctx, const wire::IpAddr& ip, const wire::MacAddr& mac) {
 
 }  // namespace
 
+/// A crash leaves a backtrace on stderr (async-signal-safe calls only), so a
+/// rare failure in CI can be read from the log.
+void on_fatal_signal(int sig) {
+  static const char kMsg[] = "uroced: fatal signal, backtrace:\n";
+  (void)!::write(2, kMsg, sizeof kMsg - 1);
+  void* frames[48];
+  backtrace_symbols_fd(frames, backtrace(frames, 48), 2);
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
+}
+
 int main(int argc, char** argv) {
+  ::signal(SIGSEGV, on_fatal_signal);
+  ::signal(SIGBUS, on_fatal_signal);
+  ::signal(SIGABRT, on_fatal_signal);
   std::vector<std::string> port_names, ip_texts;
   std::string lcores_text, app_socket;
   unsigned app_socket_mode = 0660;

@@ -24,6 +24,10 @@ need_root() {
 cleanup() {
   for p in $PIDS; do kill -9 "$p" 2>/dev/null; done
   wait 2>/dev/null
+  # A daemon that crashed left its backtrace in its .err file: show it.
+  for f in "$TMP"/*.err; do
+    [ -f "$f" ] && grep -q "fatal signal" "$f" && { echo "== $(basename "$f"):"; grep -A40 "fatal signal" "$f"; }
+  done
   ip netns del "$NS_A" 2>/dev/null
   ip netns del "$NS_B" 2>/dev/null
   ip netns del "$NS_S" 2>/dev/null
