@@ -172,6 +172,8 @@ int run(const Opts& o) {
   uroce_cm_event e{};
   if (o.server) {
     if (uroce_cm_listen(c.ctx, o.port) != 0) return fail(std::string("listen: ") + uroce_last_error());
+    std::printf("listening on port %u\n", o.port);  // scripts wait for this before starting the client
+    std::fflush(stdout);
     if (uroce_cm_get_event(c.ctx, o.timeout_ms, &e) != 0 || e.event != UROCE_CM_EVENT_CONNECT_REQUEST)
       return fail("no connect request");
     c.id = e.id;
