@@ -45,7 +45,7 @@ std::uint64_t splitmix(std::uint64_t& s) {
 }
 
 void copy_priv(std::uint8_t* dst, std::size_t cap, wire::ConstBytes priv) {
-  std::memcpy(dst, priv.data(), std::min(cap, priv.size()));
+  if (!priv.empty()) std::memcpy(dst, priv.data(), std::min(cap, priv.size()));  // an empty span may be null
 }
 
 }  // namespace
@@ -175,7 +175,7 @@ void CmAgent::event(const Conn& c, CmEvent::Type t, std::uint16_t reason, wire::
   e.mtu = c.mtu;
   e.reason = reason;
   e.private_len = static_cast<std::uint8_t>(std::min(priv.size(), sizeof e.private_data));
-  std::memcpy(e.private_data, priv.data(), e.private_len);
+  if (e.private_len) std::memcpy(e.private_data, priv.data(), e.private_len);
   if (t == CmEvent::Type::kEstablished) inc(CmCounter::established);
   if (t == CmEvent::Type::kDisconnected) inc(CmCounter::disconnected);
   events_[c.owner].push_back(e);
