@@ -342,6 +342,22 @@ void uroce_free_device_list(uroce_device** list) {
 const char* uroce_get_device_name(const uroce_device* d) { return d ? d->name.c_str() : nullptr; }
 const char* uroce_get_device_path(const uroce_device* d) { return d ? d->path.c_str() : nullptr; }
 
+uroce_context* uroce_open_device_by_name(const char* name) {
+  const std::string want = name ? name : "";
+  if (want.find('/') != std::string::npos) return uroce_open_device(want.c_str());
+  int n = 0;
+  uroce_device** list = uroce_get_device_list(&n);
+  std::string path;
+  for (int i = 0; i < n && path.empty(); ++i)
+    if (want.empty() || want == list[i]->name) path = list[i]->path;
+  uroce_free_device_list(list);
+  if (path.empty()) {
+    set_error(ENODEV, want.empty() ? "no uroce device (see UROCE_RUN_DIR and UROCE_DEVICES)" : "no device named " + want);
+    return nullptr;
+  }
+  return uroce_open_device(path.c_str());
+}
+
 uroce_context* uroce_open_device(const char* path) {
   auto ctx = new uroce_context();
   ctx->sock = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);

@@ -55,6 +55,11 @@ const char* uroce_get_device_name(const struct uroce_device* device);
 /* The device's socket, for uroce_open_device. */
 const char* uroce_get_device_path(const struct uroce_device* device);
 
+/* Opens a device by name from the device list, or by socket path (a name
+ * with a '/'), or the first listed device when name is NULL or empty.
+ * NULL with errno ENODEV when there is no such device. */
+struct uroce_context* uroce_open_device_by_name(const char* name);
+
 /* Attach to a daemon's application socket; checks the ABI version. */
 struct uroce_context* uroce_open_device(const char* socket_path);
 int uroce_close_device(struct uroce_context* ctx);

@@ -172,18 +172,8 @@ std::string gid_text(const std::uint8_t* g) {
 int run(const Opts& o) {
   const bool client = !o.host.empty();
   // The device: a socket path, a name from the list, or the first one.
-  std::string path = o.device;
-  if (path.find('/') == std::string::npos) {
-    int n = 0;
-    uroce_device** list = uroce_get_device_list(&n);
-    path.clear();
-    for (int i = 0; i < n && path.empty(); ++i)
-      if (o.device.empty() || o.device == uroce_get_device_name(list[i])) path = uroce_get_device_path(list[i]);
-    uroce_free_device_list(list);
-    if (path.empty()) return fail("no uroce device (see uroce-perf --help for how devices are found)");
-  }
-  uroce_context* ctx = uroce_open_device(path.c_str());
-  if (!ctx) return fail(std::string("cannot open ") + path + ": " + uroce_last_error());
+  uroce_context* ctx = uroce_open_device_by_name(o.device.c_str());
+  if (!ctx) return fail(std::string("cannot open the device: ") + uroce_last_error());
   auto* buf = static_cast<std::uint8_t*>(uroce_alloc_buf(ctx, 2 * static_cast<std::size_t>(o.size)));
   std::uint8_t* sbuf = buf;
   std::uint8_t* rbuf = buf + o.size;

@@ -132,20 +132,10 @@ bool rdma(Conn& c, ibv_wr_opcode op, std::uint64_t raddr, std::uint32_t rkey, st
 }
 
 int run(const Opts& o) {
-  std::string path = o.device;
-  if (path.find('/') == std::string::npos) {
-    int n = 0;
-    uroce_device** list = uroce_get_device_list(&n);
-    path.clear();
-    for (int i = 0; i < n && path.empty(); ++i)
-      if (o.device.empty() || o.device == uroce_get_device_name(list[i])) path = uroce_get_device_path(list[i]);
-    uroce_free_device_list(list);
-    if (path.empty()) return fail("no uroce device");
-  }
   Conn c;
   c.size = o.size;
-  c.ctx = uroce_open_device(path.c_str());
-  if (!c.ctx) return fail(std::string("cannot open ") + path + ": " + uroce_last_error());
+  c.ctx = uroce_open_device_by_name(o.device.c_str());
+  if (!c.ctx) return fail(std::string("cannot open the device: ") + uroce_last_error());
   const std::size_t len = 4096 + 2 * static_cast<std::size_t>(o.size);
   c.mem = static_cast<std::uint8_t*>(uroce_alloc_buf(c.ctx, len));
   c.pd = uroce_alloc_pd(c.ctx);
