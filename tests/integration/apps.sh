@@ -49,6 +49,21 @@ echo "  daemon A's CM counters: $(echo "$st" | /usr/bin/python3 -c 'import json,
 check "cm: uroce-ctl shows the CM agent's counters" "'$UROCE_CTL' --socket '$TMP/a.ctl' status | grep -qE '^RDMA CM \(QP1\): [0-9]+ connections; MADs rx [1-9]'"
 check "cm: daemon A counted its handshakes" "[ \$(jget '$st' cm.established) -ge 2 ] && [ \$(jget '$st' cm.rejects_sent) -ge 2 ]"
 
+echo "== uroce-rping against itself, 30 pings validated, daemon A holding back some frames it receives"
+# Reordering lets the client's next SEND overtake the ACK of the server's
+# go-ahead, as loss did live against rxe: the server must keep that early
+# receive completion, not drop it while it waits for its SEND's.
+ctl "$TMP/a.ctl" "fault rx reorder=0.3,reorder_us=3000" > /dev/null
+"$UROCE_RPING" -s -C 30 -p 7301 -d "$TMP/a.app" > "$TMP/rps.out" 2>&1 & sp=$!
+for i in $(seq 50); do grep -q '^listening' "$TMP/rps.out" && break; sleep 0.1; done
+timeout 120 "$UROCE_RPING" -c -a 10.94.0.1 -p 7301 -C 30 -V -d "$TMP/b.app" > "$TMP/rpc.out" 2>&1; rc=$?
+wait $sp; src=$?
+reord=$(ctl "$TMP/a.ctl" status | grep -o '"fault_rx": {[^}]*' | grep -o '"reordered": [0-9]*' | awk '{print $2}')
+ctl "$TMP/a.ctl" "fault rx off" > /dev/null
+echo "  client: $(tail -1 "$TMP/rpc.out"); server: $(tail -1 "$TMP/rps.out"); frames reordered by daemon A: ${reord:-?}"
+check "rping: 30 pings validated by the client, 30 served, with ${reord:-0} frames reordered" \
+  "[ $rc -eq 0 ] && [ $src -eq 0 ] && grep -q '^30 pings, data validated' '$TMP/rpc.out' && grep -q '^30 pings' '$TMP/rps.out' && [ ${reord:-0} -gt 0 ]"
+
 echo "== the device list: a run directory of sockets plus \$UROCE_DEVICES"
 mkdir -p "$TMP/run" && ln -sf "$TMP/a.app" "$TMP/run/uroce0.sock" && touch "$TMP/run/not-a-socket.sock"
 UROCE_RUN_DIR="$TMP/run" UROCE_DEVICES="$TMP/b.app:$TMP/a.app" "$APP" devices 2 > "$TMP/dev.out" 2>&1; rc=$?

@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <string>
 
 #include "stack/verbs/uroce_verbs.h"
@@ -59,6 +60,11 @@ struct Conn {
   uroce_mr* mr = nullptr;
   std::uint32_t size = 0;
   std::uint32_t id = 0;
+  bool disconnected = false;  // the peer's DREQ (or ours) has been seen
+  // Completions taken while waiting for another kind: under loss, the
+  // client's next SEND can arrive before the ACK of our go-ahead.
+  ibv_wc early[8];
+  int n_early = 0;
   Info* recv_info() const { return reinterpret_cast<Info*>(mem); }
   Info* send_info() const { return reinterpret_cast<Info*>(mem + 64); }
   std::uint8_t* start_buf() const { return mem + 4096; }
@@ -88,15 +94,23 @@ bool send_info(Conn& c, const std::uint8_t* buf, std::uint32_t size) {
   return uroce_post_send(c.qp, &w, &bad) == 0;
 }
 
-/// Waits for a completion of `op` (others that come first are taken in
-/// order); false on an error status, a disconnect or a timeout.
+/// Waits for a completion of `op`; others that come first are kept for a
+/// later wait. False on an error status, a disconnect or a timeout.
 bool wait_for(Conn& c, ibv_wc_opcode op, const Opts& o, ibv_wc* out = nullptr) {
+  for (int i = 0; i < c.n_early; ++i) {
+    if (c.early[i].opcode != op) continue;
+    if (out) *out = c.early[i];
+    for (int j = i + 1; j < c.n_early; ++j) c.early[j - 1] = c.early[j];
+    --c.n_early;
+    return true;
+  }
   const auto end = clk::now() + std::chrono::milliseconds(o.timeout_ms);
   for (;;) {
     ibv_wc wc;
     if (uroce_poll_cq(c.cq, 1, &wc) == 1) {
       if (wc.status != IBV_WC_SUCCESS) {
-        std::fprintf(stderr, "uroce-rping: completion %s\n", uroce_wc_status_str(wc.status));
+        if (!(c.disconnected && wc.status == IBV_WC_WR_FLUSH_ERR))
+          std::fprintf(stderr, "uroce-rping: completion %s\n", uroce_wc_status_str(wc.status));
         return false;
       }
       if (wc.opcode == IBV_WC_RECV && wc.byte_len != sizeof(Info)) {
@@ -107,10 +121,22 @@ bool wait_for(Conn& c, ibv_wc_opcode op, const Opts& o, ibv_wc* out = nullptr) {
         if (out) *out = wc;
         return true;
       }
+      if (wc.opcode != IBV_WC_RECV) continue;  // a SEND/READ/WRITE nobody waits for
+      if (c.n_early == static_cast<int>(std::size(c.early))) {
+        std::fprintf(stderr, "uroce-rping: too many unexpected completions\n");
+        return false;
+      }
+      c.early[c.n_early++] = wc;
       continue;
     }
     uroce_cm_event e{};
-    if (uroce_cm_get_event(c.ctx, 0, &e) == 0 && e.event == UROCE_CM_EVENT_DISCONNECTED) return false;
+    if (!c.disconnected && uroce_cm_get_event(c.ctx, 0, &e) == 0 && e.event == UROCE_CM_EVENT_DISCONNECTED) {
+      // The completion may be in the CQ already (the ACK came just before
+      // the DREQ): look once more, then give up.
+      c.disconnected = true;
+      continue;
+    }
+    if (c.disconnected) return false;
     if (clk::now() > end) {
       std::fprintf(stderr, "uroce-rping: nothing from the peer for %d s\n", o.timeout_ms / 1000);
       return false;
@@ -211,8 +237,15 @@ int run(const Opts& o) {
           !rdma(c, IBV_WR_RDMA_WRITE, be64toh(sink.buf), ntohl(sink.rkey), std::min(ntohl(sink.size), rlen)) ||
           !wait_for(c, IBV_WC_RDMA_WRITE, o))
         return fail("RDMA WRITE to the client's buffer failed");
-      if (!send_info(c, c.rdma_buf(), rlen) || !wait_for(c, IBV_WC_SEND, o)) return fail("go-ahead SEND failed");
+      if (!send_info(c, c.rdma_buf(), rlen)) return fail("go-ahead SEND failed");
       ++pings;
+      if (!wait_for(c, IBV_WC_SEND, o)) {
+        // As rping's server: the ping is done once the go-ahead is posted. A
+        // client that has all its pings disconnects at once, and its DREQ may
+        // overtake the ACK of this SEND (or flush it on our side).
+        if (c.disconnected) break;
+        return fail("go-ahead SEND failed");
+      }
     }
   } else {
     for (; o.count == 0 || pings < o.count; ++pings) {
@@ -235,7 +268,7 @@ int run(const Opts& o) {
     uroce_cm_disconnect(c.ctx, c.id);
   }
   // The disconnect: ours (client) or the peer's (server).
-  for (int i = 0; i < 10; ++i)
+  for (int i = 0; i < 10 && !c.disconnected; ++i)
     if (uroce_cm_get_event(c.ctx, 2000, &e) == 0 && e.event == UROCE_CM_EVENT_DISCONNECTED) break;
   std::printf("%ld pings%s\n", pings, o.validate ? (bad ? ", data mismatches" : ", data validated") : "");
   uroce_close_device(c.ctx);
