@@ -31,7 +31,7 @@ cleanup() {
   ip netns del "$NS_A" 2>/dev/null
   ip netns del "$NS_B" 2>/dev/null
   ip netns del "$NS_S" 2>/dev/null
-  rm -rf "$TMP"
+  if [ -n "${UROCE_KEEP_TMP:-}" ]; then echo "kept $TMP"; else rm -rf "$TMP"; fi
 }
 trap cleanup EXIT
 

@@ -1,0 +1,167 @@
+# Sourced by rxe.sh and make_fixtures.sh: the rxe guest, a uroced on its
+# bridge, and one function per pairing (each runs both directions).
+#
+# UROCE_INTEROP_ONLY="rping write_bw ..." runs only the named pairings
+# (pingpong, rping, or a perftest name), for chasing one failure.
+. "$(dirname "${BASH_SOURCE[0]}")/../integration/lib.sh"
+need_root
+PEER=${UROCE_RXE_PEER:-$(dirname "${BASH_SOURCE[0]}")/../../../shared/peers/rxe-vm}
+PERF=${UROCE_PERF:?}
+PP=${UROCE_PINGPONG:?}
+RPING=${UROCE_RPING:?}
+NSX=rxepeer
+G() { "$PEER/run-peer.sh" exec 1 "$1"; }  # a command in the guest
+# Nothing left over from the previous pairing may hold a port or a QP.
+fresh() { G 'killall -q rping ibv_rc_pingpong ib_write_bw ib_read_bw ib_send_bw ib_atomic_bw ib_write_lat ib_send_lat ib_read_lat ib_atomic_lat 2>/dev/null; true' > /dev/null; }
+
+skip() { echo "SKIP: $*"; exit 77; }
+[ -x "$PEER/make-peer.sh" ] || skip "no rxe peer at $PEER (../shared/peers/rxe-vm)"
+command -v qemu-system-x86_64 > /dev/null || skip "qemu-system-x86_64 is not installed (tools/setup.sh installs qemu-system-x86)"
+cache=${UROCE_RXE_PEER_DIR:-/var/cache/uroce-rxe-peer}
+if [ ! -f "$cache/vmlinuz" ]; then
+  echo "== building the rxe guest (cached in $cache)"
+  "$PEER/make-peer.sh" > "$TMP/make-peer.log" 2>&1 || { tail -5 "$TMP/make-peer.log"; skip "make-peer.sh could not build the guest"; }
+fi
+
+interop_cleanup() {
+  ip netns exec $NSX nft delete table bridge uroce_loss 2>/dev/null
+  ip -n $NSX link del uv0 2>/dev/null
+  "$PEER/run-peer.sh" down > /dev/null 2>&1
+}
+trap 'interop_cleanup; cleanup' EXIT
+
+boot() {  # [EXTRA_APPEND]
+  "$PEER/run-peer.sh" down > /dev/null 2>&1
+  EXTRA_APPEND="${1:-}" "$PEER/run-peer.sh" up 1 > "$TMP/up.log" 2>&1 || { cat "$TMP/up.log"; skip "the rxe guest did not boot"; }
+  grep READY "$TMP/up.log" | sed 's/^/  /'
+  ip -n $NSX link set tap1 mtu 9000
+  ip -n $NSX link add uv0 type veth peer name uv1
+  ip -n $NSX link set uv1 master br0
+  for l in uv0 uv1; do ip -n $NSX link set $l mtu 9000 up; done
+}
+
+DPID=""
+daemon() {  # TAG [uroced flags]: uroced on the bridge, 10.77.0.10, capturing
+  local tag=$1; shift
+  rm -f "$TMP/u.app"
+  start_daemon $NSX "u-$tag" --port net_af_packet0 --vdev "net_af_packet0,iface=uv0,framesz=9216,blocksz=36864,framecnt=512" \
+    --ip 10.77.0.10 --lcore 0 --app-socket "$TMP/u.app" --ctl-socket "$TMP/u.ctl" --capture "$TMP/$tag.pcap" "$@"
+  DPID=$LAST_PID
+  for i in $(seq 50); do [ -S "$TMP/u.app" ] && break; sleep 0.1; done
+}
+stop_daemon() {
+  kill "$DPID" 2>/dev/null
+  while kill -0 "$DPID" 2>/dev/null; do sleep 0.1; done
+}
+X() { ip netns exec $NSX "$@"; }  # our tools run in the namespace (TCP to the guest)
+
+want() { [ -z "${UROCE_INTEROP_ONLY:-}" ] || [[ " $UROCE_INTEROP_ONLY " == *" $1 "* ]]; }
+
+# pingpong TAG SIZE ITERS EXTRA: both directions, our side checks every message
+pingpong() {
+  local tag=$1 sz=$2 n=$3 ex=${4:-}
+  want pingpong || return 0
+  fresh
+  G "timeout 120 ibv_rc_pingpong -d rxe0 -g 1 -n $n -s $sz $ex </dev/null >/tmp/pp.log 2>&1 &"
+  sleep 1
+  X timeout 150 "$PP" -d "$TMP/u.app" -n "$n" -s "$sz" -c $ex 10.77.0.2 > "$TMP/pp.out" 2>&1
+  check "$tag: ibv_rc_pingpong server (rxe) <- uroce-pingpong client, $sz B x $n, every message right" \
+    "grep -q '^$n messages checked, 0 bad' $TMP/pp.out && sleep 1 && G 'cat /tmp/pp.log' | grep -q '^$n iters'"
+  X timeout 150 "$PP" -d "$TMP/u.app" -n "$n" -s "$sz" -c $ex > "$TMP/pps.out" 2>&1 & local sp=$!
+  sleep 0.5
+  G "timeout 120 ibv_rc_pingpong -d rxe0 -g 1 -n $n -s $sz $ex 10.77.0.1 > /tmp/ppc.log 2>&1; echo rc=\$?" > "$TMP/ppc.rc"
+  wait $sp
+  check "$tag: uroce-pingpong server <- ibv_rc_pingpong client (rxe), $sz B x $n, every message right" \
+    "grep -q rc=0 $TMP/ppc.rc && grep -q '^$n messages checked, 0 bad' $TMP/pps.out"
+}
+
+# perftest TAG TEST ITERS EXTRA: rxe's ib_TEST against uroce-perf TEST, both directions
+perftest() {
+  local tag=$1 t=$2 n=$3 ex=${4:-}
+  want "$t" || return 0
+  fresh
+  G "timeout 120 ib_$t -d rxe0 -x 1 -n $n $ex </dev/null >/tmp/pt.log 2>&1 &"
+  sleep 1.5
+  # -u 18 (1.07 s ACK timeout): the TCG guest can stall for a good part of a second.
+  X timeout 150 "$PERF" "$t" -d "$TMP/u.app" -n "$n" -u 18 $ex --json 10.77.0.2 > "$TMP/pt.json" 2> "$TMP/pt.err"
+  local rc=$?
+  # read_lat and atomic_lat servers print no result line: they must just not complain.
+  local srv_ok="G 'cat /tmp/pt.log' | grep -qE '^ [0-9]+ +$n '"
+  case $t in read_lat|atomic_lat) srv_ok="! G 'cat /tmp/pt.log' | grep -qiE 'error|fail|couldn'" ;; esac
+  check "$tag: ib_$t server (rxe) <- uroce-perf client, $n iterations" \
+    "[ $rc -eq 0 ] && /usr/bin/python3 -c 'import json; r=json.load(open(\"$TMP/pt.json\"))[\"results\"][0]; assert r[\"iterations\"]==$n' && sleep 1 && $srv_ok"
+  [ $rc -eq 0 ] || tail -3 "$TMP/pt.err" | sed 's/^/    /'
+  X timeout 150 "$PERF" "$t" -d "$TMP/u.app" -n "$n" -u 18 $ex --json > "$TMP/pts.json" 2> "$TMP/pts.err" & local sp=$!
+  sleep 0.5
+  G "timeout 120 ib_$t -d rxe0 -x 1 -n $n $ex 10.77.0.1 > /tmp/ptc.log 2>&1; echo rc=\$?" > "$TMP/ptc.rc"
+  wait $sp
+  rc=$?
+  check "$tag: uroce-perf server <- ib_$t client (rxe), $n iterations" \
+    "[ $rc -eq 0 ] && grep -q rc=0 $TMP/ptc.rc && G 'cat /tmp/ptc.log' | grep -qE '^ [0-9]+ +$n '"
+}
+
+# rping TAG COUNT: RDMA CM both directions, data validated by rping -V
+rping() {
+  local tag=$1 n=$2
+  want rping || return 0
+  fresh
+  G "timeout 120 rping -s -a 10.77.0.2 -C $n -V </dev/null >/tmp/rp.log 2>&1 &"
+  sleep 2
+  X timeout 150 "$RPING" -c -a 10.77.0.2 -C "$n" -V -d "$TMP/u.app" > "$TMP/rp.out" 2>&1
+  check "$tag: rping server (rxe) <- uroce-rping client over RDMA CM, $n pings validated" \
+    "grep -q '^$n pings, data validated' $TMP/rp.out"
+  grep -q "^$n pings, data validated" "$TMP/rp.out" || tail -3 "$TMP/rp.out" | sed 's/^/    /'
+  fresh
+  X timeout 150 "$RPING" -s -C "$n" -d "$TMP/u.app" > "$TMP/rps.out" 2>&1 & local sp=$!
+  # rping's client does not retry a refused connect: start it once we listen.
+  for i in $(seq 100); do grep -q '^listening' "$TMP/rps.out" && break; sleep 0.1; done
+  G "timeout 120 rping -c -a 10.77.0.10 -C $n -V > /tmp/rpc.log 2>&1; echo rc=\$?" > "$TMP/rpc.rc"
+  wait $sp
+  check "$tag: uroce-rping server <- rping -V client (rxe) over RDMA CM, $n pings" \
+    "grep -q rc=0 $TMP/rpc.rc && grep -q '^$n pings' $TMP/rps.out"
+  grep -q "^$n pings" "$TMP/rps.out" || { tail -3 "$TMP/rps.out"; G 'tail -3 /tmp/rpc.log'; } | sed 's/^/    /'
+}
+
+strict() {  # TAG: the capture decodes, every ICRC is right
+  "$UROCE_PCAP" --strict --quiet "$TMP/$1.pcap" > "$TMP/$1.strict" 2>&1
+  local rc=$?
+  check "$1: uroce-pcap --strict passes on the capture ($(tail -1 "$TMP/$1.strict"))" "[ $rc -eq 0 ]"
+}
+
+# loss_evidence TAG: from uroce-pcap's per-QP summary of the capture, NAK
+# sequence errors and retransmissions (repeated PSNs) in both directions, and
+# no RNR NAKs (every receiver here posts its receives ahead).
+loss_evidence() {
+  local f="$TMP/$1.pcap"
+  [ -z "${UROCE_INTEROP_ONLY:-}" ] || return 0
+  "$UROCE_PCAP" --json --quiet "$f" > "$TMP/$1.json" 2>/dev/null
+  /usr/bin/python3 - "$TMP/$1.json" > "$TMP/$1.sum" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+for who, dst in (("uroce", "10.77.0.2"), ("rxe", "10.77.0.10")):
+    q = [x for x in d["qps"] if x["dst"] == dst]
+    print(who, sum(x["naks"]["psn_seq_error"] for x in q), sum(x["psn_repeats"] for x in q),
+          sum(x["rnr_naks"] for x in q), sum(x["acks"] for x in q))
+PY
+  local u r
+  u=($(grep '^uroce' "$TMP/$1.sum")) r=($(grep '^rxe' "$TMP/$1.sum"))
+  echo "  $1: sent by uroce: ${u[1]} NAK seq, ${u[2]} retransmitted, ${u[3]} RNR NAK, ${u[4]} ACKs; by rxe: ${r[1]} NAK seq, ${r[2]} retransmitted, ${r[3]} RNR NAK, ${r[4]} ACKs"
+  check "$1: both sides sent NAK sequence errors and retransmitted (go-back-N interoperating)" \
+    "[ ${u[1]:-0} -gt 0 ] && [ ${r[1]:-0} -gt 0 ] && [ ${u[2]:-0} -gt 0 ] && [ ${r[2]:-0} -gt 0 ]"
+  check "$1: no RNR NAKs either way (receives are always posted ahead)" "[ ${u[3]:-1} -eq 0 ] && [ ${r[3]:-1} -eq 0 ]"
+}
+
+# set_loss PCT: the guest's bridge drops PCT% of RoCEv2 frames, both ways (0: none)
+set_loss() {
+  ip netns exec $NSX nft delete table bridge uroce_loss 2>/dev/null
+  [ "$1" -gt 0 ] || return 0
+  ip netns exec $NSX nft -f - <<EOF
+table bridge uroce_loss {
+  chain lossy {
+    type filter hook forward priority 0; policy accept;
+    udp dport 4791 numgen random mod 100 < $1 counter drop
+  }
+}
+EOF
+}
+dropped() { ip netns exec $NSX nft list table bridge uroce_loss | grep -o 'packets [0-9]*'; }
