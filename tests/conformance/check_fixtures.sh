@@ -1,5 +1,5 @@
 #!/bin/sh
-# Every fixture in pcap-fixtures/ decodes with uroce-pcap --strict, and tshark
+# Every fixture in pcap-fixtures/ (and rxe/) decodes with uroce-pcap --strict, and tshark
 # reads it with no malformed frames.
 #   check_fixtures.sh UROCE_PCAP FIXTURE_DIR
 set -u
@@ -9,7 +9,7 @@ pass=0; fail=0
 # guess at application protocols inside UD payloads and report 1-byte
 # payloads as malformed Ethernet or EoIB.
 TSHARK_IB="-d udp.port==4791,infiniband --disable-protocol rpcordma --disable-heuristic mellanox_eoib --disable-heuristic eth_over_ib"
-for f in "$dir"/*.pcap; do
+for f in "$dir"/*.pcap "$dir"/rxe/*.pcap; do
   [ -e "$f" ] || continue
   if "$pcap" --strict --quiet "$f" >/dev/null; then pass=$((pass+1)); else echo "FAIL: uroce-pcap --strict $f"; fail=$((fail+1)); fi
   # tshark flags UDP checksum 0 over IPv6 as an error; RoCEv2 sends 0 by
