@@ -6,10 +6,12 @@
 # it shows loss recovery (a NAK sequence error or a retransmission); else it
 # is made again. tests/unit/transport/test_rxe_replay.cc replays them.
 #
-#   UROCE_PERF=... UROCE_PINGPONG=... UROCE_RPING=... UROCED=... UROCE_PCAP=... \
-#     tests/interop/make_fixtures.sh pcap-fixtures/rxe
-# (or: meson devenv -C build tests/interop/make_fixtures.sh pcap-fixtures/rxe)
-OUT=$(realpath "${1:?usage: make_fixtures.sh OUTDIR}")
+#   tests/interop/make_fixtures.sh BUILD_DIR pcap-fixtures/rxe      (root)
+build=$(realpath "${1:?usage: make_fixtures.sh BUILD_DIR OUTDIR}")
+OUT=$(realpath "${2:?usage: make_fixtures.sh BUILD_DIR OUTDIR}")
+export UROCED=$build/control/uroced UROCE_PCAP=$build/tools/uroce-pcap UROCE_CTL=$build/tools/uroce-ctl
+export UROCE_PERF=$build/tools/perf/uroce-perf UROCE_PINGPONG=$build/tools/perf/uroce-pingpong
+export UROCE_RPING=$build/tools/perf/uroce-rping LD_LIBRARY_PATH=$build/stack/verbs
 . "$(dirname "$0")/rxe_lib.sh"
 mkdir -p "$OUT"
 boot
