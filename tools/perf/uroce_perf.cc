@@ -221,10 +221,10 @@ struct Progress {
   void tick(std::uint64_t done) {
     if ((++calls & 1023) != 0) return;
     const auto now = clk::now();
-    if (now - last < std::chrono::seconds(1)) return;
-    last = now;
     const double el = std::chrono::duration<double>(now - start).count();
-    if (el < 1.5) return;
+    // The first line at 1.5 s (so a 2 s run shows one), then once a second.
+    if (el < 1.5 || now - last < std::chrono::seconds(1)) return;
+    last = now;
     shown = true;
     if (duration > 0)
       std::fprintf(stderr, " progress: %.0f of %.0f s, %lu operations\n", el, duration, static_cast<unsigned long>(done));
