@@ -7,6 +7,7 @@
 #include <rte_ring.h>
 
 #include <cstring>
+#include <ctime>
 
 namespace uroce::dpdk {
 
@@ -29,7 +30,18 @@ bool eal_init(const std::vector<std::string>& args, std::string& err) {
   return true;
 }
 
-void eal_cleanup() { rte_eal_cleanup(); }
+void eal_cleanup() {
+  // DPDK 22.11's EAL interrupt thread keeps running through rte_eal_cleanup.
+  // When a memif's peer goes away, that thread runs a deferred unregister
+  // callback that touches rte_malloc memory; if our heap is already gone, it
+  // faults. A fault in that callback was seen once, in the memif benchmark
+  // with both daemons stopped together (a rare exit crash of the two-port
+  // test may be the same); it did not reproduce in ~90 tries, so this
+  // narrows the window rather than proving a fix: let such callbacks run.
+  timespec settle{0, 100'000'000};
+  nanosleep(&settle, nullptr);
+  rte_eal_cleanup();
+}
 
 /// One pipeline's view of the port: its TX queue, and RX either from the
 /// device queue (unsharded) or from its ring (sharded). Only its own lcore
