@@ -709,7 +709,7 @@ int uroce_connect_qp(uroce_qp* qp, const uroce_rc_conn* c) {
   a.path_mtu = c->path_mtu != 0 ? c->path_mtu : IBV_MTU_1024;
   a.dest_qp_num = c->dest_qp_num;
   a.rq_psn = c->rq_psn;
-  a.max_dest_rd_atomic = pick(c->max_rd_atomic, 4);
+  a.max_dest_rd_atomic = pick(c->max_dest_rd_atomic, pick(c->max_rd_atomic, 4));
   a.min_rnr_timer = pick(c->min_rnr_timer, 12);
   a.ah_attr.is_global = 1;
   a.ah_attr.grh.dgid = c->dgid;

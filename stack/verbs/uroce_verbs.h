@@ -121,7 +121,8 @@ struct uroce_rc_conn {
   uint8_t retry_cnt;        /* 0: 7 */
   uint8_t rnr_retry;        /* 0: 7 (infinite) */
   uint8_t min_rnr_timer;    /* 0: 12 */
-  uint8_t max_rd_atomic;    /* both directions; 0: 4 */
+  uint8_t max_rd_atomic;    /* READs/atomics we have outstanding; 0: 4 */
+  uint8_t max_dest_rd_atomic; /* READs/atomics we accept at once; 0: as max_rd_atomic */
 };
 int uroce_connect_qp(struct uroce_qp* qp, const struct uroce_rc_conn* conn);
 

@@ -176,39 +176,19 @@ bool connect_qps(Ctx& c) {
   for (std::uint32_t i = 0; i < c.o->qps; ++i) {
     const Dest& me = c.mine[i];
     const Dest& th = c.theirs[i];
-    ibv_qp_attr a{};
-    a.qp_state = IBV_QPS_INIT;
-    a.port_num = 1;
-    a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
-                        IBV_ACCESS_REMOTE_ATOMIC;
-    int rc = uroce_modify_qp(c.qp[i], &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
-    a = {};
-    a.qp_state = IBV_QPS_RTR;
-    a.path_mtu = static_cast<ibv_mtu>(c.mtu);
-    a.dest_qp_num = th.qpn;
-    a.rq_psn = th.psn;
-    a.max_dest_rd_atomic = static_cast<std::uint8_t>(std::min(me.out_reads, kMaxRdAtomic));
-    a.min_rnr_timer = 12;
-    a.ah_attr.is_global = 1;
-    a.ah_attr.port_num = 1;
-    a.ah_attr.grh.hop_limit = 64;
-    std::memcpy(a.ah_attr.grh.dgid.raw, th.gid.data(), 16);
-    if (rc == 0)
-      rc = uroce_modify_qp(c.qp[i], &a,
-                           IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                               IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
-    a = {};
-    a.qp_state = IBV_QPS_RTS;
-    a.sq_psn = me.psn;
-    a.timeout = c.o->qp_timeout;
-    a.retry_cnt = 7;
-    a.rnr_retry = 7;
-    a.max_rd_atomic = static_cast<std::uint8_t>(std::clamp<std::uint32_t>(th.out_reads, 1, kMaxRdAtomic));
-    if (rc == 0)
-      rc = uroce_modify_qp(c.qp[i], &a,
-                           IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                               IBV_QP_MAX_QP_RD_ATOMIC);
-    if (rc != 0) return die(std::string("cannot connect QP: ") + uroce_last_error());
+    uroce_rc_conn k{};
+    k.dest_qp_num = th.qpn;
+    std::memcpy(k.dgid.raw, th.gid.data(), 16);
+    k.rq_psn = th.psn;
+    k.sq_psn = me.psn;
+    k.path_mtu = static_cast<ibv_mtu>(c.mtu);
+    k.access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+    k.timeout = c.o->qp_timeout;
+    // perftest's rule: we accept as many READs as we said we would, and
+    // issue as many as the peer said it accepts.
+    k.max_dest_rd_atomic = static_cast<std::uint8_t>(std::clamp<std::uint32_t>(me.out_reads, 1, kMaxRdAtomic));
+    k.max_rd_atomic = static_cast<std::uint8_t>(std::clamp<std::uint32_t>(th.out_reads, 1, kMaxRdAtomic));
+    if (uroce_connect_qp(c.qp[i], &k) != 0) return die(std::string("cannot connect QP: ") + uroce_last_error());
   }
   return true;
 }
