@@ -102,4 +102,24 @@ for sz in 1 1000 4096; do
   check "pingpong $sz B: both sides 200 messages, none bad; exchange as rc_pingpong's" \
     "[ $crc -eq 0 ] && [ $src -eq 0 ] && [ $prc -eq 0 ] && grep -q '^200 messages checked, 0 bad' $TMP/pp$sz.cli && grep -q '^200 messages checked, 0 bad' $TMP/pp$sz.srv"
 done
+echo "== uroce-pingpong: the ACK of the client's last SEND never comes, as when the peer has already left"
+# Daemon A drops every ACK of the client's last PSN (its first PSN, from its
+# "local address" line, plus 1499): its retries run out after all 1500
+# replies have arrived, which is the end of the run, not a failure. (-e:
+# completion events, about 1.5 ms an iteration here, so the rule is in place
+# long before the end.)
+sp=$BASE; BASE=$((BASE + 1))
+timeout 60 $PP -d "$TMP/a.app" -p $sp -s 64 -n 1500 -c -e > "$TMP/ppl.srv" 2>&1 & s=$!; sleep 0.2
+timeout 60 $PP -d "$TMP/b.app" -p $sp -s 64 -n 1500 -c -e 127.0.0.1 > "$TMP/ppl.cli" 2>&1 & c=$!
+for i in $(seq 500); do grep -q "local address" "$TMP/ppl.cli" && break; sleep 0.01; done
+read -r qpn psn < <(sed -n 's/.*local address:.*QPN \(0x[0-9a-f]*\), PSN \(0x[0-9a-f]*\).*/\1 \2/p' "$TMP/ppl.cli")
+last=$(printf '0x%06x' $(( (psn + 1499) & 0xffffff )))
+reply=$(ctl "$TMP/a.ctl" "fault tx rule=drop:$qpn:$last:100")
+kill -0 $c 2>/dev/null || echo "  (the client ended before the rule was set)"
+wait $c; crc=$?; wait $s; src=$?
+ftx=$(ctl "$TMP/a.ctl" status | grep -o "\"fault_tx\": {[^}]*"); echo "  $ftx"; hits=$(echo "$ftx" | grep -o "\"rule_hits\": [0-9]*" | awk "{print \$2}")
+ctl "$TMP/a.ctl" "fault tx off" > /dev/null
+echo "  client QPN $qpn, last PSN $last; ACKs dropped: ${hits:-?}; $(grep 'never acknowledged' "$TMP/ppl.cli" | cut -c1-60)..."
+check "pingpong, last ACK lost: the client ends cleanly with all 1500 replies checked, and says why" \
+  "echo '$reply' | grep -q '\"ok\": true' && [ $crc -eq 0 ] && [ $src -eq 0 ] && [ \${hits:-0} -ge 2 ] && grep -q '^1500 messages checked, 0 bad' $TMP/ppl.cli && grep -q 'last SEND was never acknowledged' $TMP/ppl.cli"
 finish

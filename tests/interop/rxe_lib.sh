@@ -67,12 +67,16 @@ pingpong() {
   X timeout 150 "$PP" -d "$TMP/u.app" -n "$n" -s "$sz" -c $ex 10.77.0.2 > "$TMP/pp.out" 2>&1
   check "$tag: ibv_rc_pingpong server (rxe) <- uroce-pingpong client, $sz B x $n, every message right" \
     "grep -q '^$n messages checked, 0 bad' $TMP/pp.out && sleep 1 && G 'cat /tmp/pp.log' | grep -q '^$n iters'"
+  grep -q "^$n messages checked, 0 bad" "$TMP/pp.out" && G 'cat /tmp/pp.log' | grep -q "^$n iters" ||
+    { tail -3 "$TMP/pp.out"; G 'tail -3 /tmp/pp.log'; } | sed 's/^/    /'
   X timeout 150 "$PP" -d "$TMP/u.app" -n "$n" -s "$sz" -c $ex > "$TMP/pps.out" 2>&1 & local sp=$!
   sleep 0.5
   G "timeout 120 ibv_rc_pingpong -d rxe0 -g 1 -n $n -s $sz $ex 10.77.0.1 > /tmp/ppc.log 2>&1; echo rc=\$?" > "$TMP/ppc.rc"
   wait $sp
   check "$tag: uroce-pingpong server <- ibv_rc_pingpong client (rxe), $sz B x $n, every message right" \
     "grep -q rc=0 $TMP/ppc.rc && grep -q '^$n messages checked, 0 bad' $TMP/pps.out"
+  grep -q rc=0 "$TMP/ppc.rc" && grep -q "^$n messages checked, 0 bad" "$TMP/pps.out" ||
+    { tail -3 "$TMP/pps.out"; G 'tail -3 /tmp/ppc.log'; } | sed 's/^/    /'
 }
 
 # perftest TAG TEST ITERS EXTRA: rxe's ib_TEST against uroce-perf TEST, both directions
