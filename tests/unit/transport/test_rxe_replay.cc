@@ -34,7 +34,7 @@ namespace {
 
 using wire::Psn;
 
-constexpr char kOurIp[] = "10.77.0.10";  // uroced's address in tests/interop
+const wire::IpAddr kOurIp = wire::IpAddr::from_v4(10, 77, 0, 10);  // uroced's address in tests/interop
 
 struct Cap {
   std::size_t index = 0;  // frame number in the file, from 1
@@ -75,13 +75,7 @@ Seen seen_of(const wire::Packet& p) {
   return s;
 }
 
-bool is_request(std::uint8_t op) { return op <= wire::op::kRcReadRequest || op == wire::op::kRcCmpSwap || op == wire::op::kRcFetchAdd; }
-
-std::string ip_str(const wire::IpAddr& a) {
-  char b[24];
-  std::snprintf(b, sizeof b, "%u.%u.%u.%u", a.b[12], a.b[13], a.b[14], a.b[15]);
-  return b;
-}
+bool is_request(const wire::Packet& p) { return p.info->has(wire::kOpRequest); }
 
 std::vector<Cap> load(const std::string& path, std::string& err) {
   std::vector<Cap> out;
@@ -105,7 +99,7 @@ std::vector<Cap> load(const std::string& path, std::string& err) {
   }
   for (auto& c : out) {  // parse again now that the bytes sit still
     EXPECT_TRUE(wire::parse_frame(wire::ConstBytes(c.bytes.data(), c.bytes.size()), wire::ParseOptions{}, c.pkt).ok());
-    c.ours = ip_str(c.pkt.src) == kOurIp;
+    c.ours = c.pkt.src == kOurIp;
   }
   return out;
 }
@@ -149,7 +143,7 @@ TEST_P(RxeReplay, OurRepliesMatchTheCapture) {
     if (c.ours) {
       our_mac = p.eth_src, their_mac = p.eth_dst, our_ip = p.src, their_ip = p.dst;
     }
-    const bool req = is_request(p.opcode);
+    const bool req = is_request(p);
     (c.ours ? we_request : they_request) |= req;
     if (req && (!first_req_psn || is_before(p.psn, *first_req_psn))) first_req_psn = p.psn;
     while (mtu < p.payload_len && mtu < 4096) mtu *= 2;
@@ -247,7 +241,7 @@ TEST_P(RxeReplay, OurRepliesMatchTheCapture) {
       continue;
     }
     const Seen want = seen_of(c.pkt);
-    if (we_request && is_request(c.pkt.opcode) && c.pkt.info->off_reth != 0 &&
+    if (we_request && is_request(c.pkt) && c.pkt.info->off_reth != 0 &&
         (!next_new || !is_before(c.pkt.psn, *next_new))) {
       // The first packet of a message we have not posted yet: post it now.
       const wire::Reth* r = c.pkt.reth();
@@ -280,7 +274,7 @@ TEST_P(RxeReplay, OurRepliesMatchTheCapture) {
     sent.pop_front();
     ++matched;
     if (want.has_aeth && (want.syndrome & 0xe0) == 0x60) ++our_naks;
-    if (is_request(want.opcode)) {
+    if (is_request(c.pkt)) {
       if (std::find(psns_sent.begin(), psns_sent.end(), want.psn) != psns_sent.end()) ++our_repeats;
       psns_sent.push_back(want.psn);
     }
