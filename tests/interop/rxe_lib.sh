@@ -56,6 +56,8 @@ stop_daemon() {
 X() { ip netns exec $NSX "$@"; }  # our tools run in the namespace (TCP to the guest)
 
 want() { [ -z "${UROCE_INTEROP_ONLY:-}" ] || [[ " $UROCE_INTEROP_ONLY " == *" $1 "* ]]; }
+# check_show MSG COND SHOW: check, and on failure print what SHOW prints (both sides' last lines)
+check_show() { if eval "$2"; then ok "$1"; else bad "$1 ($2)"; eval "$3" 2>&1 | sed 's/^/    /'; fi; }
 
 # pingpong TAG SIZE ITERS EXTRA: both directions, our side checks every message
 pingpong() {
@@ -65,18 +67,16 @@ pingpong() {
   G "timeout 120 ibv_rc_pingpong -d rxe0 -g 1 -n $n -s $sz $ex </dev/null >/tmp/pp.log 2>&1 &"
   sleep 1
   X timeout 150 "$PP" -d "$TMP/u.app" -n "$n" -s "$sz" -c $ex 10.77.0.2 > "$TMP/pp.out" 2>&1
-  check "$tag: ibv_rc_pingpong server (rxe) <- uroce-pingpong client, $sz B x $n, every message right" \
-    "grep -q '^$n messages checked, 0 bad' $TMP/pp.out && sleep 1 && G 'cat /tmp/pp.log' | grep -q '^$n iters'"
-  grep -q "^$n messages checked, 0 bad" "$TMP/pp.out" && G 'cat /tmp/pp.log' | grep -q "^$n iters" ||
-    { tail -3 "$TMP/pp.out"; G 'tail -3 /tmp/pp.log'; } | sed 's/^/    /'
+  check_show "$tag: ibv_rc_pingpong server (rxe) <- uroce-pingpong client, $sz B x $n, every message right" \
+    "grep -q '^$n messages checked, 0 bad' $TMP/pp.out && sleep 1 && G 'cat /tmp/pp.log' | grep -q '^$n iters'" \
+    "tail -3 $TMP/pp.out; G 'tail -3 /tmp/pp.log'"
   X timeout 150 "$PP" -d "$TMP/u.app" -n "$n" -s "$sz" -c $ex > "$TMP/pps.out" 2>&1 & local sp=$!
   sleep 0.5
   G "timeout 120 ibv_rc_pingpong -d rxe0 -g 1 -n $n -s $sz $ex 10.77.0.1 > /tmp/ppc.log 2>&1; echo rc=\$?" > "$TMP/ppc.rc"
   wait $sp
-  check "$tag: uroce-pingpong server <- ibv_rc_pingpong client (rxe), $sz B x $n, every message right" \
-    "grep -q rc=0 $TMP/ppc.rc && grep -q '^$n messages checked, 0 bad' $TMP/pps.out"
-  grep -q rc=0 "$TMP/ppc.rc" && grep -q "^$n messages checked, 0 bad" "$TMP/pps.out" ||
-    { tail -3 "$TMP/pps.out"; G 'tail -3 /tmp/ppc.log'; } | sed 's/^/    /'
+  check_show "$tag: uroce-pingpong server <- ibv_rc_pingpong client (rxe), $sz B x $n, every message right" \
+    "grep -q rc=0 $TMP/ppc.rc && grep -q '^$n messages checked, 0 bad' $TMP/pps.out" \
+    "tail -3 $TMP/pps.out; G 'tail -3 /tmp/ppc.log'"
 }
 
 # perftest TAG TEST ITERS EXTRA: rxe's ib_TEST against uroce-perf TEST, both directions
@@ -92,9 +92,9 @@ perftest() {
   # read_lat and atomic_lat servers print no result line: they must just not complain.
   local srv_ok="G 'cat /tmp/pt.log' | grep -qE '^ [0-9]+ +$n '"
   case $t in read_lat|atomic_lat) srv_ok="! G 'cat /tmp/pt.log' | grep -qiE 'error|fail|couldn'" ;; esac
-  check "$tag: ib_$t server (rxe) <- uroce-perf client, $n iterations" \
-    "[ $rc -eq 0 ] && /usr/bin/python3 -c 'import json; r=json.load(open(\"$TMP/pt.json\"))[\"results\"][0]; assert r[\"iterations\"]==$n' && sleep 1 && $srv_ok"
-  [ $rc -eq 0 ] || tail -3 "$TMP/pt.err" | sed 's/^/    /'
+  check_show "$tag: ib_$t server (rxe) <- uroce-perf client, $n iterations" \
+    "[ $rc -eq 0 ] && /usr/bin/python3 -c 'import json; r=json.load(open(\"$TMP/pt.json\"))[\"results\"][0]; assert r[\"iterations\"]==$n' && sleep 1 && $srv_ok" \
+    "tail -3 $TMP/pt.err"
   X timeout 150 "$PERF" "$t" -d "$TMP/u.app" -n "$n" -u 18 $ex --json > "$TMP/pts.json" 2> "$TMP/pts.err" & local sp=$!
   sleep 0.5
   G "timeout 120 ib_$t -d rxe0 -x 1 -n $n $ex 10.77.0.1 > /tmp/ptc.log 2>&1; echo rc=\$?" > "$TMP/ptc.rc"
@@ -112,18 +112,16 @@ rping() {
   G "timeout 120 rping -s -a 10.77.0.2 -C $n -V </dev/null >/tmp/rp.log 2>&1 &"
   sleep 2
   X timeout 150 "$RPING" -c -a 10.77.0.2 -C "$n" -V -d "$TMP/u.app" > "$TMP/rp.out" 2>&1
-  check "$tag: rping server (rxe) <- uroce-rping client over RDMA CM, $n pings validated" \
-    "grep -q '^$n pings, data validated' $TMP/rp.out"
-  grep -q "^$n pings, data validated" "$TMP/rp.out" || tail -3 "$TMP/rp.out" | sed 's/^/    /'
+  check_show "$tag: rping server (rxe) <- uroce-rping client over RDMA CM, $n pings validated" \
+    "grep -q '^$n pings, data validated' $TMP/rp.out" "tail -3 $TMP/rp.out"
   fresh
   X timeout 150 "$RPING" -s -C "$n" -d "$TMP/u.app" > "$TMP/rps.out" 2>&1 & local sp=$!
   # rping's client does not retry a refused connect: start it once we listen.
   for i in $(seq 100); do grep -q '^listening' "$TMP/rps.out" && break; sleep 0.1; done
   G "timeout 120 rping -c -a 10.77.0.10 -C $n -V > /tmp/rpc.log 2>&1; echo rc=\$?" > "$TMP/rpc.rc"
   wait $sp
-  check "$tag: uroce-rping server <- rping -V client (rxe) over RDMA CM, $n pings" \
-    "grep -q rc=0 $TMP/rpc.rc && grep -q '^$n pings' $TMP/rps.out"
-  grep -q "^$n pings" "$TMP/rps.out" || { tail -3 "$TMP/rps.out"; G 'tail -3 /tmp/rpc.log'; } | sed 's/^/    /'
+  check_show "$tag: uroce-rping server <- rping -V client (rxe) over RDMA CM, $n pings" \
+    "grep -q rc=0 $TMP/rpc.rc && grep -q '^$n pings' $TMP/rps.out" "tail -3 $TMP/rps.out; G 'tail -3 /tmp/rpc.log'"
 }
 
 strict() {  # TAG: the capture decodes, every ICRC is right
