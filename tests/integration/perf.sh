@@ -122,4 +122,22 @@ ctl "$TMP/a.ctl" "fault tx off" > /dev/null
 echo "  client QPN $qpn, last PSN $last; ACKs dropped: ${hits:-?}; $(grep 'never acknowledged' "$TMP/ppl.cli" | cut -c1-60)..."
 check "pingpong, last ACK lost: the client ends cleanly with all 1500 replies checked, and says why" \
   "echo '$reply' | grep -q '\"ok\": true' && [ $crc -eq 0 ] && [ $src -eq 0 ] && [ \${hits:-0} -ge 2 ] && grep -q '^1500 messages checked, 0 bad' $TMP/ppl.cli && grep -q 'last SEND was never acknowledged' $TMP/ppl.cli"
+echo "== write_lat: the ACK of the server's last WRITE is lost once, after the client has finished"
+# The client (daemon B) drops its one ACK of the server's last PSN (the
+# server's first PSN, from the client's "remote address" line, plus 2999).
+# The server retries; the client's QP must still be there to answer it.
+sp=$BASE; BASE=$((BASE + 1))
+timeout 60 $PERF write_lat -d "$TMP/a.app" -p $sp -n 3000 > "$TMP/wl.srv" 2>&1 & s=$!; sleep 0.2
+timeout 60 $PERF write_lat -d "$TMP/b.app" -p $sp -n 3000 127.0.0.1 > "$TMP/wl.cli" 2>&1 & c=$!
+for i in $(seq 500); do grep -q "remote address" "$TMP/wl.cli" && break; sleep 0.01; done
+read -r qpn psn < <(sed -n 's/.*remote address: LID [0-9a-fx]* QPN \(0x[0-9a-f]*\) PSN \(0x[0-9a-f]*\).*/\1 \2/p' "$TMP/wl.cli")
+last=$(printf '0x%06x' $(( (psn + 2999) & 0xffffff )))
+reply=$(ctl "$TMP/b.ctl" "fault tx rule=drop:$qpn:$last:1")
+kill -0 $c 2>/dev/null || echo "  (the client ended before the rule was set)"
+wait $c; crc=$?; wait $s; src=$?
+hits=$(ctl "$TMP/b.ctl" status | grep -o '"fault_tx": {[^}]*' | grep -o '"rule_hits": [0-9]*' | awk '{print $2}')
+ctl "$TMP/b.ctl" "fault tx off" > /dev/null
+echo "  server QPN $qpn, last PSN $last; ACKs dropped: ${hits:-?}; server: $(grep -E '^ [0-9]+ +3000 ' "$TMP/wl.srv" | head -1)"
+check "write_lat, last ACK lost: the server's retry is answered, both sides finish 3000 iterations" \
+  "echo '$reply' | grep -q '\"ok\": true' && [ $crc -eq 0 ] && [ $src -eq 0 ] && [ \${hits:-0} -eq 1 ] && grep -qE '^ [0-9]+ +3000 ' $TMP/wl.srv"
 finish

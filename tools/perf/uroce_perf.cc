@@ -59,6 +59,7 @@ struct Options {
   std::uint32_t cq_mod = 100;
   int timeout_ms = 60000;  // waiting for the peer
   bool yield = false;      // give the CPU away while polling (shared cores)
+  int linger_ms = 1000;    // write_lat: keep the QPs this long after the end
   std::uint8_t qp_timeout = 14;  // -u: 4.096 us * 2^N before a retry (perftest's default 14)
 };
 
@@ -622,7 +623,9 @@ void usage(FILE* f) {
                "      --report_gbits    BW in Gb/s\n"
                "      --json            results as JSON on stdout\n"
                "      --yield           sched_yield() while polling: for hosts where the daemons and\n"
-               "                        the application share cores\n");
+               "                        the application share cores\n"
+               "      --linger MS       write_lat: keep the QP MS ms after the end, to answer a retry\n"
+               "                        of the peer's last WRITE (1000)\n");
 }
 
 bool parse_args(int argc, char** argv, Options& o) {
@@ -644,7 +647,7 @@ bool parse_args(int argc, char** argv, Options& o) {
       known = true;
     }
   if (!known) return die("unknown test '" + o.test + "'");
-  enum { kGbits = 1000, kJson, kYield };
+  enum { kGbits = 1000, kJson, kYield, kLinger };
   static const option kLong[] = {{"size", required_argument, nullptr, 's'},    {"iters", required_argument, nullptr, 'n'},
                                  {"all", no_argument, nullptr, 'a'},           {"qp", required_argument, nullptr, 'q'},
                                  {"duration", required_argument, nullptr, 'D'}, {"mtu", required_argument, nullptr, 'm'},
@@ -652,6 +655,7 @@ bool parse_args(int argc, char** argv, Options& o) {
                                  {"port", required_argument, nullptr, 'p'},    {"tx-depth", required_argument, nullptr, 't'},
                                  {"report_gbits", no_argument, nullptr, kGbits}, {"json", no_argument, nullptr, kJson},
                                  {"yield", no_argument, nullptr, kYield},
+                                 {"linger", required_argument, nullptr, kLinger},
                                  {"qp-timeout", required_argument, nullptr, 'u'},
                                  {"help", no_argument, nullptr, 'h'},          {nullptr, 0, nullptr, 0}};
   optind = 2;
@@ -707,6 +711,10 @@ bool parse_args(int argc, char** argv, Options& o) {
       case kGbits: o.gbits = true; break;
       case kJson: o.json = true; break;
       case kYield: o.yield = true; break;
+      case kLinger:
+        if (!number(optarg, 0, 60000, v)) return die("--linger: 0..60000 ms");
+        o.linger_ms = static_cast<int>(v);
+        break;
       case 'h': usage(stdout); std::exit(0);
       default: return false;
     }
@@ -770,6 +778,7 @@ int run(const Options& o) {
   }
   if (!ex(oob.hand_shake(c.mine[0], scratch))) return 1;  // "after RTR" / pre-run
   if (!o.json) print_info(c, o);
+  std::fflush(stdout);  // scripts read the addresses while the run goes on
 
   std::vector<std::string> rows;
   if (o.kind == Kind::kBw) {
@@ -839,6 +848,12 @@ int run(const Options& o) {
   } else {
     std::printf("%s", kLine);
   }
+  // write_lat ends without a closing exchange: the peer may still wait for
+  // the ACK of its last WRITE. If that ACK was lost, its retry needs our QP
+  // (the daemon answers it while the QP lives); rxe retries such a WRITE
+  // without end. The other tests close with an exchange after all
+  // completions, so they need no wait.
+  if (o.test == "write_lat" && o.linger_ms > 0) ::usleep(static_cast<useconds_t>(o.linger_ms) * 1000);
   for (uroce_qp* q : c.qp) uroce_destroy_qp(q);
   uroce_close_device(c.ctx);
   return 0;
