@@ -618,7 +618,11 @@ void CmAgent::on_timer(Conn& c, std::uint64_t now, bool& erase) {
     default: c.deadline = 0; return;
   }
   ++c.sends;
-  c.deadline = now + cfg_.resend_ns;
+  // Back off (0.5, 1, then 2 s apart): a Linux peer that lost our REQ's
+  // answer resends it only after the local CM response timeout we advertise
+  // (kCmResponseTimeout, 4.3 s), and ignores duplicate REQs meanwhile, so
+  // eight sends must span more than that (13.5 s in all with the defaults).
+  c.deadline = now + std::min(cfg_.resend_ns << std::min<std::uint32_t>(c.sends - 1, 2), cfg_.resend_ns * 4);
   inc(CmCounter::resends);
   send(c.peer, c.last, now);
 }

@@ -32,7 +32,7 @@ namespace uroce::cm {
 
 struct CmConfig {
   std::uint64_t ca_guid = 0;                   // the CA GUID we advertise (EUI-64 of the MAC)
-  std::uint64_t resend_ns = 500'000'000;       // a REQ, REP or DREQ unanswered for this long is sent again
+  std::uint64_t resend_ns = 500'000'000;       // a REQ, REP or DREQ unanswered for this long is sent again (then 2x, 4x)
   std::uint32_t max_sends = 8;                 // then the attempt fails
   std::uint64_t timewait_ns = 2'000'000'000;   // a closed connection still answers duplicate DREQs
   std::uint64_t resolve_ns = 3'000'000'000;    // a MAD waits this long for the peer's MAC
