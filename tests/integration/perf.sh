@@ -140,4 +140,32 @@ ctl "$TMP/b.ctl" "fault tx off" > /dev/null
 echo "  server QPN $qpn, last PSN $last; ACKs dropped: ${hits:-?}; server: $(grep -E '^ [0-9]+ +3000 ' "$TMP/wl.srv" | head -1)"
 check "write_lat, last ACK lost: the server's retry is answered, both sides finish 3000 iterations" \
   "echo '$reply' | grep -q '\"ok\": true' && [ $crc -eq 0 ] && [ $src -eq 0 ] && [ \${hits:-0} -eq 1 ] && grep -qE '^ [0-9]+ +3000 ' $TMP/wl.srv"
+echo "== write_lat: the peer left before the ACK of our last WRITE, which never comes"
+# With --linger 0 the other side destroys its QP at once, and its daemon drops
+# every ACK of our last PSN, so our last WRITE ends in RETRY_EXC_ERR after
+# every WRITE of the peer has arrived: the end of the run, said on stderr
+# (seen against rxe's ib_write_lat at 5% loss, both ways). SIDE is the tool
+# whose ACK is lost; its daemon's peer (the other daemon) drops the ACKs.
+wl_left() {  # SIDE: srv|cli
+  local side=$1 sp=$BASE; BASE=$((BASE + 1))
+  local sl=1000 cl=1000 ctlf=$TMP/b.ctl pat='remote address'
+  [ "$side" = srv ] && cl=0
+  [ "$side" = cli ] && { sl=0; ctlf=$TMP/a.ctl; pat='local address'; }
+  timeout 60 $PERF write_lat -d "$TMP/a.app" -p $sp -n 3000 --linger $sl > "$TMP/wll.srv" 2>&1 & local s=$!; sleep 0.2
+  timeout 60 $PERF write_lat -d "$TMP/b.app" -p $sp -n 3000 --linger $cl 127.0.0.1 > "$TMP/wll.cli" 2>&1 & local c=$!
+  for i in $(seq 500); do grep -q "$pat" "$TMP/wll.cli" && break; sleep 0.01; done
+  local qpn psn
+  read -r qpn psn < <(sed -n "s/.*$pat: LID [0-9a-fx]* QPN \(0x[0-9a-f]*\) PSN \(0x[0-9a-f]*\).*/\1 \2/p" "$TMP/wll.cli")
+  local last; last=$(printf '0x%06x' $(( (psn + 2999) & 0xffffff )))
+  local reply; reply=$(ctl "$ctlf" "fault tx rule=drop:$qpn:$last:100")
+  kill -0 $c 2>/dev/null || echo "  (the client ended before the rule was set)"
+  wait $c; local crc=$?; wait $s; local src=$?
+  local hits; hits=$(ctl "$ctlf" status | grep -o '"fault_tx": {[^}]*' | grep -o '"rule_hits": [0-9]*' | awk '{print $2}')
+  ctl "$ctlf" "fault tx off" > /dev/null
+  echo "  $side: QPN $qpn, last PSN $last; ACKs dropped: ${hits:-?}; $(grep -h 'never acknowledged' "$TMP/wll.$side" | cut -c1-60)..."
+  echo "$reply" | grep -q '"ok": true' && [ $crc -eq 0 ] && [ $src -eq 0 ] && [ "${hits:-0}" -ge 1 ] &&
+    grep -q 'last WRITE was never acknowledged' "$TMP/wll.$side" && grep -qE '^ [0-9]+ +3000 ' "$TMP/wll.$side"
+}
+check "write_lat server, peer gone: the last WRITE's RETRY_EXC_ERR ends the run cleanly, with a note" "wl_left srv"
+check "write_lat client, peer gone: the same for the client's last WRITE" "wl_left cli"
 finish
