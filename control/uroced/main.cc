@@ -144,6 +144,12 @@ std::string Daemon::status_json() const {
     << "\", \"sessions\": " << (sessions ? sessions->sessions() : 0)
     << ", \"session_list\": " << (sessions ? sessions->describe_json() : std::string("[]"))
     << ", \"cm\": " << (sessions ? sessions->cm_json() : std::string("{}"));
+  if (!pipes.empty()) {
+    const engine::IdleConfig& ic = pipes[0]->dp->idle_config();
+    o << ", \"wait\": {\"busy_poll\": " << (ic.max_sleep_us == 0 ? "true" : "false") << ", \"spin_us\": " << ic.spin_us
+      << ", \"tick_us\": " << ic.tick_us << ", \"warm_ms\": " << ic.warm_ms << ", \"max_sleep_us\": " << ic.max_sleep_us
+      << ", \"doorbells\": " << (sessions ? sessions->doorbells() : 0) << "}";
+  }
   for (std::size_t k = 0; k < pipes.size(); ++k) {
     const Pipeline& p = *pipes[k];
     const std::string pre = k == 0 ? "" : "_" + std::to_string(k);
@@ -265,6 +271,36 @@ class ControlServer {
   Daemon& d_;
 };
 
+/// How the main lcore blocks when its pipeline is idle: in the io_context,
+/// which watches the control socket, every session's socket and doorbell,
+/// and a timer for the next poll tick (a timerfd, so the tick is exact to
+/// the microsecond). Whatever becomes ready first wakes the loop.
+class MainWait {
+ public:
+  explicit MainWait(asio::io_context& io) : io_(io), timer_(io) {}
+  /// Blocks for at most `ns`, or until a socket or doorbell is ready.
+  void sleep(std::uint64_t ns) {
+    const auto want = asio::steady_timer::clock_type::now() + std::chrono::nanoseconds(ns);
+    // A wait still pending from an earlier sleep that ended early is kept
+    // when it ends no later than this one; otherwise it is moved (its
+    // handler then runs once as aborted, a harmless extra wake-up).
+    if (!pending_ || timer_.expiry() > want) {
+      timer_.expires_at(want);
+      pending_ = true;
+      timer_.async_wait([this](boost::system::error_code ec) {
+        if (!ec) pending_ = false;
+      });
+    }
+    io_.run_one();
+    io_.poll();
+  }
+
+ private:
+  asio::io_context& io_;
+  asio::steady_timer timer_;
+  bool pending_ = false;
+};
+
 void capture_cb(void* ctx, wire::ConstBytes frame, bool /*tx*/, std::uint64_t /*now*/) {
   auto* w = static_cast<pcapio::Writer*>(ctx);
   timespec ts;
@@ -307,7 +343,9 @@ int main(int argc, char** argv) {
       eal_extra, file_prefix, log_level;
   std::vector<std::string> vdevs, neighbors;
   bool no_huge = false, app_forever = false, tx_copy = false;
-  unsigned mem_mb = 512, vlan = 0, pcp = 0, dscp = 0, ecn = 2, idle_max_us = 200, mtu = 1024, app_port = 18515, app_depth = 32,
+  engine::IdleConfig idle_cfg;
+  bool busy_poll = false;
+  unsigned mem_mb = 512, vlan = 0, pcp = 0, dscp = 0, ecn = 2, mtu = 1024, app_port = 18515, app_depth = 32,
            timeout = 14, retry_cnt = 7, lcore = 0;
   std::uint64_t app_messages = 1000;
   std::uint32_t app_size = 4096;
@@ -338,7 +376,12 @@ int main(int argc, char** argv) {
       ("fault-rx", po::value(&fault_rx), "RX fault injection, e.g. drop=0.01,dup=0.01,reorder=0.02")
       ("fault-tx", po::value(&fault_tx), "TX fault injection, same syntax")
       ("tx-copy", po::bool_switch(&tx_copy), "always copy payloads into mbufs (no external-buffer zero-copy)")
-      ("idle-max-us", po::value(&idle_max_us), "longest idle sleep in us; 0 = always busy-poll (default 200)")
+      ("idle-spin-us", po::value(&idle_cfg.spin_us), "keep polling this long after the last work, then sleep (default 5)")
+      ("poll-tick-us", po::value(&idle_cfg.tick_us),
+       "sleep between polls while warm; bounds RX latency on PMDs without interrupts (default 20)")
+      ("idle-warm-ms", po::value(&idle_cfg.warm_ms), "after this long without work, sleeps double (default 10)")
+      ("idle-max-us", po::value(&idle_cfg.max_sleep_us), "longest idle sleep in us; 0 = always busy-poll (default 2000)")
+      ("busy-poll", po::bool_switch(&busy_poll), "never sleep: poll all the time (for dedicated, pinned cores)")
       ("duration", po::value(&duration), "stop after this many seconds (0 = run until stopped)")
       ("log-level", po::value(&log_level), "debug, info, warn or error (default info)")
       ("app", po::value(&app_role), "built-in RC traffic: server or client")
@@ -417,6 +460,10 @@ int main(int argc, char** argv) {
   if (mtu != 256 && mtu != 512 && mtu != 1024 && mtu != 2048 && mtu != 4096)
     return bad("--mtu must be 256, 512, 1024, 2048 or 4096");
   if (timeout > 31) return bad("--timeout must be 0..31");
+  if (idle_cfg.spin_us > 1'000'000 || idle_cfg.tick_us < 1 || idle_cfg.tick_us > 1'000'000 || idle_cfg.warm_ms > 60'000 ||
+      idle_cfg.max_sleep_us > 1'000'000)
+    return bad("--idle-spin-us 0..1000000, --poll-tick-us 1..1000000, --idle-warm-ms 0..60000, --idle-max-us 0..1000000");
+  if (busy_poll) idle_cfg.max_sleep_us = 0;
   if (retry_cnt > 7) return bad("--retry-cnt must be 0..7");
   engine::FaultConfig frx, ftx;
   std::string err;
@@ -526,9 +573,7 @@ int main(int argc, char** argv) {
       p->dp = std::make_unique<engine::Dataplane>(*p->eng, pio, *p->neigh, ec.seed);
       p->dp->rx_faults().configure(frx);
       p->dp->tx_faults().configure(ftx);
-      engine::IdleConfig idle;
-      idle.max_sleep_us = idle_max_us;
-      p->dp->set_idle(idle);
+      p->dp->set_idle(idle_cfg);
       if (!capture_path.empty()) {
         // One file per pipeline: the first is FILE, the others FILE.N.
         const std::string path = d.pipes.empty() ? capture_path : capture_path + "." + std::to_string(d.pipes.size());
@@ -590,12 +635,16 @@ int main(int argc, char** argv) {
   const std::uint64_t start = now_ns();
   std::uint64_t last_ctl = 0, stop_at = 0;
   int rc = 0;
-  for (;;) {
-    const std::uint64_t now = now_ns();
+  MainWait waiter(io);
+  auto one_pass = [&](std::uint64_t now) {
     std::size_t work = 0;
     if (main_pipe.shards > 1) work += main_pipe.port->dispatch(frame_owner);
-    work += main_pipe.dp->iterate(now);
-    if (now - last_ctl > 1'000'000) {  // the control plane, about every ms
+    return work + main_pipe.dp->iterate(now);
+  };
+  for (;;) {
+    std::uint64_t now = now_ns();
+    std::size_t work = one_pass(now);
+    if (now - last_ctl > 1'000'000) {  // while busy, the control plane about every ms
       io.poll();
       last_ctl = now;
     }
@@ -613,7 +662,20 @@ int main(int argc, char** argv) {
       break;
     }
     if (stop_at && (!d.app || now - stop_at > 2'000'000'000ull)) break;
-    main_pipe.dp->idle(work);
+    const std::uint64_t sleep_ns = main_pipe.dp->idle_sleep_ns(work, now);
+    if (sleep_ns == 0) continue;
+    // Going to block. Tell the applications first, then look at every ring
+    // once more: a post published before they saw the flag is found here,
+    // and one after it rings the doorbell (uroce_abi.h, the session page).
+    if (d.sessions) d.sessions->set_sleeping(true);
+    now = now_ns();
+    if (one_pass(now) == 0 && !g_stop) {
+      waiter.sleep(sleep_ns);
+      last_ctl = now_ns();
+    } else {
+      main_pipe.dp->idle_sleep_ns(1, now);  // that pass found work: busy again
+    }
+    if (d.sessions) d.sessions->set_sleeping(false);
   }
   g_workers_stop = true;
   rte_eal_mp_wait_lcore();

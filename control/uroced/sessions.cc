@@ -1,5 +1,6 @@
 #include "control/uroced/sessions.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -10,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "stack/abi/doorbell.h"
 #include "stack/abi/fd_msg.h"
 
 namespace uroce::control {
@@ -35,10 +37,13 @@ std::uint64_t now_ns() {
 }
 
 /// A memfd with `len` bytes mapped here; the fd goes to the application.
+/// It is sealed at that size, so an application cannot shrink it under the
+/// daemon's mapping (which would turn the daemon's next access into SIGBUS).
 bool make_shared(std::size_t len, Mapping& m, int& fd) {
-  fd = ::memfd_create("uroce-ring", MFD_CLOEXEC);
+  fd = ::memfd_create("uroce-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return false;
-  if (::ftruncate(fd, static_cast<off_t>(len)) != 0) {
+  if (::ftruncate(fd, static_cast<off_t>(len)) != 0 ||
+      ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
     ::close(fd);
     return false;
   }
@@ -68,12 +73,12 @@ struct SessionServer::Session {
     Cq* cq;
     Mapping map;
     abi::Ring<uroce_cq_entry> ring;
-    int efd = -1;  // the completion channel's eventfd, when the CQ has one
+    int chan = -1;  // the completion channel (a Unix datagram socket), when the CQ has one
+    std::uint64_t* notify_failed = nullptr;  // the session's counter
     /// After pushing entries: wake the application if it armed the CQ.
     void notify() {
-      if (efd < 0 || !ring.take_notify()) return;
-      const std::uint64_t one = 1;
-      (void)!::write(efd, &one, sizeof one);
+      if (chan < 0 || !ring.take_notify()) return;
+      if (!abi::ring(chan)) ++*notify_failed;
     }
   };
   struct SrqRes {
@@ -95,6 +100,12 @@ struct SessionServer::Session {
   std::map<std::uint32_t, SrqRes> srqs;
   std::uint64_t mr_bytes = 0;
   int pid = -1;  // the application's, from SO_PEERCRED
+  // The session page and the doorbell (minor 4): the application rings the
+  // doorbell after a post only while the page says the daemon may block.
+  Mapping page_map;
+  uroce_session_page* page = nullptr;
+  std::unique_ptr<asio::posix::stream_descriptor> bell;  // the daemon's end
+  std::uint64_t doorbells = 0, notify_failed = 0;
   std::vector<std::uint8_t> in;  // bytes received, not yet a whole message
   std::vector<int> in_fds;
 };
@@ -184,8 +195,8 @@ std::uint64_t now_ms() {
                                         .count());
 }
 
-void send_reply(int sock, const uroce_msg_hdr& req, int err, const std::string& why, const void* body,
-                std::size_t blen, int fd = -1) {
+void send_reply_fds(int sock, const uroce_msg_hdr& req, int err, const std::string& why, const void* body,
+                    std::size_t blen, const int* fds, std::size_t nfds) {
   std::uint8_t out[UROCE_MSG_MAX];
   uroce_msg_hdr h{UROCE_MSG_MAGIC, UROCE_ABI_MAJOR, static_cast<std::uint16_t>(req.type | UROCE_MSG_REPLY),
                   static_cast<std::uint32_t>(sizeof(uroce_reply_status) + blen), req.seq};
@@ -195,7 +206,12 @@ void send_reply(int sock, const uroce_msg_hdr& req, int err, const std::string& 
   std::memcpy(out, &h, sizeof h);
   std::memcpy(out + sizeof h, &st, sizeof st);
   if (blen) std::memcpy(out + sizeof h + sizeof st, body, blen);
-  (void)abi::send_with_fd(sock, out, sizeof h + sizeof st + blen, fd);
+  (void)abi::send_with_fds(sock, out, sizeof h + sizeof st + blen, fds, nfds);
+}
+
+void send_reply(int sock, const uroce_msg_hdr& req, int err, const std::string& why, const void* body,
+                std::size_t blen, int fd = -1) {
+  send_reply_fds(sock, req, err, why, body, blen, &fd, 1);
 }
 
 }  // namespace
@@ -222,13 +238,32 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
       uroce_hello_msg m;
       if (!take(m)) return;
       if (!uroce_abi_compatible(m.major, m.minor)) return fail(EPROTO, "ABI major version mismatch");
+      if (s.hello) return fail(EPROTO, "hello twice");
+      int page_fd = -1, pair[2] = {-1, -1};
+      if (!make_shared(UROCE_SESSION_PAGE_BYTES, s.page_map, page_fd)) return fail(ENOMEM, "cannot create the session page");
+      if (::socketpair(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, pair) != 0) {
+        ::close(page_fd);
+        s.page_map.unmap();
+        return fail(errno, "cannot create the doorbell");
+      }
+      s.page = static_cast<uroce_session_page*>(s.page_map.addr);
+      s.page->magic = UROCE_ABI_MAGIC;
+      s.page->major = UROCE_ABI_MAJOR;
+      s.page->minor = UROCE_ABI_MINOR;
+      if (sleeping_) abi::announce_sleep(s.page);
+      s.bell = std::make_unique<asio::posix::stream_descriptor>(s.sock.get_executor(), pair[0]);
       s.hello = true;
       uroce_hello_reply r{};
       r.session = s.id;
       std::memcpy(r.gid, eng_.config().ip.b.data(), 16);
       std::memcpy(r.mac, eng_.config().mac.data(), 6);
       r.minor = UROCE_ABI_MINOR;
-      return send_reply(sock, h, 0, "", &r, sizeof r);
+      const int give[2] = {page_fd, pair[1]};
+      send_reply_fds(sock, h, 0, "", &r, sizeof r, give, 2);
+      ::close(page_fd);
+      ::close(pair[1]);
+      wait_bell(s);
+      return;
     }
     case UROCE_MSG_ALLOC_PD: {
       if (s.pds.size() >= limits_.max_pds) return fail(EDQUOT, "too many PDs for this session");
@@ -272,13 +307,22 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
         if (cq) eng_.destroy_cq(cq);
         return fail(ENOMEM, "cannot create the CQ ring");
       }
-      uroce_handle_reply r{s.next_handle++};
-      int efd = -1;  // an eventfd may come along: the CQ's completion channel
+      // A completion channel may come along: it must be a Unix datagram
+      // socket, which the daemon writes to without ever blocking.
+      int chan = -1;
       if (!fds.empty()) {
-        efd = fds.front();
+        if (!abi::is_unix_dgram(fds.front())) {
+          eng_.destroy_cq(cq);
+          map.unmap();
+          ::close(fd);
+          return fail(EINVAL, "a completion channel must be a Unix datagram socket");
+        }
+        chan = fds.front();
         fds.erase(fds.begin());
       }
-      s.cqs[r.handle] = {cq, map, abi::Ring<uroce_cq_entry>::create(map.addr, entries, UROCE_RING_CQ, r.handle), efd};
+      uroce_handle_reply r{s.next_handle++};
+      s.cqs[r.handle] = {cq, map, abi::Ring<uroce_cq_entry>::create(map.addr, entries, UROCE_RING_CQ, r.handle), chan,
+                         &s.notify_failed};
       send_reply(sock, h, 0, "", &r, sizeof r, fd);
       ::close(fd);
       return;
@@ -415,7 +459,7 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
         if (c == s.cqs.end()) return fail(EINVAL, "no such CQ in this session");
         if (const int rc = eng_.destroy_cq(c->second.cq); rc != 0) return fail(rc, "the CQ is still used by a QP");
         c->second.map.unmap();
-        if (c->second.efd >= 0) ::close(c->second.efd);
+        if (c->second.chan >= 0) ::close(c->second.chan);
         s.cqs.erase(c);
         return send_reply(sock, h, 0, "", nullptr, 0);
       }
@@ -563,7 +607,8 @@ std::string SessionServer::describe_json() const {
     o += "{\"id\": " + std::to_string(id) + ", \"pid\": " + std::to_string(s->pid) +
          ", \"pds\": " + std::to_string(s->pds.size()) + ", \"mrs\": " + std::to_string(s->mrs.size()) +
          ", \"mr_bytes\": " + std::to_string(s->mr_bytes) + ", \"cqs\": " + std::to_string(s->cqs.size()) +
-         ", \"srqs\": " + std::to_string(s->srqs.size()) +
+         ", \"srqs\": " + std::to_string(s->srqs.size()) + ", \"doorbells\": " + std::to_string(s->doorbells) +
+         ", \"notify_failed\": " + std::to_string(s->notify_failed) +
          ", \"qpns\": [";
     bool first = true;
     for (const auto& [h, q] : s->qps) {
@@ -601,13 +646,16 @@ void SessionServer::close(Session& s) {
   for (auto& [h, c] : s.cqs) {
     eng_.destroy_cq(c.cq);
     c.map.unmap();
-    if (c.efd >= 0) ::close(c.efd);
+    if (c.chan >= 0) ::close(c.chan);
   }
   s.cqs.clear();
   for (auto& [h, pd] : s.pds) eng_.dealloc_pd(pd);
   s.pds.clear();
   boost::system::error_code ec;
   s.sock.close(ec);
+  s.bell.reset();  // closes the daemon's end; a pending wait ends aborted
+  s.page = nullptr;
+  s.page_map.unmap();
 }
 
 std::size_t SessionServer::retry_pending() {
@@ -643,6 +691,32 @@ std::string SessionServer::cm_json() const {
     o += std::string(i ? ", " : "") + "\"" + cm::to_string(c) + "\": " + std::to_string(cm_->counter(c));
   }
   return o + ", \"connections\": " + std::to_string(cm_->connections()) + "}";
+}
+
+void SessionServer::wait_bell(Session& s) {
+  if (!s.bell) return;
+  // The handler holds the session by id, not by pointer: the session may be
+  // gone (and its descriptor closed) when an aborted wait completes.
+  const std::uint32_t id = s.id;
+  s.bell->async_wait(asio::posix::descriptor_base::wait_read, [this, id](boost::system::error_code ec) {
+    if (ec) return;
+    auto it = sessions_.find(id);
+    if (it == sessions_.end() || !it->second->bell) return;
+    Session& t = *it->second;
+    const std::size_t rung = abi::drain(t.bell->native_handle());
+    t.doorbells += rung;
+    doorbells_ += rung;
+    wait_bell(t);
+  });
+}
+
+void SessionServer::set_sleeping(bool sleeping) {
+  sleeping_ = sleeping;
+  for (auto& [id, s] : sessions_) {
+    if (!s->page) continue;
+    if (sleeping) abi::announce_sleep(s->page);
+    else abi::announce_awake(s->page);
+  }
 }
 
 std::size_t SessionServer::step() {

@@ -42,6 +42,13 @@ class SessionServer {
   /// into the engine, and completions out. Returns the work done.
   std::size_t step();
   [[nodiscard]] std::size_t sessions() const { return sessions_.size(); }
+  /// The daemon is about to block (true) or is awake again (false): written
+  /// to every session's page, so applications ring the doorbell only while
+  /// it sleeps (uroce_abi.h). After `true` the caller must run step() once
+  /// more before it blocks.
+  void set_sleeping(bool sleeping);
+  /// Doorbells rung by applications so far, over all sessions.
+  [[nodiscard]] std::uint64_t doorbells() const { return doorbells_; }
   /// A JSON array: per session its id, the application's pid, and what it holds.
   [[nodiscard]] std::string describe_json() const;
   /// The CM agent's counters as a JSON object.
@@ -52,6 +59,7 @@ class SessionServer {
  private:
   void accept();
   void wait_read(const std::shared_ptr<Session>& s);
+  void wait_bell(Session& s);
   void on_readable(const std::shared_ptr<Session>& s);
   void handle(Session& s, const uroce_msg_hdr& h, const std::uint8_t* body, std::vector<int>& fds);
   void close(Session& s);
@@ -76,6 +84,8 @@ class SessionServer {
   SessionLimits limits_;
   std::map<std::uint32_t, std::shared_ptr<Session>> sessions_;
   std::uint32_t next_session_ = 1;
+  bool sleeping_ = false;
+  std::uint64_t doorbells_ = 0;
   std::string path_;
 };
 

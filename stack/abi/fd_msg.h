@@ -13,23 +13,33 @@ namespace uroce::abi {
 
 inline constexpr std::size_t kMaxFdsPerMsg = 4;
 
-/// sendmsg of `len` bytes, with descriptor `fd` attached when fd >= 0.
-inline ssize_t send_with_fd(int sock, const void* buf, std::size_t len, int fd) {
+/// sendmsg of `len` bytes, with the descriptors `fds[0..nfds)` attached
+/// (at most kMaxFdsPerMsg; negative ones are skipped).
+inline ssize_t send_with_fds(int sock, const void* buf, std::size_t len, const int* fds, std::size_t nfds) {
   iovec iov{const_cast<void*>(buf), len};
   msghdr mh{};
   mh.msg_iov = &iov;
   mh.msg_iovlen = 1;
-  alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int))];
-  if (fd >= 0) {
+  alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int) * kMaxFdsPerMsg)];
+  int pass[kMaxFdsPerMsg];
+  std::size_t k = 0;
+  for (std::size_t i = 0; i < nfds && k < kMaxFdsPerMsg; ++i)
+    if (fds[i] >= 0) pass[k++] = fds[i];
+  if (k > 0) {
     mh.msg_control = ctrl;
-    mh.msg_controllen = sizeof ctrl;
+    mh.msg_controllen = CMSG_SPACE(sizeof(int) * k);
     cmsghdr* c = CMSG_FIRSTHDR(&mh);
     c->cmsg_level = SOL_SOCKET;
     c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
+    c->cmsg_len = CMSG_LEN(sizeof(int) * k);
+    std::memcpy(CMSG_DATA(c), pass, sizeof(int) * k);
   }
   return ::sendmsg(sock, &mh, MSG_NOSIGNAL);
+}
+
+/// sendmsg of `len` bytes, with descriptor `fd` attached when fd >= 0.
+inline ssize_t send_with_fd(int sock, const void* buf, std::size_t len, int fd) {
+  return send_with_fds(sock, buf, len, &fd, 1);
 }
 
 /// recvmsg into `buf`; every descriptor that came with the bytes is handed to

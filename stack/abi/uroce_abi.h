@@ -42,7 +42,7 @@ extern "C" {
 
 #define UROCE_ABI_MAGIC 0x45524f55u /* "UORE" read little-endian */
 #define UROCE_ABI_MAJOR 1
-#define UROCE_ABI_MINOR 3 /* 1: CQ notification words (arm, notified); 2: SRQs; 3: RDMA CM */
+#define UROCE_ABI_MINOR 4 /* 1: CQ notification words (arm, notified); 2: SRQs; 3: RDMA CM; 4: session page and doorbell */
 #define UROCE_ABI_CACHELINE 64
 #define UROCE_ABI_MAX_SGE 4
 
@@ -128,6 +128,35 @@ UROCE_STATIC_ASSERT(sizeof(struct uroce_recv_entry) == 80, "recv entry is 80 byt
 UROCE_STATIC_ASSERT(offsetof(struct uroce_recv_entry, seq) == 12, "recv entry seq at 12");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_cq_entry) == 64, "cq entry is one cache line");
 UROCE_STATIC_ASSERT(offsetof(struct uroce_cq_entry, seq) == 60, "cq entry seq at 60");
+
+/*
+ * The session page (minor 4): one per session, made by the daemon, sealed
+ * against shrinking, and handed over with the HELLO reply together with the
+ * session's doorbell (a datagram socket). It tells a producer whether the
+ * daemon may be blocked, so a post costs no system call while it is awake:
+ *   producer (application), after publishing an entry in any of the
+ *     session's SQ, RQ or SRQ rings: full fence; if daemon_sleeping != 0,
+ *     send one byte on the doorbell (non-blocking; a full socket is fine,
+ *     it is already readable).
+ *   daemon, before blocking: daemon_sleeping = 1; full fence; look at every
+ *     ring once more; block only if they are all empty; on waking,
+ *     daemon_sleeping = 0.
+ * Either the daemon's last look sees the entry, or the producer sees the
+ * flag and rings: no wake-up is lost (virtio's notification suppression).
+ */
+struct uroce_session_page {
+  uint32_t magic; /* UROCE_ABI_MAGIC */
+  uint16_t major, minor;
+  uint8_t reserved0[UROCE_ABI_CACHELINE - 8];
+  uint32_t daemon_sleeping; /* written by the daemon only */
+  uint32_t sleeps;          /* written by the daemon only: how often it blocked (statistics) */
+  uint8_t reserved1[UROCE_ABI_CACHELINE - 8];
+};
+#define UROCE_SESSION_PAGE_BYTES 4096u
+
+UROCE_STATIC_ASSERT(sizeof(struct uroce_session_page) == 2 * UROCE_ABI_CACHELINE, "session page header is 2 lines");
+UROCE_STATIC_ASSERT(offsetof(struct uroce_session_page, daemon_sleeping) == UROCE_ABI_CACHELINE,
+                    "daemon_sleeping on its own line");
 
 /* Bytes of shared memory a ring of `entries` entries of `entry_size` needs. */
 static inline size_t uroce_ring_bytes(uint32_t entries, uint32_t entry_size) {

@@ -2,6 +2,7 @@
 
 #include <time.h>
 
+#include <algorithm>
 #include <cstring>
 
 namespace uroce::engine {
@@ -102,23 +103,34 @@ std::size_t Dataplane::iterate(std::uint64_t now) {
   return work;
 }
 
-void Dataplane::idle(std::size_t work) {
+std::uint64_t Dataplane::idle_sleep_ns(std::size_t work, std::uint64_t now) {
   if (work != 0 || idle_cfg_.max_sleep_us == 0) {
     idle_since_ = 0;
-    sleep_us_ = 0;
-    return;
+    sleep_ns_ = 0;
+    return 0;
   }
+  if (idle_since_ == 0) idle_since_ = now;
+  const std::uint64_t idle = now - idle_since_;
+  if (idle < std::uint64_t{idle_cfg_.spin_us} * 1000) return 0;  // recently busy: keep polling
+  const std::uint64_t tick = std::uint64_t{std::min(idle_cfg_.tick_us, idle_cfg_.max_sleep_us)} * 1000;
+  if (idle < std::uint64_t{idle_cfg_.warm_ms} * 1'000'000) {
+    sleep_ns_ = tick;
+  } else {
+    // Long idle: back off, doubling, so an idle daemon does not burn a core.
+    sleep_ns_ = std::min(std::max(sleep_ns_, tick) * 2, std::uint64_t{idle_cfg_.max_sleep_us} * 1000);
+  }
+  inc(DpCounter::idle_sleeps);
+  return sleep_ns_;
+}
+
+void Dataplane::idle(std::size_t work) {
   timespec now{};
   clock_gettime(CLOCK_MONOTONIC, &now);
   const std::uint64_t t = static_cast<std::uint64_t>(now.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(now.tv_nsec);
-  if (idle_since_ == 0) idle_since_ = t;
-  if (t - idle_since_ < std::uint64_t{idle_cfg_.spin_us} * 1000) return;  // recently busy: keep spinning
-  // Idle for a while: back off, doubling, so an idle daemon does not burn a
-  // core; any work resets it, so a busy daemon never sleeps.
-  sleep_us_ = sleep_us_ == 0 ? idle_cfg_.min_sleep_us : std::min(sleep_us_ * 2, idle_cfg_.max_sleep_us);
-  timespec ts{0, static_cast<long>(sleep_us_) * 1000};
+  const std::uint64_t ns = idle_sleep_ns(work, t);
+  if (ns == 0) return;
+  timespec ts{static_cast<time_t>(ns / 1'000'000'000ull), static_cast<long>(ns % 1'000'000'000ull)};
   nanosleep(&ts, nullptr);
-  inc(DpCounter::idle_sleeps);
 }
 
 }  // namespace uroce::engine

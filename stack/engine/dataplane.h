@@ -42,13 +42,17 @@ inline constexpr const char* kDpCounterNames[] = {
 #undef UROCE_X
 };
 
+/// How the loop waits when there is nothing to do. After spin_us without
+/// work it sleeps tick_us at a time, polling between sleeps: on a PMD
+/// without RX interrupts (memif, af_packet) the tick bounds how late a frame
+/// is seen. After warm_ms without work the sleeps double, up to
+/// max_sleep_us, so an idle daemon costs almost nothing. Any work resets
+/// this. max_sleep_us 0 means busy-poll, never sleeping.
 struct IdleConfig {
-  /// After spin_us of continuous idleness, sleeps start at min_sleep_us and
-  /// double up to max_sleep_us. Any work resets this. max_sleep_us 0 means
-  /// always busy-poll.
-  std::uint32_t spin_us = 100;
-  std::uint32_t min_sleep_us = 1;
-  std::uint32_t max_sleep_us = 200;
+  std::uint32_t spin_us = 5;
+  std::uint32_t tick_us = 20;
+  std::uint32_t warm_ms = 10;
+  std::uint32_t max_sleep_us = 2000;
 };
 
 class Dataplane {
@@ -60,7 +64,12 @@ class Dataplane {
 
   /// One pass of the loop; returns the work done (frames in + frames out + app work).
   std::size_t iterate(std::uint64_t now);
-  /// Sleeps as the idle policy says, given the work of the last iteration.
+  /// The idle policy: how long to sleep now (ns), given the work of the
+  /// last iteration and the time; 0 means poll again at once. Counts the
+  /// sleeps it asks for.
+  std::uint64_t idle_sleep_ns(std::size_t work, std::uint64_t now);
+  /// Sleeps (nanosleep) as the idle policy says: for loops that have nothing
+  /// else to wait on (worker lcores).
   void idle(std::size_t work);
 
   void set_capture(Capture fn, void* ctx) {
@@ -72,6 +81,7 @@ class Dataplane {
     app_ctx_ = ctx;
   }
   void set_idle(const IdleConfig& c) { idle_cfg_ = c; }
+  [[nodiscard]] const IdleConfig& idle_config() const { return idle_cfg_; }
   /// Sends an ARP request or IPv6 NS for `ip`.
   void resolve(const wire::IpAddr& ip);
 
@@ -95,7 +105,7 @@ class Dataplane {
   void* app_ctx_ = nullptr;
   IdleConfig idle_cfg_{};
   std::uint64_t idle_since_ = 0;  // ns; 0 = busy
-  std::uint32_t sleep_us_ = 0;
+  std::uint64_t sleep_ns_ = 0;    // the last sleep asked for, once past warm_ms
   std::uint64_t ctr_[static_cast<std::size_t>(DpCounter::kCount)] = {};
   std::uint8_t reply_[2048];
   std::uint8_t flat_[9216];

@@ -4,7 +4,6 @@
 #include <dirent.h>
 #include <sys/stat.h>
 #include <poll.h>
-#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -12,6 +11,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <climits>
 #include <cstdlib>
 #include <cstdio>
@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "stack/abi/doorbell.h"
 #include "stack/abi/fd_msg.h"
 #include "stack/abi/ring.h"
 #include "stack/abi/session_proto.h"
@@ -56,6 +57,12 @@ struct uroce_context {
   std::uint32_t session = 0;
   std::uint8_t gid[16] = {};
   std::vector<Buf> bufs;  // shared memory the application may register
+  // The session page and the doorbell (ABI minor 4): after a post, ring the
+  // doorbell only while the page says the daemon may block.
+  uroce_session_page* page = nullptr;
+  int bell = -1;
+  /// After publishing entries in any of this session's rings.
+  void kick() const { (void)abi::kick(page, bell); }
 };
 
 struct uroce_pd {
@@ -70,7 +77,8 @@ struct uroce_mr {
 
 struct uroce_comp_channel {
   uroce_context* ctx;
-  int fd;  // eventfd the daemon writes when an armed CQ gets an entry
+  int fd;    // readable when an armed CQ got an entry (our end of a datagram socket pair)
+  int peer;  // the daemon's end: handed over with each CQ on this channel
   std::vector<uroce_cq*> cqs;
 };
 
@@ -109,10 +117,11 @@ struct uroce_qp {
 
 namespace {
 
-/// One request and its reply. `fd_out` goes with the request; a descriptor
-/// in the reply lands in *fd_in.
+/// One request and its reply. `fd_out` goes with the request; descriptors
+/// in the reply land in fd_in[0..nfd_in), in order (the rest are closed).
 int call(uroce_context* ctx, std::uint16_t type, const void* body, std::uint32_t blen, int fd_out, void* reply,
-         std::size_t rlen, int* fd_in = nullptr) {
+         std::size_t rlen, int* fd_in = nullptr, std::size_t nfd_in = 1) {
+  std::size_t fds_got = 0;
   std::uint8_t out[UROCE_MSG_MAX];
   const uroce_msg_hdr h{UROCE_MSG_MAGIC, UROCE_ABI_MAJOR, type, blen, ++ctx->seq};
   std::memcpy(out, &h, sizeof h);
@@ -124,7 +133,7 @@ int call(uroce_context* ctx, std::uint16_t type, const void* body, std::uint32_t
   bool have_hdr = false;
   while (got < want) {
     const ssize_t n = abi::recv_with_fds(ctx->sock, in + got, want - got, 0, [&](int fd) {
-      if (fd_in && *fd_in < 0) *fd_in = fd;
+      if (fd_in && fds_got < nfd_in) fd_in[fds_got++] = fd;
       else ::close(fd);
     });
     if (n <= 0) return set_error(n == 0 ? ECONNRESET : errno, "uroced closed the session");
@@ -373,12 +382,28 @@ uroce_context* uroce_open_device(const char* path) {
   }
   uroce_hello_msg hello{UROCE_ABI_MAJOR, UROCE_ABI_MINOR, static_cast<std::uint32_t>(::getpid())};
   uroce_hello_reply r{};
-  if (call(ctx, UROCE_MSG_HELLO, &hello, sizeof hello, -1, &r, sizeof r) != 0) {
+  int fds[2] = {-1, -1};  // the session page and the doorbell (minor 4)
+  if (call(ctx, UROCE_MSG_HELLO, &hello, sizeof hello, -1, &r, sizeof r, fds, 2) != 0) {
     const int e = errno;
+    for (int fd : fds)
+      if (fd >= 0) ::close(fd);
     uroce_close_device(ctx);
     errno = e;
     return nullptr;
   }
+  if (fds[0] >= 0) {
+    // Only its header is read; the daemon sealed the memfd, so it stays whole.
+    void* page = ::mmap(nullptr, UROCE_SESSION_PAGE_BYTES, PROT_READ, MAP_SHARED, fds[0], 0);
+    ::close(fds[0]);
+    if (page != MAP_FAILED && static_cast<uroce_session_page*>(page)->magic == UROCE_ABI_MAGIC) {
+      ctx->page = static_cast<uroce_session_page*>(page);
+      ctx->bell = fds[1];
+      fds[1] = -1;
+    } else if (page != MAP_FAILED) {
+      ::munmap(page, UROCE_SESSION_PAGE_BYTES);
+    }
+  }
+  if (fds[1] >= 0) ::close(fds[1]);
   ctx->session = r.session;
   std::memcpy(ctx->gid, r.gid, 16);
   return ctx;
@@ -387,6 +412,8 @@ uroce_context* uroce_open_device(const char* path) {
 int uroce_close_device(uroce_context* ctx) {
   if (!ctx) return EINVAL;
   if (ctx->sock >= 0) ::close(ctx->sock);  // the daemon frees everything the session held
+  if (ctx->page) ::munmap(ctx->page, UROCE_SESSION_PAGE_BYTES);
+  if (ctx->bell >= 0) ::close(ctx->bell);
   for (Buf& b : ctx->bufs) ::close(b.fd);
   delete ctx;
   return 0;
@@ -552,15 +579,19 @@ std::uint32_t uroce_mr_rkey(const uroce_mr* mr) { return mr->rkey; }
 
 uroce_comp_channel* uroce_create_comp_channel(uroce_context* ctx) {
   if (!ctx) return set_error(EINVAL, "no context"), nullptr;
-  const int fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (fd < 0) return set_error(errno, "cannot create an eventfd"), nullptr;
-  return new uroce_comp_channel{ctx, fd, {}};
+  // A datagram socket pair, not an eventfd: the daemon writes its end
+  // with MSG_DONTWAIT, which no flag of ours can turn into a blocking write.
+  int sv[2];
+  if (::socketpair(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) != 0)
+    return set_error(errno, "cannot create the channel's socket pair"), nullptr;
+  return new uroce_comp_channel{ctx, sv[0], sv[1], {}};
 }
 
 int uroce_destroy_comp_channel(uroce_comp_channel* ch) {
   if (!ch) return set_error(EINVAL, "no channel");
   if (!ch->cqs.empty()) return set_error(EBUSY, "CQs still use this channel");
   ::close(ch->fd);
+  ::close(ch->peer);
   delete ch;
   return 0;
 }
@@ -575,7 +606,7 @@ uroce_cq* uroce_create_cq(uroce_context* ctx, int cqe, void* cq_context, uroce_c
   uroce_create_cq_msg m{static_cast<std::uint32_t>(cqe)};
   uroce_handle_reply r{};
   int fd = -1;
-  if (call(ctx, UROCE_MSG_CREATE_CQ, &m, sizeof m, channel ? channel->fd : -1, &r, sizeof r, &fd) != 0) return nullptr;
+  if (call(ctx, UROCE_MSG_CREATE_CQ, &m, sizeof m, channel ? channel->peer : -1, &r, sizeof r, &fd) != 0) return nullptr;
   void* map = nullptr;
   std::size_t len = 0;
   if (!map_fd(fd, map, len, "CQ ring")) return nullptr;
@@ -602,11 +633,9 @@ int uroce_req_notify_cq(uroce_cq* cq, int solicited_only) {
 int uroce_get_cq_event(uroce_comp_channel* ch, uroce_cq** cq, void** cq_context) {
   if (!ch || !cq) return set_error(EINVAL, "no channel");
   for (;;) {
-    // Drain the eventfd first: the daemon moves a CQ's notification count
+    // Drain the socket first: the daemon moves a CQ's notification count
     // before it writes, so the scan below sees everything drained here.
-    std::uint64_t v;
-    while (::read(ch->fd, &v, sizeof v) > 0) {
-    }
+    (void)abi::drain(ch->fd);
     uroce_cq* hit = nullptr;
     bool more = false;
     for (uroce_cq* c : ch->cqs) {
@@ -621,10 +650,7 @@ int uroce_get_cq_event(uroce_comp_channel* ch, uroce_cq** cq, void** cq_context)
       hit->events_seen = hit->ring.notified();
       *cq = hit;
       if (cq_context) *cq_context = hit->cq_context;
-      if (more) {  // keep the fd readable for the next one
-        const std::uint64_t one = 1;
-        (void)!::write(ch->fd, &one, sizeof one);
-      }
+      if (more) (void)abi::ring(ch->peer);  // keep the fd readable for the next one
       return 0;
     }
     pollfd p{ch->fd, POLLIN, 0};
@@ -764,9 +790,11 @@ int uroce_post_send(uroce_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
       e.sg_list[i] = {wr->sg_list[i].addr, wr->sg_list[i].length, wr->sg_list[i].lkey};
     if (!qp->sq.push(e)) {
       if (bad) *bad = wr;
+      qp->ctx->kick();  // what was posted before this one
       return set_error(ENOMEM, "send queue full");
     }
   }
+  qp->ctx->kick();
   return 0;
 }
 
@@ -775,7 +803,9 @@ int uroce_post_recv(uroce_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
     if (bad) *bad = wr;
     return set_error(EINVAL, "this QP receives from an SRQ: use uroce_post_srq_recv");
   }
-  return push_recvs(qp->rq, wr, bad);
+  const int rc = push_recvs(qp->rq, wr, bad);
+  qp->ctx->kick();
+  return rc;
 }
 
 uroce_srq* uroce_create_srq(uroce_pd* pd, ibv_srq_init_attr* a) {
@@ -810,7 +840,51 @@ int uroce_destroy_srq(uroce_srq* srq) {
   return rc;
 }
 
-int uroce_post_srq_recv(uroce_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad) { return push_recvs(srq->ring, wr, bad); }
+int uroce_post_srq_recv(uroce_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad) {
+  const int rc = push_recvs(srq->ring, wr, bad);
+  srq->ctx->kick();
+  return rc;
+}
+
+int uroce_poll_cq_wait(uroce_cq* cq, int num, ibv_wc* wc, int spin_us, int timeout_ms) {
+  if (!cq || num <= 0 || !wc) return errno = EINVAL, -1;
+  int n = uroce_poll_cq(cq, num, wc);
+  if (n > 0 || timeout_ms == 0) return n;
+  using clk = std::chrono::steady_clock;
+  const auto start = clk::now();
+  if (spin_us > 0) {
+    const auto until = start + std::chrono::microseconds(spin_us);
+    do {
+      if ((n = uroce_poll_cq(cq, num, wc)) > 0) return n;
+    } while (clk::now() < until);
+  }
+  if (!cq->channel) {
+    set_error(EINVAL, "the CQ has no completion channel to block on");
+    return -1;
+  }
+  const auto deadline = start + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
+    // Arm, then look once more: a completion pushed before the daemon saw
+    // the arm is found here, one after it makes the channel readable.
+    cq->ring.arm_notify();
+    if ((n = uroce_poll_cq(cq, num, wc)) > 0) return n;
+    int wait_ms = -1;
+    if (timeout_ms > 0) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clk::now()).count();
+      if (left <= 0) return 0;
+      wait_ms = static_cast<int>(left) + 1;
+    }
+    pollfd p{cq->channel->fd, POLLIN, 0};
+    if (::poll(&p, 1, wait_ms) < 0 && errno != EINTR) {
+      set_error(errno, "cannot wait on the completion channel");
+      return -1;
+    }
+    // Empty the channel (another CQ's notification may be drained with it:
+    // a spurious wake-up for uroce_get_cq_event, which verbs allows).
+    (void)abi::drain(cq->channel->fd);
+    if ((n = uroce_poll_cq(cq, num, wc)) > 0) return n;
+  }
+}
 
 int uroce_poll_cq(uroce_cq* cq, int num, ibv_wc* wc) {
   int n = 0;

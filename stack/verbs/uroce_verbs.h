@@ -6,7 +6,9 @@
  * verbs program ports by renaming ibv_ calls to uroce_ ones.
  *
  * The fast path (uroce_post_send, uroce_post_recv, uroce_poll_cq) writes and
- * reads rings in memory shared with uroced: no system call, no copy.
+ * reads rings in memory shared with uroced: no system call, no copy, while
+ * the daemon is awake. A daemon that has gone to sleep says so in the
+ * session page, and a post then rings its doorbell (one send).
  * Registered memory is shared too: allocate it with uroce_alloc_buf, or
  * register ordinary memory, which is then remapped in place onto shared
  * memory (its contents are kept; whole pages are remapped, so keep MRs on
@@ -82,7 +84,7 @@ int uroce_dereg_mr(struct uroce_mr* mr);
 uint32_t uroce_mr_lkey(const struct uroce_mr* mr);
 uint32_t uroce_mr_rkey(const struct uroce_mr* mr);
 
-/* Completion channels: an eventfd for blocking waits, as in verbs. Arm a CQ
+/* Completion channels: a pollable fd for blocking waits, as in verbs. Arm a CQ
  * with uroce_req_notify_cq, then poll it once more (the usual verbs
  * pattern); uroce_get_cq_event blocks until an armed CQ gets a completion.
  * The channel's fd can go into poll/epoll. solicited_only is accepted but
@@ -151,6 +153,16 @@ int uroce_post_srq_recv(struct uroce_srq* srq, struct ibv_recv_wr* wr, struct ib
 int uroce_post_send(struct uroce_qp* qp, struct ibv_send_wr* wr, struct ibv_send_wr** bad_wr);
 int uroce_post_recv(struct uroce_qp* qp, struct ibv_recv_wr* wr, struct ibv_recv_wr** bad_wr);
 int uroce_poll_cq(struct uroce_cq* cq, int num_entries, struct ibv_wc* wc);
+/* Waits for completions without holding a core: polls; if there is none,
+ * polls for spin_us more, then arms the CQ and blocks on its completion
+ * channel (the CQ needs one) until a completion arrives or timeout_ms pass
+ * (-1: no limit; 0: one poll). Returns the completions taken (up to
+ * num_entries), 0 on timeout, or -1 with errno (EINVAL: no channel). On a
+ * shared core, a short spin and then blocking beats busy polling: the
+ * daemon that produces the completion needs the core. A wake-up drains the
+ * channel, so mixing this with uroce_get_cq_event on one channel only costs
+ * spurious events. */
+int uroce_poll_cq_wait(struct uroce_cq* cq, int num_entries, struct ibv_wc* wc, int spin_us, int timeout_ms);
 
 /* RDMA CM: connection setup with rdma_cm's wire protocol (CM MADs on QP1,
  * RoCE service IDs), done by the daemon's CM agent, so a librdmacm peer

@@ -20,6 +20,8 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -711,6 +713,80 @@ int devices(int want) {
   return g_fail == 0 ? 0 : 1;
 }
 
+/// No lost wake-up, through a real daemon: `n` sends, one at a time, on a
+/// QP left in RESET, so each comes straight back from the daemon as a
+/// LOC_QP_OP_ERR completion without touching the wire. The daemon sleeps
+/// between them (started with --idle-spin-us 0 and a poll tick far longer
+/// than `bound_ms`), so each post must wake it through the doorbell and each
+/// completion must wake us through the channel: one lost wake-up costs a
+/// whole tick, and fails the bound.
+int wakes(const char* sock, long n, long bound_ms) {
+  alarm(0);
+  uroce_context* ctx = uroce_open_device(sock);
+  uroce_pd* pd = ctx ? uroce_alloc_pd(ctx) : nullptr;
+  uroce_comp_channel* ch = ctx ? uroce_create_comp_channel(ctx) : nullptr;
+  uroce_cq* cq = ch ? uroce_create_cq(ctx, 64, nullptr, ch, 0) : nullptr;
+  uroce_qp_init_attr ia{};
+  ia.send_cq = ia.recv_cq = cq;
+  ia.qp_type = IBV_QPT_RC;
+  ia.cap.max_send_wr = 16;
+  ia.cap.max_recv_wr = 16;
+  uroce_qp* qp = cq && pd ? uroce_create_qp(pd, &ia) : nullptr;
+  check(qp != nullptr, "a QP in RESET with a CQ on a completion channel");
+  if (!qp) return 1;
+  using clk = std::chrono::steady_clock;
+  long got = 0, wrong = 0, stalls = 0, posted = 0;
+  double worst_us = 0, sum_us = 0;
+  std::uint32_t rnd = 12345;
+  const auto t0 = clk::now();
+  // Rounds of 1 to 3 posts, a few microseconds apart, so later posts land
+  // while the daemon is busy with the first or just going to sleep: the
+  // moments a lost wake-up would come from.
+  while (posted < n) {
+    const auto t = clk::now();
+    rnd = rnd * 1103515245u + 12345u;
+    const long k = std::min<long>(1 + (rnd >> 16) % 3, n - posted);
+    for (long j = 0; j < k; ++j) {
+      if (j > 0) {
+        const auto until = clk::now() + std::chrono::microseconds((rnd >> (8 + j)) % 16);
+        while (clk::now() < until) {
+        }
+      }
+      ibv_send_wr w{};
+      w.wr_id = static_cast<std::uint64_t>(posted + j);
+      w.opcode = IBV_WR_SEND;
+      w.send_flags = IBV_SEND_SIGNALED;
+      ibv_send_wr* bad = nullptr;
+      if (uroce_post_send(qp, &w, &bad) != 0) break;
+    }
+    for (long j = 0; j < k; ++j) {
+      ibv_wc wc{};
+      const auto tw = clk::now();
+      int c = uroce_poll_cq_wait(cq, 1, &wc, 0, static_cast<int>(bound_ms));
+      if (c != 1) {
+        ++stalls;
+        c = uroce_poll_cq_wait(cq, 1, &wc, 0, 10'000);  // take it late, so a stall counts once
+      }
+      worst_us = std::max(worst_us, std::chrono::duration<double, std::micro>(clk::now() - tw).count());
+      if (c != 1) break;
+      if (wc.wr_id != static_cast<std::uint64_t>(got) || wc.status != IBV_WC_LOC_QP_OP_ERR) ++wrong;
+      ++got;
+    }
+    sum_us += std::chrono::duration<double, std::micro>(clk::now() - t).count();
+    posted += k;
+    if (got != posted) break;
+  }
+  const double secs = std::chrono::duration<double>(clk::now() - t0).count();
+  std::printf("%ld posts in %.1f s: mean round %.1f us, worst wait %.1f us, %ld over %ld ms\n", got, secs,
+              got ? sum_us / static_cast<double>(got) : 0.0, worst_us, stalls, bound_ms);
+  check(got == n, "every post came back (" + std::to_string(got) + " of " + std::to_string(n) + ")");
+  check(wrong == 0, "each completion is the one posted, in order, as LOC_QP_OP_ERR");
+  check(stalls == 0, "no wait over the bound: no lost doorbell or notification");
+  uroce_close_device(ctx);
+  std::printf("%d passed, %d failed\n", g_pass, g_fail);
+  return g_fail == 0 ? 0 : 1;
+}
+
 int main(int argc, char** argv) {
   alarm(60);  // a blocking call that never returns is a failure, not a hang
   if (argc >= 4 && std::string(argv[1]) == "ops") return ops(argv[2], argv[3]);
@@ -729,6 +805,7 @@ int main(int argc, char** argv) {
   if (argc >= 4 && std::string(argv[1]) == "cm") return cm(argv[2], argv[3]);
   if (argc >= 3 && std::string(argv[1]) == "devices") return devices(std::atoi(argv[2]));
   if (argc >= 5 && std::string(argv[1]) == "oob") return oob(argv[2], argv[3], std::atoi(argv[4]));
-  std::fprintf(stderr, "usage: app_pair ops|hostile|events|srq SOCK_A SOCK_B | crash SOCK_A | oob SOCK_A SOCK_B PORT | devices N\n");
+  if (argc >= 5 && std::string(argv[1]) == "wakes") return wakes(argv[2], std::atol(argv[3]), std::atol(argv[4]));
+  std::fprintf(stderr, "usage: app_pair ops|hostile|events|srq SOCK_A SOCK_B | crash SOCK_A | oob SOCK_A SOCK_B PORT | devices N | wakes SOCK N BOUND_MS\n");
   return 2;
 }

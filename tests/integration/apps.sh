@@ -106,4 +106,23 @@ if command -v tshark > /dev/null && [ -s "$TMP/a.pcap" ]; then
   check "cm: tshark dissects REQ, REJ, REP, RTU, DREQ and DREP in daemon A's capture, none malformed" \
     "[ '$attrs' = '0x0010 0x0012 0x0013 0x0014 0x0015 0x0016 ' ] && [ $malformed -eq 0 ]"
 fi
+
+echo "== no lost wake-up: posts and completions while the daemon sleeps between them"
+# A daemon that never spins and polls only every 500 ms: each post must wake
+# it through the session's doorbell, and each completion wake the
+# application through its channel. One lost wake-up waits a whole tick,
+# over the 250 ms bound. (UROCE_WAKE_POSTS=1000000 for the long run.)
+start_daemon "" dw --port net_memif1 --vdev "net_memif1,role=server,socket=$TMP/w.sock" --ip 10.94.0.9 --lcore 0 \
+  --app-socket "$TMP/w.app" --ctl-socket "$TMP/w.ctl" --idle-spin-us 0 --poll-tick-us 500000 --idle-max-us 500000
+for i in $(seq 1 50); do [ -S "$TMP/w.app" ] && break; sleep 0.1; done
+n=${UROCE_WAKE_POSTS:-100000}
+"$APP" wakes "$TMP/w.app" "$n" 250 > "$TMP/wakes.out" 2>&1; rc=$?
+sed 's/^/  /' "$TMP/wakes.out"
+st=$(ctl "$TMP/w.ctl" status)
+sleeps=$(jget "$st" dataplane.idle_sleeps); bells=$(jget "$st" wait.doorbells)
+echo "  daemon: $sleeps sleeps, $bells doorbells"
+check "wakes: $n posts, each completion in order, none waiting past the bound" \
+  "[ $rc -eq 0 ] && grep -qE '^[1-9][0-9]* passed, 0 failed' '$TMP/wakes.out'"
+check "wakes: the daemon slept and was woken by doorbells (the path was exercised)" \
+  "[ \${sleeps:-0} -ge $((n / 2)) ] && [ \${bells:-0} -ge $((n / 2)) ]"
 finish

@@ -27,6 +27,7 @@
 
 #include "stack/verbs/uroce_verbs.h"
 #include "tools/perf/perftest_oob.h"
+#include "tools/perf/wait.h"
 
 namespace {
 
@@ -58,7 +59,7 @@ struct Options {
   std::uint32_t rx_depth = 0;
   std::uint32_t cq_mod = 100;
   int timeout_ms = 60000;  // waiting for the peer
-  bool yield = false;      // give the CPU away while polling (shared cores)
+  uroce::tools::WaitMode wait;  // spin briefly, then block; or busy-poll
   int linger_ms = 1000;    // write_lat: keep the QPs this long after the end
   std::uint8_t qp_timeout = 14;  // -u: 4.096 us * 2^N before a retry (perftest's default 14)
 };
@@ -93,6 +94,7 @@ struct Ctx {
   uroce_context* ctx = nullptr;
   uroce_pd* pd = nullptr;
   uroce_cq* cq = nullptr;
+  uroce_comp_channel* channel = nullptr;  // blocking waits
   uroce_mr* mr = nullptr;
   std::uint8_t* buf = nullptr;
   std::size_t buff_size = 0;  // perftest's BUFF_SIZE: max(size, cycle buffer), per QP and direction
@@ -147,8 +149,9 @@ bool setup(Ctx& c, const Options& o, std::uint32_t max_size) {
   c.mr = uroce_reg_mr(c.pd, c.buf, total,
                       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
                           IBV_ACCESS_REMOTE_ATOMIC);
-  c.cq = uroce_create_cq(c.ctx, static_cast<int>((o.tx_depth + o.rx_depth) * o.qps + 16), nullptr, nullptr, 0);
-  if (!c.mr || !c.cq) return die(std::string("cannot register memory or make the CQ: ") + uroce_last_error());
+  if (!o.wait.busy) c.channel = uroce_create_comp_channel(c.ctx);
+  c.cq = uroce_create_cq(c.ctx, static_cast<int>((o.tx_depth + o.rx_depth) * o.qps + 16), nullptr, c.channel, 0);
+  if (!c.mr || !c.cq || (!o.wait.busy && !c.channel)) return die(std::string("cannot register memory or make the CQ: ") + uroce_last_error());
   ibv_gid gid{};
   uroce_query_gid(c.ctx, 1, 0, &gid);
   std::mt19937 rng(static_cast<unsigned>(getpid()) * static_cast<unsigned>(time(nullptr)));
@@ -201,7 +204,7 @@ bool connect_qps(Ctx& c) {
 struct Progress {
   explicit Progress(std::uint64_t total, double duration) : total(total), duration(duration) {}
   void tick(std::uint64_t done) {
-    if ((++calls & 1023) != 0) return;
+    if ((++calls & 15) != 0) return;  // a clock read every 16 calls: cheap when busy-polling, often enough when blocking
     const auto now = clk::now();
     const double el = std::chrono::duration<double>(now - start).count();
     // The first line at 1.5 s (so a 2 s run shows one), then once a second.
@@ -237,7 +240,11 @@ struct LatResult {
 std::uint64_t inc(std::uint64_t size, std::uint32_t line) { return (size + line - 1) / line * line; }
 
 int poll_some(Ctx& c, ibv_wc* wc, int n, std::string& err) {
-  const int got = uroce_poll_cq(c.cq, n, wc);
+  const int got = uroce::tools::poll_wait(c.cq, n, wc, c.o->wait, 100);
+  if (got < 0) {
+    err = std::string("cannot wait for completions: ") + uroce_last_error();
+    return -1;
+  }
   for (int i = 0; i < got; ++i)
     if (wc[i].status != IBV_WC_SUCCESS) {
       c.failed = wc[i].status;
@@ -425,15 +432,16 @@ bool wait_wc(Ctx& c, bool want_recv, std::uint64_t& recvs, std::uint64_t& sends,
   ibv_wc wc[8];
   const auto deadline = clk::now() + std::chrono::milliseconds(c.o->timeout_ms);
   while (true) {
-    const int n = poll_some(c, wc, 8, err);
-    if (n < 0) return false;
-    for (int i = 0; i < n; ++i) (wc[i].opcode & IBV_WC_RECV) ? ++recvs : ++sends;
+    // One taken earlier (a send and a receive can come in one poll) first:
+    // a blocking poll would wait for a completion that is already here.
     if (want_recv ? recvs > 0 : sends > 0) {
       (want_recv ? recvs : sends)--;
       return true;
     }
-    if (n == 0 && c.o->yield) sched_yield();
-    if (clk::now() > deadline) {
+    const int n = poll_some(c, wc, 8, err);
+    if (n < 0) return false;
+    for (int i = 0; i < n; ++i) (wc[i].opcode & IBV_WC_RECV) ? ++recvs : ++sends;
+    if (n == 0 && clk::now() > deadline) {
       err = "no completion from the peer within the timeout";
       return false;
     }
@@ -448,9 +456,7 @@ bool last_write_arrived(const Ctx& c, std::uint64_t rcnt, volatile std::uint8_t*
   if (rcnt >= iters) return true;
   if (rcnt + 1 < iters) return false;
   const auto deadline = clk::now() + std::chrono::milliseconds(c.o->timeout_ms);
-  while (*poll_buf != static_cast<std::uint8_t>(iters))
-    if (clk::now() > deadline) return false;
-  return true;
+  return uroce::tools::wait_byte(poll_buf, static_cast<std::uint8_t>(iters), c.o->wait, deadline);
 }
 
 bool run_lat(Ctx& c, std::uint64_t size, LatResult& r) {
@@ -480,10 +486,8 @@ bool run_lat(Ctx& c, std::uint64_t size, LatResult& r) {
       if (rcnt < o.iters && !(scnt < 1 && !client)) {
         ++rcnt;
         const auto deadline = clk::now() + std::chrono::milliseconds(o.timeout_ms);
-        while (*poll_buf != static_cast<std::uint8_t>(rcnt)) {
-          if (clk::now() > deadline) return die("the peer's write never arrived");
-          if (o.yield) sched_yield();
-        }
+        if (!uroce::tools::wait_byte(poll_buf, static_cast<std::uint8_t>(rcnt), o.wait, deadline))
+          return die("the peer's write never arrived");
       }
       if (scnt < o.iters) {
         *post_buf = static_cast<std::uint8_t>(++scnt);
@@ -650,8 +654,10 @@ void usage(FILE* f) {
                "  -u, --qp-timeout N    ACK timeout 4.096 us * 2^N (14)\n"
                "      --report_gbits    BW in Gb/s\n"
                "      --json            results as JSON on stdout\n"
-               "      --yield           sched_yield() while polling: for hosts where the daemons and\n"
-               "                        the application share cores\n"
+               "      --busy-poll       poll completions without end, as perftest does (default: poll\n"
+               "                        --spin-us, then block on the completion channel)\n"
+               "      --spin-us N       poll this long before blocking (5)\n"
+               "      --yield           busy-poll, with sched_yield() after an empty poll\n"
                "      --linger MS       write_lat: keep the QP MS ms after the end, to answer a retry\n"
                "                        of the peer's last WRITE (1000)\n");
 }
@@ -675,7 +681,7 @@ bool parse_args(int argc, char** argv, Options& o) {
       known = true;
     }
   if (!known) return die("unknown test '" + o.test + "'");
-  enum { kGbits = 1000, kJson, kYield, kLinger };
+  enum { kGbits = 1000, kJson, kYield, kLinger, kBusy, kSpin };
   static const option kLong[] = {{"size", required_argument, nullptr, 's'},    {"iters", required_argument, nullptr, 'n'},
                                  {"all", no_argument, nullptr, 'a'},           {"qp", required_argument, nullptr, 'q'},
                                  {"duration", required_argument, nullptr, 'D'}, {"mtu", required_argument, nullptr, 'm'},
@@ -683,6 +689,8 @@ bool parse_args(int argc, char** argv, Options& o) {
                                  {"port", required_argument, nullptr, 'p'},    {"tx-depth", required_argument, nullptr, 't'},
                                  {"report_gbits", no_argument, nullptr, kGbits}, {"json", no_argument, nullptr, kJson},
                                  {"yield", no_argument, nullptr, kYield},
+                                 {"busy-poll", no_argument, nullptr, kBusy},
+                                 {"spin-us", required_argument, nullptr, kSpin},
                                  {"linger", required_argument, nullptr, kLinger},
                                  {"qp-timeout", required_argument, nullptr, 'u'},
                                  {"help", no_argument, nullptr, 'h'},          {nullptr, 0, nullptr, 0}};
@@ -738,7 +746,12 @@ bool parse_args(int argc, char** argv, Options& o) {
         break;
       case kGbits: o.gbits = true; break;
       case kJson: o.json = true; break;
-      case kYield: o.yield = true; break;
+      case kYield: o.wait.yield = o.wait.busy = true; break;
+      case kBusy: o.wait.busy = true; break;
+      case kSpin:
+        if (!number(optarg, 0, 1000000, v)) return die("--spin-us: 0..1000000");
+        o.wait.spin_us = static_cast<int>(v);
+        break;
       case kLinger:
         if (!number(optarg, 0, 60000, v)) return die("--linger: 0..60000 ms");
         o.linger_ms = static_cast<int>(v);
@@ -761,6 +774,7 @@ bool parse_args(int argc, char** argv, Options& o) {
 }
 
 int run(const Options& o) {
+  o.wait.setup();
   const bool client = !o.host.empty();
   std::vector<std::uint64_t> sizes;
   if (o.all && o.verb != Verb::kAtomic)

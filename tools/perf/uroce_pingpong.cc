@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "stack/verbs/uroce_verbs.h"
+#include "tools/perf/wait.h"
 
 namespace {
 
@@ -61,6 +62,7 @@ struct Opts {
   bool events = false, check = false;
   int timeout_ms = 30000;
   int linger_ms = 1000;
+  uroce::tools::WaitMode wait;  // without -e: spin briefly, then block; or busy-poll
 };
 
 int fail(const std::string& why) {
@@ -172,7 +174,8 @@ int run(const Opts& o) {
   std::memset(buf, 0x7b, 2 * static_cast<std::size_t>(o.size));
   uroce_pd* pd = uroce_alloc_pd(ctx);
   uroce_mr* mr = uroce_reg_mr(pd, buf, 2 * static_cast<std::size_t>(o.size), IBV_ACCESS_LOCAL_WRITE);
-  uroce_comp_channel* ch = o.events ? uroce_create_comp_channel(ctx) : nullptr;
+  const bool channel = o.events || !o.wait.busy;
+  uroce_comp_channel* ch = channel ? uroce_create_comp_channel(ctx) : nullptr;
   uroce_cq* cq = uroce_create_cq(ctx, static_cast<int>(o.rx_depth + 1), nullptr, ch, 0);
   uroce_qp_init_attr ia{};
   ia.send_cq = ia.recv_cq = cq;
@@ -180,7 +183,7 @@ int run(const Opts& o) {
   ia.cap.max_send_wr = 1;
   ia.cap.max_recv_wr = o.rx_depth;
   uroce_qp* qp = cq ? uroce_create_qp(pd, &ia) : nullptr;
-  if (!mr || !qp || (o.events && !ch)) return fail(std::string("cannot set up: ") + uroce_last_error());
+  if (!mr || !qp || (channel && !ch)) return fail(std::string("cannot set up: ") + uroce_last_error());
   ibv_qp_attr a{};
   a.qp_state = IBV_QPS_INIT;
   a.port_num = 1;
@@ -274,7 +277,8 @@ int run(const Opts& o) {
       }
     }
     ibv_wc wc[2];
-    const int n = uroce_poll_cq(cq, 2, wc);
+    const int n = o.events ? uroce_poll_cq(cq, 2, wc) : uroce::tools::poll_wait(cq, 2, wc, o.wait, 100);
+    if (n < 0) return fail(std::string("cannot wait for completions: ") + uroce_last_error());
     if (n == 0) {
       if (clk::now() - last_progress > std::chrono::milliseconds(o.timeout_ms))
         return fail("no completion for " + std::to_string(o.timeout_ms / 1000) + " s (peer gone?)");
@@ -342,6 +346,7 @@ int main(int argc, char** argv) {
                                  {"iters", required_argument, nullptr, 'n'},   {"sl", required_argument, nullptr, 'l'},
                                  {"events", no_argument, nullptr, 'e'},        {"gid-idx", required_argument, nullptr, 'g'},
                                  {"chk", no_argument, nullptr, 'c'},           {"linger", required_argument, nullptr, 'L'},
+                                 {"busy-poll", no_argument, nullptr, 'B'},     {"spin-us", required_argument, nullptr, 'S'},
                                  {nullptr, 0, nullptr, 0}};
   int c;
   auto num = [](const char* s, long lo, long hi, long& out) {
@@ -388,13 +393,19 @@ int main(int argc, char** argv) {
         if (!num(optarg, 0, 60000, v)) return fail("--linger: 0..60000 ms");
         o.linger_ms = static_cast<int>(v);
         break;
+      case 'B': o.wait.busy = true; break;
+      case 'S':
+        if (!num(optarg, 0, 1000000, v)) return fail("--spin-us: 0..1000000");
+        o.wait.spin_us = static_cast<int>(v);
+        break;
       default:
         std::fprintf(stderr, "usage: uroce-pingpong [-p port] [-d dev] [-s size] [-m mtu] [-r rx_depth] [-n iters] [-e] "
-                             "[-g gid_idx] [-c] [--linger ms] [host]\n");
+                             "[-g gid_idx] [-c] [--linger ms] [--busy-poll] [--spin-us N] [host]\n");
         return 2;
     }
   }
   if (optind < argc) o.host = argv[optind];
   if (o.gidx < 0) o.gidx = 0;  // RoCE needs a GID; rc_pingpong without -g sends zeros and could not connect
+  o.wait.setup();
   return run(o);
 }

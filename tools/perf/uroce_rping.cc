@@ -25,6 +25,7 @@
 #include <string>
 
 #include "stack/verbs/uroce_verbs.h"
+#include "tools/perf/wait.h"
 
 namespace {
 
@@ -44,6 +45,7 @@ struct Opts {
   long count = 0;  // 0: forever (server: until the client disconnects)
   std::uint32_t size = 64;
   int timeout_ms = 30000;
+  uroce::tools::WaitMode wait;  // spin briefly, then block on the channel; -B: busy-poll
 };
 
 int fail(const std::string& why) {
@@ -55,6 +57,7 @@ struct Conn {
   uroce_context* ctx = nullptr;
   uroce_pd* pd = nullptr;
   uroce_cq* cq = nullptr;
+  uroce_comp_channel* channel = nullptr;
   uroce_qp* qp = nullptr;
   std::uint8_t* mem = nullptr;  // recv info | send info | start buffer | rdma buffer
   uroce_mr* mr = nullptr;
@@ -107,8 +110,20 @@ bool wait_for(Conn& c, ibv_wc_opcode op, const Opts& o, ibv_wc* out = nullptr) {
   const auto end = clk::now() + std::chrono::milliseconds(o.timeout_ms);
   for (;;) {
     ibv_wc wc;
-    if (uroce_poll_cq(c.cq, 1, &wc) == 1) {
+    // Blocking for at most 20 ms, so a disconnect is noticed soon after.
+    const int got = uroce::tools::poll_wait(c.cq, 1, &wc, o.wait, 20);
+    if (got < 0) {
+      std::fprintf(stderr, "uroce-rping: cannot wait for completions: %s\n", uroce_last_error());
+      return false;
+    }
+    if (got == 1) {
       if (wc.status != IBV_WC_SUCCESS) {
+        // A flush: the peer's DREQ took our QP to ERR; its event is queued
+        // by then (the agent does both at once), so look for it.
+        uroce_cm_event e{};
+        if (wc.status == IBV_WC_WR_FLUSH_ERR && !c.disconnected && uroce_cm_get_event(c.ctx, 0, &e) == 0 &&
+            e.event == UROCE_CM_EVENT_DISCONNECTED)
+          c.disconnected = true;
         if (!(c.disconnected && wc.status == IBV_WC_WR_FLUSH_ERR))
           std::fprintf(stderr, "uroce-rping: completion %s\n", uroce_wc_status_str(wc.status));
         return false;
@@ -166,7 +181,8 @@ int run(const Opts& o) {
   c.mem = static_cast<std::uint8_t*>(uroce_alloc_buf(c.ctx, len));
   c.pd = uroce_alloc_pd(c.ctx);
   c.mr = uroce_reg_mr(c.pd, c.mem, len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE);
-  c.cq = uroce_create_cq(c.ctx, 32, nullptr, nullptr, 0);
+  c.channel = o.wait.busy ? nullptr : uroce_create_comp_channel(c.ctx);
+  c.cq = uroce_create_cq(c.ctx, 32, nullptr, c.channel, 0);
   uroce_qp_init_attr ia{};
   ia.send_cq = ia.recv_cq = c.cq;
   ia.qp_type = IBV_QPT_RC;
@@ -280,7 +296,7 @@ int run(const Opts& o) {
 int main(int argc, char** argv) {
   Opts o;
   int ch;
-  while ((ch = getopt(argc, argv, "sca:p:C:S:vVd:")) != -1) {
+  while ((ch = getopt(argc, argv, "sca:p:C:S:vVd:B")) != -1) {
     switch (ch) {
       case 's': o.server = true; break;
       case 'c': o.client = true; break;
@@ -291,12 +307,14 @@ int main(int argc, char** argv) {
       case 'v': o.verbose = true; break;
       case 'V': o.validate = true; break;
       case 'd': o.device = optarg; break;
+      case 'B': o.wait.busy = true; break;  // busy-poll the CQ
       default:
-        std::fprintf(stderr, "usage: uroce-rping -s|-c [-a addr] [-p port] [-C count] [-S size] [-v] [-V] [-d dev]\n");
+        std::fprintf(stderr, "usage: uroce-rping -s|-c [-a addr] [-p port] [-C count] [-S size] [-v] [-V] [-d dev] [-B]\n");
         return 2;
     }
   }
   if (o.server == o.client || (o.client && o.addr.empty()) || o.size < 16 || o.size > (1u << 20) || o.count < 0)
     return fail("give -s, or -c with -a ADDR; -S 16..1048576; -C >= 0");
+  o.wait.setup();
   return run(o);
 }

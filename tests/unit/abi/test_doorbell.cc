@@ -1,0 +1,162 @@
+// The sleep and wake-up protocols across two threads, as an application and
+// the daemon run them over shared memory:
+//  - the session page and doorbell (application -> daemon): the consumer
+//    announces that it may sleep, looks at its ring once more, and blocks on
+//    the doorbell; the producer rings only when it sees the announcement;
+//  - CQ notification (daemon -> application): the consumer arms, polls once
+//    more, and blocks on its channel; the producer signals once per arm.
+// A lost wake-up shows as a wait that outlasts a generous bound, so the tests
+// fail on it rather than hang. Each moves 1,000,000 entries while the
+// consumer goes to sleep thousands of times.
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include "stack/abi/doorbell.h"
+#include "stack/abi/ring.h"
+
+namespace uroce::abi {
+namespace {
+
+constexpr std::uint32_t kEntries = 1'000'000;
+constexpr int kStallMs = 2000;  // far above any scheduling delay: only a lost wake-up waits this long
+
+struct Pair {
+  int fd[2] = {-1, -1};
+  Pair() { EXPECT_EQ(::socketpair(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK, 0, fd), 0); }
+  ~Pair() {
+    ::close(fd[0]);
+    ::close(fd[1]);
+  }
+};
+
+/// The producer's pauses: every 97th entry it waits a few microseconds, so
+/// the consumer runs dry and goes to sleep again and again.
+void pause_now_and_then(std::uint32_t i) {
+  if (i % 97 != 0) return;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(i % 7 * 3);
+  while (std::chrono::steady_clock::now() < until) {
+  }
+}
+
+bool wait_readable(int fd) {
+  pollfd p{fd, POLLIN, 0};
+  return ::poll(&p, 1, kStallMs) == 1;
+}
+
+TEST(Doorbell, NoLostWakeUpAcrossAMillionPosts) {
+  const std::uint32_t n = 256;
+  std::vector<std::uint8_t> mem(uroce_ring_bytes(n, sizeof(uroce_recv_entry)));
+  auto prod = Ring<uroce_recv_entry>::create(mem.data(), n, UROCE_RING_RECV, 1);
+  Ring<uroce_recv_entry> cons;
+  ASSERT_EQ(Ring<uroce_recv_entry>::attach(mem.data(), mem.size(), UROCE_RING_RECV, cons), AttachError::kOk);
+  uroce_session_page page{};
+  Pair bell;
+  std::uint32_t rung = 0;
+  std::thread producer([&] {
+    for (std::uint32_t i = 0; i < kEntries; ++i) {
+      uroce_recv_entry e{};
+      e.wr_id = i;
+      while (!prod.push(e)) std::this_thread::yield();
+      if (kick(&page, bell.fd[1])) ++rung;
+      pause_now_and_then(i);
+    }
+  });
+  std::uint32_t next = 0, sleeps = 0, stalls = 0;
+  while (next < kEntries && stalls == 0) {
+    uroce_recv_entry e;
+    if (cons.pop(e)) {
+      EXPECT_EQ(e.wr_id, next) << "out of order or lost";
+      ++next;
+      continue;
+    }
+    announce_sleep(&page);
+    if (cons.pop(e)) {  // the last look after the announcement
+      announce_awake(&page);
+      EXPECT_EQ(e.wr_id, next);
+      ++next;
+      continue;
+    }
+    ++sleeps;
+    if (!wait_readable(bell.fd[0])) ++stalls;
+    (void)drain(bell.fd[0]);
+    announce_awake(&page);
+  }
+  producer.join();
+  EXPECT_EQ(stalls, 0u) << "a post waited " << kStallMs << " ms for the consumer: a lost wake-up";
+  EXPECT_EQ(next, kEntries);
+  EXPECT_GT(sleeps, 1000u) << "the consumer hardly slept: the test did not exercise the protocol";
+  EXPECT_GT(rung, 0u);
+  EXPECT_LT(rung, kEntries) << "the producer rang on every post: the flag does not suppress doorbells";
+  EXPECT_GE(page.sleeps, sleeps);
+}
+
+TEST(Doorbell, NoLostCqNotificationAcrossAMillionCompletions) {
+  const std::uint32_t n = 256;
+  std::vector<std::uint8_t> mem(uroce_ring_bytes(n, sizeof(uroce_cq_entry)));
+  auto prod = Ring<uroce_cq_entry>::create(mem.data(), n, UROCE_RING_CQ, 1);
+  Ring<uroce_cq_entry> cons;
+  ASSERT_EQ(Ring<uroce_cq_entry>::attach(mem.data(), mem.size(), UROCE_RING_CQ, cons), AttachError::kOk);
+  Pair chan;  // the completion channel: the daemon writes fd[1], the application waits on fd[0]
+  std::thread producer([&] {
+    for (std::uint32_t i = 0; i < kEntries; ++i) {
+      uroce_cq_entry e{};
+      e.wr_id = i;
+      while (!prod.push(e)) std::this_thread::yield();
+      if (prod.take_notify()) EXPECT_TRUE(ring(chan.fd[1]));
+      pause_now_and_then(i);
+    }
+  });
+  std::uint32_t next = 0, blocks = 0, stalls = 0;
+  while (next < kEntries && stalls == 0) {
+    uroce_cq_entry e;
+    if (cons.pop(e)) {
+      EXPECT_EQ(e.wr_id, next);
+      ++next;
+      continue;
+    }
+    cons.arm_notify();
+    if (cons.pop(e)) {  // the poll after arming
+      EXPECT_EQ(e.wr_id, next);
+      ++next;
+      continue;
+    }
+    ++blocks;
+    if (!wait_readable(chan.fd[0])) ++stalls;
+    (void)drain(chan.fd[0]);
+  }
+  producer.join();
+  EXPECT_EQ(stalls, 0u) << "a completion waited " << kStallMs << " ms for its notification: a lost wake-up";
+  EXPECT_EQ(next, kEntries);
+  EXPECT_GT(blocks, 1000u) << "the consumer hardly blocked: the test did not exercise the protocol";
+}
+
+TEST(Doorbell, OnlyUnixDatagramSocketsAreAccepted) {
+  Pair p;
+  EXPECT_TRUE(is_unix_dgram(p.fd[0]));
+  int pipefd[2];
+  ASSERT_EQ(::pipe(pipefd), 0);
+  EXPECT_FALSE(is_unix_dgram(pipefd[1]));  // a full pipe would block the daemon
+  int stream[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, stream), 0);
+  EXPECT_FALSE(is_unix_dgram(stream[0]));
+  for (int fd : {pipefd[0], pipefd[1], stream[0], stream[1]}) ::close(fd);
+}
+
+TEST(Doorbell, RingingAFullChannelNeverBlocks) {
+  Pair p;
+  // Nobody reads fd[0]: the socket fills up, and each ring still returns at
+  // once (the fd is readable already, so nothing is lost).
+  int ok = 0;
+  for (int i = 0; i < 100000; ++i) ok += ring(p.fd[1]) ? 1 : 0;
+  EXPECT_EQ(ok, 100000);
+  EXPECT_GT(drain(p.fd[0]), 0u);
+}
+
+}  // namespace
+}  // namespace uroce::abi
