@@ -92,6 +92,7 @@ struct SessionServer::Session {
     abi::Ring<uroce_send_entry> sq;
     abi::Ring<uroce_recv_entry> rq;
     std::uint32_t send_cq, recv_cq;
+    Session* session = nullptr;
   };
   std::map<std::uint32_t, Pd*> pds;
   std::map<std::uint32_t, MrRes> mrs;
@@ -127,6 +128,66 @@ SessionServer::SessionServer(asio::io_context& io, const std::string& path, unsi
                (0xfffeull << 24) | (std::uint64_t{mac[3]} << 16) | (std::uint64_t{mac[4]} << 8) | mac[5];
   cc.seed = static_cast<std::uint64_t>(::getpid()) ^ static_cast<std::uint64_t>(now_ns());
   cm_ = std::make_unique<cm::CmAgent>(eng, cc, resolve, resolve_ctx);
+  eng_.set_recv_refill(&SessionServer::refill_recvs, this);
+}
+
+namespace {
+
+using Sess = SessionServer::Session;
+
+/// A work request the engine refuses (bad SGEs, or a receive posted while
+/// the QP is still in RESET) is never dropped silently: the application
+/// gets a LOC_QP_OP_ERR completion for it.
+void refuse(Sess::QpRes& q, std::uint32_t cq, std::uint64_t wr_id, ibv_wc_opcode op) {
+  auto c = q.session->cqs.find(cq);
+  if (c == q.session->cqs.end()) return;
+  uroce_cq_entry ce{};
+  ce.wr_id = wr_id;
+  ce.status = IBV_WC_LOC_QP_OP_ERR;
+  ce.opcode = op;
+  ce.qp_num = q.qp->qpn;
+  c->second.ring.push(ce);
+  c->second.notify();
+}
+
+/// What the application posted to a QP's receive ring, into the engine,
+/// while the engine's queue has room (the rest waits in the ring, so the
+/// ring's own bound is the application's back-pressure).
+std::size_t drain_rq(Engine& eng, Sess::QpRes& q) {
+  std::size_t n = 0;
+  uroce_recv_entry r;
+  while (!q.qp->rq.full() && q.rq.pop(r)) {
+    Sge sg[UROCE_ABI_MAX_SGE];
+    const std::uint32_t k = std::min<std::uint32_t>(r.num_sge, UROCE_ABI_MAX_SGE);
+    for (std::uint32_t i = 0; i < k; ++i) sg[i] = {r.sg_list[i].addr, r.sg_list[i].length, r.sg_list[i].lkey};
+    if (eng.post_recv(q.qp, RecvWr{r.wr_id, {sg, k}}) != 0) refuse(q, q.recv_cq, r.wr_id, IBV_WC_RECV);
+    ++n;
+  }
+  return n;
+}
+
+std::size_t drain_srq(Engine& eng, Sess::SrqRes& q) {
+  std::size_t n = 0;
+  uroce_recv_entry r;
+  while (!q.srq->full() && q.ring.pop(r)) {
+    Sge sg[UROCE_ABI_MAX_SGE];
+    const std::uint32_t k = std::min<std::uint32_t>(r.num_sge, UROCE_ABI_MAX_SGE);
+    for (std::uint32_t i = 0; i < k; ++i) sg[i] = {r.sg_list[i].addr, r.sg_list[i].length, r.sg_list[i].lkey};
+    (void)eng.post_srq_recv(q.srq, RecvWr{r.wr_id, {sg, k}});
+    ++n;
+  }
+  return n;
+}
+
+}  // namespace
+
+void SessionServer::refill_recvs(void* ctx, Qp& qp) {
+  Engine& eng = static_cast<SessionServer*>(ctx)->eng_;
+  if (qp.srq) {
+    if (auto* r = static_cast<Session::SrqRes*>(qp.srq->owner)) drain_srq(eng, *r);
+  } else if (auto* r = static_cast<Session::QpRes*>(qp.owner)) {
+    drain_rq(eng, *r);
+  }
 }
 
 SessionServer::~SessionServer() {
@@ -346,6 +407,7 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
       uroce_handle_reply r{s.next_handle++};
       s.srqs[r.handle] = {srq, map,
                           abi::Ring<uroce_recv_entry>::create(map.addr, entries, UROCE_RING_SRQ, r.handle)};
+      srq->owner = &s.srqs[r.handle];
       send_reply(sock, h, 0, "", &r, sizeof r, fd);
       ::close(fd);
       return;
@@ -389,8 +451,9 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
       Session::QpRes q{qp, map, abi::Ring<uroce_send_entry>::create(map.addr, sqn, UROCE_RING_SEND, r.handle),
                        abi::Ring<uroce_recv_entry>::create(static_cast<std::uint8_t*>(map.addr) + sq_bytes, rqn,
                                                            UROCE_RING_RECV, r.handle),
-                       m.send_cq, m.recv_cq};
+                       m.send_cq, m.recv_cq, &s};
       s.qps[r.handle] = q;
+      qp->owner = &s.qps[r.handle];
       send_reply(sock, h, 0, "", &r, sizeof r, fd);
       ::close(fd);
       return;
@@ -721,45 +784,17 @@ void SessionServer::set_sleeping(bool sleeping) {
 
 std::size_t SessionServer::step() {
   std::size_t work = retry_pending() + cm_->poll(now_ns());
-  // A receive ring's entries into the engine (a QP's RQ or an SRQ).
-  auto drain_recvs = [&work](abi::Ring<uroce_recv_entry>& ring, auto&& post) {
-    uroce_recv_entry r;
-    while (ring.pop(r)) {
-      Sge sg[UROCE_ABI_MAX_SGE];
-      const std::uint32_t n = std::min<std::uint32_t>(r.num_sge, UROCE_ABI_MAX_SGE);
-      for (std::uint32_t i = 0; i < n; ++i) sg[i] = {r.sg_list[i].addr, r.sg_list[i].length, r.sg_list[i].lkey};
-      post(RecvWr{r.wr_id, {sg, n}});
-      ++work;
-    }
-  };
   for (auto& [id, sp] : sessions_) {
     Session& s = *sp;
     // (Plain references, not structured bindings: clang 14 cannot capture those.)
-    for (auto& srq_entry : s.srqs) {
-      Session::SrqRes& q = srq_entry.second;
-      drain_recvs(q.ring, [&](const RecvWr& wr) { eng_.post_srq_recv(q.srq, wr); });
-    }
+    for (auto& srq_entry : s.srqs) work += drain_srq(eng_, srq_entry.second);
     for (auto& qp_entry : s.qps) {
       Session::QpRes& q = qp_entry.second;
-      // A work request the engine refuses (bad SGEs, or a receive posted
-      // while the QP is still in RESET) is never dropped silently: the
-      // application gets a LOC_QP_OP_ERR completion for it.
-      auto refuse = [&](std::uint32_t cq, std::uint64_t wr_id, ibv_wc_opcode op) {
-        auto c = s.cqs.find(cq);
-        if (c == s.cqs.end()) return;
-        uroce_cq_entry ce{};
-        ce.wr_id = wr_id;
-        ce.status = IBV_WC_LOC_QP_OP_ERR;
-        ce.opcode = op;
-        ce.qp_num = q.qp->qpn;
-        c->second.ring.push(ce);
-        c->second.notify();
-      };
-      drain_recvs(q.rq, [&](const RecvWr& wr) {
-        if (eng_.post_recv(q.qp, wr) != 0) refuse(q.recv_cq, wr.wr_id, IBV_WC_RECV);
-      });
+      work += drain_rq(eng_, q);
+      // Sends while the engine's queue has room: a full engine queue leaves
+      // them in the ring, so a full ring is ENOMEM at post time, as in verbs.
       uroce_send_entry e;
-      while (q.sq.pop(e)) {
+      while (!q.qp->sq.full() && q.sq.pop(e)) {
         Sge sg[UROCE_ABI_MAX_SGE];
         const std::uint32_t n = std::min<std::uint32_t>(e.num_sge, UROCE_ABI_MAX_SGE);
         for (std::uint32_t i = 0; i < n; ++i) sg[i] = {e.sg_list[i].addr, e.sg_list[i].length, e.sg_list[i].lkey};
@@ -774,7 +809,7 @@ std::size_t SessionServer::step() {
         wr.rkey = e.rkey;
         wr.compare_add = e.compare_add;
         wr.swap = e.swap;
-        if (eng_.post_send(q.qp, wr) != 0) refuse(q.send_cq, e.wr_id, IBV_WC_SEND);
+        if (eng_.post_send(q.qp, wr) != 0) refuse(q, q.send_cq, e.wr_id, IBV_WC_SEND);
         ++work;
       }
     }

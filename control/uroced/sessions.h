@@ -60,6 +60,8 @@ class SessionServer {
   void accept();
   void wait_read(const std::shared_ptr<Session>& s);
   void wait_bell(Session& s);
+  /// The engine's receive refill (Engine::set_recv_refill).
+  static void refill_recvs(void* ctx, transport::Qp& qp);
   void on_readable(const std::shared_ptr<Session>& s);
   void handle(Session& s, const uroce_msg_hdr& h, const std::uint8_t* body, std::vector<int>& fds);
   void close(Session& s);

@@ -482,11 +482,18 @@ int Engine::post_srq_recv(Srq* srq, const RecvWr& wr) {
 }
 
 bool Engine::take_recv(Qp& qp, RecvWqe& out) {
-  if (qp.srq) return qp.srq->pop(out);
-  if (qp.rq.empty()) return false;
-  out = qp.rq.front();
-  qp.rq.pop();
-  return true;
+  for (int pass = 0; pass < 2; ++pass) {
+    if (qp.srq) {
+      if (qp.srq->pop(out)) return true;
+    } else if (!qp.rq.empty()) {
+      out = qp.rq.front();
+      qp.rq.pop();
+      return true;
+    }
+    if (pass > 0 || !recv_refill_) return false;
+    recv_refill_(recv_refill_ctx_, qp);  // what the application posted since the last poll
+  }
+  return false;
 }
 
 // ------------------------------------------------------------ completions

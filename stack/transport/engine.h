@@ -120,6 +120,15 @@ class Engine {
   int post_recv(Qp* qp, const RecvWr& wr);
   int post_srq_recv(Srq* srq, const RecvWr& wr);
   int poll_cq(Cq* cq, std::span<ibv_wc> out) { return cq->poll(out); }
+  /// Called when a request needs a receive WQE and the QP's receive queue
+  /// (or its SRQ) is empty: the owner of the application's ring posts what
+  /// is waiting there, so a receive posted an instant before the SEND
+  /// arrived is found instead of drawing an RNR NAK.
+  using RecvRefill = void (*)(void* ctx, Qp& qp);
+  void set_recv_refill(RecvRefill fn, void* ctx) {
+    recv_refill_ = fn;
+    recv_refill_ctx_ = ctx;
+  }
 
   /// Processes one received frame.
   void rx(wire::ConstBytes frame, std::uint64_t now);
@@ -217,6 +226,8 @@ class Engine {
   Ring<TxFrame> tx_;
   PortCounters port_ctr_;
   QpCounters dead_qp_ctr_;  // counters of destroyed QPs, kept for totals
+  RecvRefill recv_refill_ = nullptr;
+  void* recv_refill_ctx_ = nullptr;
   std::uint32_t next_handle_ = 1;
 };
 

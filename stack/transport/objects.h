@@ -112,7 +112,9 @@ class Srq {
   [[nodiscard]] Pd* pd() const { return pd_; }
   [[nodiscard]] std::uint32_t max_sge() const { return max_sge_; }
   [[nodiscard]] std::uint32_t depth() const { return ring_.size(); }
+  [[nodiscard]] bool full() const { return ring_.full(); }
   std::uint32_t handle = 0;
+  void* owner = nullptr;  // the control plane's tag, handed to the receive refill
 
  private:
   Pd* pd_;

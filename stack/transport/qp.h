@@ -125,6 +125,7 @@ class Qp {
   Cq* send_cq = nullptr;
   Cq* recv_cq = nullptr;
   Srq* srq = nullptr;
+  void* owner = nullptr;  // the control plane's tag (the session's ring), handed to the receive refill
   QpCap cap{};
   bool sq_sig_all = false;
 

@@ -12,6 +12,7 @@
 //
 // Prints "N passed, M failed"; exits 0 only if nothing failed.
 #include <poll.h>
+#include <sched.h>
 #include <sys/wait.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -46,6 +47,7 @@ void check(bool ok, const std::string& what) {
 struct End {
   uroce_context* ctx = nullptr;
   uroce_pd* pd = nullptr;
+  uroce_comp_channel* channel = nullptr;
   uroce_cq* cq = nullptr;
   uroce_qp* qp = nullptr;
   std::uint8_t* buf = nullptr;
@@ -69,7 +71,8 @@ bool open_end(End& e, const char* sock, bool ordinary_memory) {
                       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
                           IBV_ACCESS_REMOTE_ATOMIC);
   if (ordinary_memory) check(e.buf[12345] == 0x77, "ordinary memory keeps its contents when remapped");
-  e.cq = uroce_create_cq(e.ctx, 256, nullptr, nullptr, 0);
+  e.channel = uroce_create_comp_channel(e.ctx);  // for blocking waits (wait_wc)
+  e.cq = uroce_create_cq(e.ctx, 256, nullptr, e.channel, 0);
   uroce_qp_init_attr ia{};
   ia.send_cq = ia.recv_cq = e.cq;
   ia.qp_type = IBV_QPT_RC;
@@ -91,13 +94,7 @@ bool connect(End& me, const End& peer) {
 }
 
 /// Waits (bounded) for one completion on `e`.
-bool wait_wc(End& e, ibv_wc& wc, int ms = 5000) {
-  for (int i = 0; i < ms * 10; ++i) {
-    if (uroce_poll_cq(e.cq, 1, &wc) == 1) return true;
-    usleep(100);
-  }
-  return false;
-}
+bool wait_wc(End& e, ibv_wc& wc, int ms = 5000) { return uroce_poll_cq_wait(e.cq, 1, &wc, 5, ms) == 1; }
 
 ibv_send_wr wr_to(const End& peer, std::uint64_t id, ibv_wr_opcode op, ibv_sge* sge, std::uint64_t roff) {
   ibv_send_wr w{};
@@ -444,7 +441,12 @@ int events(const char* sa, const char* sb) {
   check(send_one() && send_one(), "two SENDs");
   check(readable(5000) && uroce_get_cq_event(ch, &got, &ctxp) == 0 && got == ecq, "one event for them");
   check(uroce_poll_cq(ecq, 2, &wc) >= 1, "their completions are there");
-  check(uroce_req_notify_cq(b.cq, 0) == EINVAL, "arming a CQ without a channel: EINVAL");
+  uroce_cq* plain = uroce_create_cq(b.ctx, 8, nullptr, nullptr, 0);
+  check(plain && uroce_req_notify_cq(plain, 0) == EINVAL, "arming a CQ without a channel: EINVAL");
+  ibv_wc none{};
+  check(plain && uroce_poll_cq_wait(plain, 1, &none, 0, 10) == -1 && errno == EINVAL,
+        "a blocking wait on a CQ without a channel: EINVAL");
+  if (plain) uroce_destroy_cq(plain);
   check(uroce_destroy_comp_channel(ch) == EBUSY, "destroy_comp_channel while a CQ uses it: EBUSY");
   check(uroce_destroy_qp(b.qp) == 0 && uroce_destroy_cq(ecq) == 0 && uroce_destroy_comp_channel(ch) == 0,
         "teardown: QP, CQ, then the channel");
@@ -713,6 +715,90 @@ int devices(int want) {
   return g_fail == 0 ? 0 : 1;
 }
 
+/// No RNR on a clean link: `n` rounds in which B posts one receive and A,
+/// told to go at once (the same process), sends into it. A receive posted
+/// before its SEND arrives must be found: each round B's daemon may see the
+/// SEND before it has looked at B's ring, and must then take the receive
+/// from the ring instead of answering with an RNR NAK. Prints B's and A's QPNs; the
+/// script counts RNR NAKs from the daemons and from the capture.
+int rnr(const char* sa, const char* sb, long n) {
+  alarm(120);
+  End a, b;
+  check(open_end(a, sa, false) && open_end(b, sb, false), "two applications open their daemons");
+  if (g_fail) return 1;
+  check(connect(a, b) && connect(b, a), "connected");
+  std::printf("qpn %u %u\n", uroce_qp_num(b.qp), uroce_qp_num(a.qp));
+  std::fflush(stdout);
+  long recvd = 0, sent = 0;
+  for (long i = 0; i < n && g_fail == 0; ++i) {
+    ibv_sge rs{reinterpret_cast<std::uint64_t>(b.buf), 64, uroce_mr_lkey(b.mr)};
+    ibv_recv_wr rw{};
+    rw.wr_id = static_cast<std::uint64_t>(i);
+    rw.sg_list = &rs;
+    rw.num_sge = 1;
+    ibv_recv_wr* rbad = nullptr;
+    if (uroce_post_recv(b.qp, &rw, &rbad) != 0) break;
+    ibv_sge ss{reinterpret_cast<std::uint64_t>(a.buf), 64, uroce_mr_lkey(a.mr)};
+    ibv_send_wr w = wr_to(b, static_cast<std::uint64_t>(i), IBV_WR_SEND, &ss, 0);
+    ibv_send_wr* bad = nullptr;
+    if (uroce_post_send(a.qp, &w, &bad) != 0) break;
+    ibv_wc wc{};
+    if (!wait_wc(a, wc) || wc.status != IBV_WC_SUCCESS) {
+      std::printf("round %ld: the SEND did not complete (%s)\n", i, uroce_wc_status_str(wc.status));
+      break;
+    }
+    ++sent;
+    if (!wait_wc(b, wc) || wc.status != IBV_WC_SUCCESS || wc.wr_id != static_cast<std::uint64_t>(i)) {
+      std::printf("round %ld: no receive completion (%s)\n", i, uroce_wc_status_str(wc.status));
+      break;
+    }
+    ++recvd;
+  }
+  check(sent == n && recvd == n, "every SEND completed and was received in order (" + std::to_string(recvd) + " of " +
+                                     std::to_string(n) + ")");
+  std::printf("%d passed, %d failed\n", g_pass, g_fail);
+  return g_fail == 0 ? 0 : 1;
+}
+
+/// A full send queue is ENOMEM at post time, as in verbs: A's QP sends to a
+/// peer QP that never answers (B's, left in RESET), so nothing retires. The
+/// posts must stop with ENOMEM once the QP's ring and the engine's queue are
+/// full, and every posted WR must end in the retry failure and its flushes,
+/// never in a LOC_QP_OP_ERR refusal.
+int sqfull(const char* sa, const char* sb) {
+  End a, b;
+  check(open_end(a, sa, false) && open_end(b, sb, false), "two applications open their daemons");
+  if (g_fail) return 1;
+  uroce_rc_conn c{};
+  c.dest_qp_num = uroce_qp_num(b.qp);
+  c.dgid = b.gid;
+  c.timeout = 10;  // 4 ms
+  c.retry_cnt = 1;
+  check(uroce_connect_qp(a.qp, &c) == 0, "A connected to B's QP, which stays in RESET");
+  ibv_sge ss{reinterpret_cast<std::uint64_t>(a.buf), 64, uroce_mr_lkey(a.mr)};
+  long posted = 0;
+  int err = 0;
+  for (; posted < 1000; ++posted) {
+    ibv_send_wr w = wr_to(b, static_cast<std::uint64_t>(posted), IBV_WR_SEND, &ss, 0);
+    ibv_send_wr* bad = nullptr;
+    if ((err = uroce_post_send(a.qp, &w, &bad)) != 0) break;
+    usleep(20);  // let the daemon take what it can, so the engine's queue fills too
+  }
+  std::printf("posted %ld before %s\n", posted, std::strerror(err));
+  check(err == ENOMEM, "the post after the queue is full fails with ENOMEM");
+  check(posted >= 64 && posted <= 2 * 64 + 1, "at most the ring plus the engine's queue (2 x 64) were taken");
+  long done = 0, refused = 0;
+  ibv_wc wc{};
+  while (done < posted && wait_wc(a, wc, 3000)) {
+    ++done;
+    if (wc.status == IBV_WC_LOC_QP_OP_ERR) ++refused;
+  }
+  check(done == posted, "every posted WR completed (" + std::to_string(done) + " of " + std::to_string(posted) + ")");
+  check(refused == 0, "none was refused with LOC_QP_OP_ERR");
+  std::printf("%d passed, %d failed\n", g_pass, g_fail);
+  return g_fail == 0 ? 0 : 1;
+}
+
 /// No lost wake-up, through a real daemon: `n` sends, one at a time, on a
 /// QP left in RESET, so each comes straight back from the daemon as a
 /// LOC_QP_OP_ERR completion without touching the wire. The daemon sleeps
@@ -805,7 +891,9 @@ int main(int argc, char** argv) {
   if (argc >= 4 && std::string(argv[1]) == "cm") return cm(argv[2], argv[3]);
   if (argc >= 3 && std::string(argv[1]) == "devices") return devices(std::atoi(argv[2]));
   if (argc >= 5 && std::string(argv[1]) == "oob") return oob(argv[2], argv[3], std::atoi(argv[4]));
+  if (argc >= 4 && std::string(argv[1]) == "sqfull") return sqfull(argv[2], argv[3]);
+  if (argc >= 5 && std::string(argv[1]) == "rnr") return rnr(argv[2], argv[3], std::atol(argv[4]));
   if (argc >= 5 && std::string(argv[1]) == "wakes") return wakes(argv[2], std::atol(argv[3]), std::atol(argv[4]));
-  std::fprintf(stderr, "usage: app_pair ops|hostile|events|srq SOCK_A SOCK_B | crash SOCK_A | oob SOCK_A SOCK_B PORT | devices N | wakes SOCK N BOUND_MS\n");
+  std::fprintf(stderr, "usage: app_pair ops|hostile|events|srq SOCK_A SOCK_B | crash SOCK_A | oob SOCK_A SOCK_B PORT | devices N | wakes SOCK N BOUND_MS | rnr SOCK_A SOCK_B N | sqfull SOCK_A SOCK_B\n");
   return 2;
 }

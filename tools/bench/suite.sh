@@ -1,13 +1,20 @@
 #!/bin/bash
 # The side-by-side benchmark suite, one command, one run on this machine:
-#   - uroce (uroce-perf write_bw and send_lat, perftest's method) between two
-#     uroced over net_memif, and over a veth pair with net_af_packet;
+#   - uroce through the application path (uroce-perf -> liburoce -> rings ->
+#     uroced -> link -> uroced -> uroce-perf): send_lat, write_lat and
+#     write_bw, between two uroced over net_memif and over a veth pair with
+#     net_af_packet, once per waiting mode (UROCE_BENCH_MODES):
+#       wait  the defaults: daemons spin briefly, then block (doorbells,
+#             poll tick); the tools spin briefly, then block on the channel
+#       busy  daemons --busy-poll, tools --yield (busy-poll, yielding)
+#     and the idle CPU of a daemon in the default mode;
 #   - kernel TCP on the same veth (tcp_bench ping-pong and stream, same sizes):
 #     what a user without RDMA would use;
+#   - engine_bench (the engine alone, one core) and single-core memcpy;
 #   - dpdk-testpmd txonly -> rxonly on the same vdevs: the link's ceiling.
-# Writes OUT/results.tsv, OUT/table.md (the table of ratios) and two PNG
-# plots (latency and bandwidth against message size, gnuplot).
-#   tools/bench/suite.sh [BUILD_DIR] [OUT_DIR]     (root; about 4 minutes)
+# Writes OUT/results.tsv, OUT/table.md (the tables and the goal ratios) and
+# two PNG plots (latency and bandwidth against message size, gnuplot).
+#   tools/bench/suite.sh [BUILD_DIR] [OUT_DIR]     (root; about 5 minutes)
 set -u
 build=$(realpath "${1:-build}")
 out=$(mkdir -p "${2:-bench-out}" && realpath "${2:-bench-out}")
@@ -18,8 +25,9 @@ need_root
 PERF=$build/tools/perf/uroce-perf
 TCPB=$build/tools/bench/tcp_bench
 for t in "$UROCED" "$PERF" "$TCPB"; do [ -x "$t" ] || { echo "missing $t: build first"; exit 2; }; done
-SIZES=${UROCE_BENCH_SIZES:-"64 256 1024 4096 16384 65536"}
-LAT_ITERS=${UROCE_BENCH_LAT_ITERS:-500}
+SIZES=${UROCE_BENCH_SIZES:-"64 4096 65536"}
+MODES=${UROCE_BENCH_MODES:-"wait busy"}
+LAT_ITERS=${UROCE_BENCH_LAT_ITERS:-1000}
 bw_iters() { if [ "$1" -le 4096 ]; then echo 20000; else echo 3000; fi; }
 RES="$out/results.tsv"
 printf 'stack\tlink\tmetric\tsize\tvalue\n' > "$RES"
@@ -33,25 +41,46 @@ make_link
 perf() {
   local test=$1 size=$2 iters=$3 a=$4 b=$5; shift 5
   PORT=$((PORT + 1))
-  timeout 120 "$PERF" "$test" -d "$a" -p $PORT -s "$size" -n "$iters" --json --yield "$@" > "$TMP/s.json" 2> "$TMP/s.err" &
+  timeout 120 "$PERF" "$test" -d "$a" -p $PORT -s "$size" -n "$iters" --json "$@" > "$TMP/s.json" 2> "$TMP/s.err" &
   local sp=$!
   sleep 0.2
-  timeout 120 "$PERF" "$test" -d "$b" -p $PORT -s "$size" -n "$iters" --json --yield "$@" 127.0.0.1 > "$TMP/c.json" 2> "$TMP/c.err"
+  timeout 120 "$PERF" "$test" -d "$b" -p $PORT -s "$size" -n "$iters" --json "$@" 127.0.0.1 > "$TMP/c.json" 2> "$TMP/c.err"
   wait $sp
 }
 
-uroce_link() {  # LINK SOCK_A SOCK_B
-  local link=$1 a=$2 b=$3 size g l
+app_flags() { [ "$1" = busy ] && echo "--yield"; }
+daemon_flags() { [ "$1" = busy ] && echo "--busy-poll"; }
+
+uroce_link() {  # LINK MODE SOCK_A SOCK_B
+  local link=$1 mode=$2 a=$3 b=$4 size g m l w
+  local af; af=$(app_flags "$mode")
   for size in $SIZES; do
-    perf write_bw "$size" "$(bw_iters "$size")" "$a" "$b" -m 4096
+    perf write_bw "$size" "$(bw_iters "$size")" "$a" "$b" -m 4096 $af
     g=$(jf "$TMP/c.json" bw_average)  # MiB/s
+    m=$(jf "$TMP/c.json" msg_rate_mpps)
     g=$(echo "${g:-0} * 1048576 * 8 / 1000000000" | bc -l)
-    perf send_lat "$size" "$LAT_ITERS" "$a" "$b" -m 4096
+    perf send_lat "$size" "$LAT_ITERS" "$a" "$b" -m 4096 $af
     l=$(jf "$TMP/c.json" t_typical)
-    rec uroce "$link" bw_gbps "$size" "$(printf %.4f "$g")"
-    rec uroce "$link" lat_us "$size" "${l:-nan}"
-    printf '  uroce %-5s %6s B: %8.3f Gb/s  %8s us half-RTT\n' "$link" "$size" "$g" "${l:-?}"
+    perf write_lat "$size" "$LAT_ITERS" "$a" "$b" -m 4096 $af
+    w=$(jf "$TMP/c.json" t_typical)
+    rec "uroce-$mode" "$link" bw_gbps "$size" "$(printf %.4f "$g")"
+    rec "uroce-$mode" "$link" mrate_mpps "$size" "${m:-nan}"
+    rec "uroce-$mode" "$link" lat_us "$size" "${l:-nan}"
+    rec "uroce-$mode" "$link" wlat_us "$size" "${w:-nan}"
+    printf '  uroce %-4s %-5s %6s B: %8.3f Gb/s %8s Mmsg/s  send_lat %8s us  write_lat %8s us\n' \
+      "$mode" "$link" "$size" "$g" "${m:-?}" "${l:-?}" "${w:-?}"
   done
+}
+
+# Idle CPU of the last daemon started: its utime+stime over 10 s, in % of one core.
+idle_cpu() {
+  local pid=$1 a b hz
+  hz=$(getconf CLK_TCK)
+  sleep 1
+  a=$(awk '{print $14+$15}' "/proc/$pid/stat")
+  sleep 10
+  b=$(awk '{print $14+$15}' "/proc/$pid/stat")
+  echo "($b - $a) * 100 / ($hz * 10)" | bc -l
 }
 
 stop_all() {
@@ -60,22 +89,51 @@ stop_all() {
   PIDS=""
 }
 
-echo "== uroce over net_memif (two uroced, uroce-perf through liburoce)"
-start_daemon "" sa --port net_memif0 --vdev "net_memif0,role=server,socket=$TMP/m.sock,bsize=8192" --ip 10.96.0.1 --lcore 0 \
-  --app-socket "$TMP/ma.app"
-sleep 1
-start_daemon "" sb --port net_memif0 --vdev "net_memif0,role=client,socket=$TMP/m.sock,bsize=8192" --ip 10.96.0.2 --lcore 1 \
-  --app-socket "$TMP/mb.app"
-for i in $(seq 50); do [ -S "$TMP/ma.app" ] && [ -S "$TMP/mb.app" ] && break; sleep 0.1; done
-uroce_link memif "$TMP/ma.app" "$TMP/mb.app"
-stop_all
+for mode in $MODES; do
+  df=$(daemon_flags "$mode")
+  echo "== uroce over net_memif, mode $mode (two uroced, uroce-perf through liburoce)"
+  start_daemon "" sa --port net_memif0 --vdev "net_memif0,role=server,socket=$TMP/m.sock,bsize=8192" --ip 10.96.0.1 --lcore 0 \
+    --app-socket "$TMP/ma.app" $df
+  sleep 1
+  start_daemon "" sb --port net_memif0 --vdev "net_memif0,role=client,socket=$TMP/m.sock,bsize=8192" --ip 10.96.0.2 --lcore 1 \
+    --app-socket "$TMP/mb.app" $df
+  for i in $(seq 50); do [ -S "$TMP/ma.app" ] && [ -S "$TMP/mb.app" ] && break; sleep 0.1; done
+  uroce_link memif "$mode" "$TMP/ma.app" "$TMP/mb.app"
+  if [ "$mode" = wait ]; then
+    c=$(idle_cpu "$LAST_PID")
+    rec "uroce-$mode" memif idle_cpu_pct 0 "$(printf %.3f "$c")"
+    printf '  uroce idle daemon: %.2f%% of a core\n' "$c"
+  fi
+  stop_all
 
-echo "== uroce over veth + net_af_packet (each uroced in its own namespace)"
-start_daemon "$NS_A" va --port net_af_packet0 --vdev "net_af_packet0,$AFP" --ip 10.90.2.1 --lcore 0 --app-socket "$TMP/va.app"
-start_daemon "$NS_B" vb --port net_af_packet0 --vdev "net_af_packet0,$AFP" --ip 10.90.2.2 --lcore 1 --app-socket "$TMP/vb.app"
-for i in $(seq 50); do [ -S "$TMP/va.app" ] && [ -S "$TMP/vb.app" ] && break; sleep 0.1; done
-uroce_link veth "$TMP/va.app" "$TMP/vb.app"
-stop_all
+  echo "== uroce over veth + net_af_packet, mode $mode (each uroced in its own namespace)"
+  start_daemon "$NS_A" va --port net_af_packet0 --vdev "net_af_packet0,$AFP" --ip 10.90.2.1 --lcore 0 --app-socket "$TMP/va.app" $df
+  start_daemon "$NS_B" vb --port net_af_packet0 --vdev "net_af_packet0,$AFP" --ip 10.90.2.2 --lcore 1 --app-socket "$TMP/vb.app" $df
+  for i in $(seq 50); do [ -S "$TMP/va.app" ] && [ -S "$TMP/vb.app" ] && break; sleep 0.1; done
+  uroce_link veth "$mode" "$TMP/va.app" "$TMP/vb.app"
+  stop_all
+done
+
+echo "== the engine alone (engine_bench) and single-core memcpy (wire_bench)"
+if [ -x "$build/tools/bench/engine_bench" ]; then
+  "$build/tools/bench/engine_bench" --benchmark_filter='BM_PingPong8HalfRtt|BM_Write8' --benchmark_format=json \
+    > "$TMP/eb.json" 2> /dev/null
+  "$build/tools/bench/wire_bench" --benchmark_filter='BM_Memcpy' --benchmark_format=json > "$TMP/wb.json" 2> /dev/null
+  /usr/bin/python3 - "$TMP/eb.json" "$TMP/wb.json" "$RES" <<'PY'
+import json, sys
+eb = {b["name"].split("/")[0]: b for b in json.load(open(sys.argv[1]))["benchmarks"]}
+wb = {b["name"].split("/")[0]: b for b in json.load(open(sys.argv[2]))["benchmarks"]}
+scale = {"ns": 1e-3, "us": 1.0, "ms": 1e3}
+half = eb["BM_PingPong8HalfRtt"]["real_time"] * scale[eb["BM_PingPong8HalfRtt"]["time_unit"]] / 2
+rate = eb["BM_Write8"]["msgs"] / 1e6
+mc = wb["BM_Memcpy"]["bytes_per_second"] * 8 / 1e9
+with open(sys.argv[3], "a") as f:
+    f.write("engine\tmem\tlat_us\t8\t%.3f\nengine\tmem\tmrate_mpps\t8\t%.4f\nmemcpy\tcpu\tbw_gbps\t65536\t%.3f\n" % (half, rate, mc))
+print("  engine: 8 B half-RTT %.2f us, 8 B WRITE %.2f M msg/s; memcpy 64 KiB: %.1f Gb/s" % (half, rate, mc))
+PY
+else
+  echo "  (benchmarks not built: meson -Dbench=enabled)"
+fi
 
 echo "== kernel TCP on the same veth (tcp_bench: ping-pong and stream)"
 ip netns exec "$NS_A" "$TCPB" server --port 18600 > /dev/null 2>&1 &
@@ -110,7 +168,7 @@ echo "== the table"
 import csv, sys
 rows = list(csv.DictReader(open(sys.argv[1]), delimiter="\t"))
 v = {(r["stack"], r["link"], r["metric"], int(r["size"])): float(r["value"]) for r in rows if r["value"] not in ("", "nan")}
-sizes = sorted({k[3] for k in v})
+sizes = sorted({k[3] for k in v if (k[0].startswith("uroce") or k[0] in ("tcp", "testpmd")) and k[2] != "idle_cpu_pct"})
 def g(*k):
     return v.get(k)
 def f(x, d=2):
@@ -118,19 +176,52 @@ def f(x, d=2):
 def ratio(a, b):
     return "–" if a is None or b in (None, 0) else "%.2f" % (a / b)
 out = []
-out.append("### Bandwidth (Gb/s of payload; uroce: uroce-perf write_bw, MTU 4096)\n")
-out.append("| size | uroce memif | testpmd memif | uroce / ceiling (memif) | uroce veth | testpmd veth | TCP veth | uroce / ceiling (veth) | uroce / TCP (veth) |")
-out.append("|---|---|---|---|---|---|---|---|---|")
+modes = [m for m in ("wait", "busy") if any(k[0] == "uroce-" + m for k in v)]
+def col(m, ln):
+    return "uroce-" + m, ln
+out.append("### Half round trip, typical, us (uroce-perf send_lat / write_lat; TCP: ping-pong on the same veth)\n")
+hdr = ["size"] + ["%s %s %s" % (t, m, ln) for t in ("send_lat", "write_lat") for m in modes for ln in ("memif", "veth")] + ["TCP veth"]
+out.append("| " + " | ".join(hdr) + " |")
+out.append("|" + "---|" * len(hdr))
 for s in sizes:
-    um, tm = g("uroce", "memif", "bw_gbps", s), g("testpmd", "memif", "bw_gbps", s)
-    uv, tv, tc = g("uroce", "veth", "bw_gbps", s), g("testpmd", "veth", "bw_gbps", s), g("tcp", "veth", "bw_gbps", s)
-    out.append("| %d | %s | %s | %s | %s | %s | %s | %s | %s |" % (s, f(um, 3), f(tm, 3), ratio(um, tm), f(uv, 3), f(tv, 3), f(tc, 3), ratio(uv, tv), ratio(uv, tc)))
-out.append("\n### Latency (half round trip, typical, us; uroce: uroce-perf send_lat; TCP: ping-pong)\n")
-out.append("| size | uroce memif | uroce veth | TCP veth | uroce veth / TCP |")
-out.append("|---|---|---|---|---|")
+    row = [str(s)]
+    for metric in ("lat_us", "wlat_us"):
+        for m in modes:
+            for ln in ("memif", "veth"):
+                row.append(f(g("uroce-" + m, ln, metric, s), 1))
+    row.append(f(g("tcp", "veth", "lat_us", s), 1))
+    out.append("| " + " | ".join(row) + " |")
+out.append("\n### write_bw (Gb/s of payload, and M msg/s; MTU 4096)\n")
+hdr = ["size"] + ["%s %s" % (m, ln) for m in modes for ln in ("memif", "veth")] + ["TCP veth", "testpmd memif", "testpmd veth"]
+out.append("| " + " | ".join(hdr) + " |")
+out.append("|" + "---|" * len(hdr))
 for s in sizes:
-    lm, lv, lt = g("uroce", "memif", "lat_us", s), g("uroce", "veth", "lat_us", s), g("tcp", "veth", "lat_us", s)
-    out.append("| %d | %s | %s | %s | %s |" % (s, f(lm, 1), f(lv, 1), f(lt, 1), ratio(lv, lt)))
+    row = [str(s)]
+    for m in modes:
+        for ln in ("memif", "veth"):
+            gb, mr = g("uroce-" + m, ln, "bw_gbps", s), g("uroce-" + m, ln, "mrate_mpps", s)
+            row.append("%s (%s M/s)" % (f(gb, 3), f(mr, 3)))
+    row += [f(g("tcp", "veth", "bw_gbps", s), 3), f(g("testpmd", "memif", "bw_gbps", s), 3), f(g("testpmd", "veth", "bw_gbps", s), 3)]
+    out.append("| " + " | ".join(row) + " |")
+out.append("\n### Goals (ratios within this run)\n")
+out.append("| goal | measured | target |")
+out.append("|---|---|---|")
+s0 = sizes[0] if sizes else 64
+tcp = g("tcp", "veth", "lat_us", s0)
+for ln in ("memif", "veth"):
+    out.append("| daemon, default waiting, %d B send_lat half-RTT / TCP's (%s) | %s (%s us vs %s us) | <= 1 |" % (
+        s0, ln, ratio(g("uroce-wait", ln, "lat_us", s0), tcp), f(g("uroce-wait", ln, "lat_us", s0), 1), f(tcp, 1)))
+out.append("| daemon, default waiting, %d B write_bw (memif) | %s M msg/s | >= 50%% of embedded mode (not built) |" % (
+    s0, f(g("uroce-wait", "memif", "mrate_mpps", s0), 3)))
+out.append("| daemon %d B write_bw (memif) / engine_bench 8 B WRITE | %s (%s vs %s M msg/s) | (embedded mode's goal: >= 0.5) |" % (
+    s0, ratio(g("uroce-wait", "memif", "mrate_mpps", s0), g("engine", "mem", "mrate_mpps", 8)),
+    f(g("uroce-wait", "memif", "mrate_mpps", s0), 3), f(g("engine", "mem", "mrate_mpps", 8), 2)))
+out.append("| idle daemon, default waiting | %s %% of a core | < 1 %% |" % f(g("uroce-wait", "memif", "idle_cpu_pct", 0), 2))
+big = max(sizes) if sizes else 65536
+out.append("| %d B write_bw over memif / single-core memcpy | %s (%s vs %s Gb/s) | report |" % (
+    big, ratio(g("uroce-wait", "memif", "bw_gbps", big), g("memcpy", "cpu", "bw_gbps", 65536)),
+    f(g("uroce-wait", "memif", "bw_gbps", big), 2), f(g("memcpy", "cpu", "bw_gbps", 65536), 1)))
+out.append("| engine alone, 8 B half-RTT | %s us | (reference) |" % f(g("engine", "mem", "lat_us", 8), 2))
 open(sys.argv[2], "w").write("\n".join(out) + "\n")
 print("\n".join(out))
 # Series for the plots.
