@@ -6,6 +6,8 @@
 // Every option can also come from a config file (key = value, same names).
 
 #include <execinfo.h>
+#include <grp.h>
+#include <sys/stat.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <time.h>
@@ -15,7 +17,10 @@
 
 #include <boost/asio.hpp>
 #include <boost/program_options.hpp>
+#include <nlohmann/json.hpp>
 #include <atomic>
+#include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -97,9 +102,15 @@ struct Daemon {
   std::unique_ptr<control::SessionServer> sessions;
 
   std::string status_json() const;
+  [[nodiscard]] nlohmann::ordered_json status() const;
 };
 
 std::atomic<bool> g_workers_stop{false};
+
+/// The longest control line taken; a longer one is refused and its
+/// connection closed, so a client cannot make the daemon buffer without end.
+constexpr std::size_t kMaxControlLine = 4096;
+constexpr long kMaxConfigBytes = 1 << 20;  // a config file larger than this is refused
 
 /// Which shard owns a frame: RoCE by destination QP (an engine owns every
 /// `shards`-th QPN, see EngineConfig::qpn_stride), ARP and ICMPv6 (ND) to
@@ -137,69 +148,73 @@ int run_pipeline(Pipeline& p) {
 }
 
 std::string Daemon::status_json() const {
+  return status().dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+nlohmann::ordered_json Daemon::status() const {
   // Counters are read while other lcores update them: each is an aligned
   // 64-bit load, so a value may be a moment old but is never torn.
-  std::ostringstream o;
-  o << "{\"pipelines\": " << pipes.size() << ", \"app\": \"" << (app ? (app->finished() ? "done" : "running") : "none")
-    << "\", \"sessions\": " << (sessions ? sessions->sessions() : 0)
-    << ", \"session_list\": " << (sessions ? sessions->describe_json() : std::string("[]"))
-    << ", \"cm\": " << (sessions ? sessions->cm_json() : std::string("{}"));
+  using json = nlohmann::ordered_json;
+  json o;
+  o["pipelines"] = pipes.size();
+  o["app"] = app ? (app->finished() ? "done" : "running") : "none";
+  o["sessions"] = sessions ? sessions->sessions() : 0;
+  o["session_list"] = sessions ? sessions->describe() : json::array();
+  o["cm"] = sessions ? sessions->cm_status() : json::object();
   if (!pipes.empty()) {
     const engine::IdleConfig& ic = pipes[0]->dp->idle_config();
-    o << ", \"wait\": {\"busy_poll\": " << (ic.max_sleep_us == 0 ? "true" : "false") << ", \"spin_us\": " << ic.spin_us
-      << ", \"tick_us\": " << ic.tick_us << ", \"warm_ms\": " << ic.warm_ms << ", \"max_sleep_us\": " << ic.max_sleep_us
-      << ", \"doorbells\": " << (sessions ? sessions->doorbells() : 0) << "}";
+    o["wait"] = {{"busy_poll", ic.max_sleep_us == 0}, {"spin_us", ic.spin_us},       {"tick_us", ic.tick_us},
+                 {"warm_ms", ic.warm_ms},             {"max_sleep_us", ic.max_sleep_us},
+                 {"doorbells", sessions ? sessions->doorbells() : 0}};
   }
+  o["limits"] = {{"control_line_bytes", kMaxControlLine}};
   for (std::size_t k = 0; k < pipes.size(); ++k) {
     const Pipeline& p = *pipes[k];
     const std::string pre = k == 0 ? "" : "_" + std::to_string(k);
-    o << ", \"pipeline" << pre << "\": {\"port\": \"" << p.port_name << "\", \"shard\": " << p.shard
-      << ", \"lcore\": " << p.lcore << ", \"ip\": \"" << p.eng->config().ip.to_string()
-      << "\", \"qps\": " << p.eng->qp_count() << "}";
-    o << ", \"port" << pre << "\": {";
+    o["pipeline" + pre] = {{"port", p.port_name}, {"shard", p.shard},
+                           {"lcore", p.lcore},    {"ip", p.eng->config().ip.to_string()},
+                           {"qps", p.eng->qp_count()}};
+    json port = json::object(), dp = json::object(), totals = json::object();
     const auto& pc = p.eng->counters();
-    for (std::size_t i = 0; i < transport::kPortCounterNames.size(); ++i)
-      o << (i ? ", " : "") << "\"" << transport::kPortCounterNames[i] << "\": " << pc.v[i];
-    o << "}, \"dataplane" << pre << "\": {";
+    for (std::size_t i = 0; i < transport::kPortCounterNames.size(); ++i) port[transport::kPortCounterNames[i]] = pc.v[i];
     for (std::size_t i = 0; i < static_cast<std::size_t>(engine::DpCounter::kCount); ++i)
-      o << (i ? ", " : "") << "\"" << engine::kDpCounterNames[i]
-        << "\": " << p.dp->counter(static_cast<engine::DpCounter>(i));
-    o << "}, \"qp_totals" << pre << "\": {";
+      dp[engine::kDpCounterNames[i]] = p.dp->counter(static_cast<engine::DpCounter>(i));
     for (std::size_t i = 0; i < transport::kQpCounterNames.size(); ++i)
-      o << (i ? ", " : "") << "\"" << transport::kQpCounterNames[i]
-        << "\": " << p.eng->qp_counter_total(static_cast<transport::QpCounter>(i));
-    o << "}, \"qp_list" << pre << "\": [";
-    bool first = true;
+      totals[transport::kQpCounterNames[i]] = p.eng->qp_counter_total(static_cast<transport::QpCounter>(i));
+    o["port" + pre] = port;
+    o["dataplane" + pre] = dp;
+    o["qp_totals" + pre] = totals;
+    json qps = json::array();
     p.eng->for_each_qp([&](const transport::Qp& q) {
-      const char* type = q.type == IBV_QPT_RC ? "RC" : q.type == IBV_QPT_UC ? "UC" : "UD";
-      o << (first ? "" : ", ") << "{\"qpn\": " << q.qpn << ", \"type\": \"" << type << "\", \"state\": \""
-        << transport::to_string(q.state) << "\", \"dest_qpn\": " << q.dest_qp_num << ", \"peer\": \""
-        << q.remote_ip.to_string() << "\", \"sq_depth\": " << q.sq.size();
-      for (std::size_t i = 0; i < transport::kQpCounterNames.size(); ++i)
-        o << ", \"" << transport::kQpCounterNames[i] << "\": " << q.ctr.v[i];
-      o << "}";
-      first = false;
+      json e = {{"qpn", q.qpn},
+                {"type", q.type == IBV_QPT_RC ? "RC" : q.type == IBV_QPT_UC ? "UC" : "UD"},
+                {"state", transport::to_string(q.state)},
+                {"dest_qpn", q.dest_qp_num},
+                {"peer", q.remote_ip.to_string()},
+                {"sq_depth", q.sq.size()}};
+      for (std::size_t i = 0; i < transport::kQpCounterNames.size(); ++i) e[transport::kQpCounterNames[i]] = q.ctr.v[i];
+      qps.push_back(e);
     });
-    o << "]";
+    o["qp_list" + pre] = qps;
     auto fault = [&](const char* n, const engine::FaultInjector& f) {
       const auto& st = f.stats();
-      o << ", \"fault_" << n << pre << "\": {\"config\": \"" << f.config().to_string() << "\", \"seen\": " << st.seen
-        << ", \"dropped\": " << st.dropped << ", \"duplicated\": " << st.duplicated << ", \"reordered\": "
-        << st.reordered << ", \"delayed\": " << st.delayed << ", \"corrupted\": " << st.corrupted
-        << ", \"ecn_marked\": " << st.ecn_marked << ", \"rule_hits\": " << st.rule_hits << "}";
+      o[std::string("fault_") + n + pre] = {{"config", f.config().to_string()}, {"seen", st.seen},
+                                            {"dropped", st.dropped},           {"duplicated", st.duplicated},
+                                            {"reordered", st.reordered},       {"delayed", st.delayed},
+                                            {"corrupted", st.corrupted},       {"ecn_marked", st.ecn_marked},
+                                            {"rule_hits", st.rule_hits}};
     };
     fault("rx", p.dp->rx_faults());
     fault("tx", p.dp->tx_faults());
   }
   for (std::size_t k = 0; k < ports.size(); ++k) {
     const auto ps = ports[k]->stats();
-    o << ", \"ethdev" << (k ? "_" + std::to_string(k) : "") << "\": {\"rx\": " << ps.rx_frames
-      << ", \"tx\": " << ps.tx_frames << ", \"tx_dropped\": " << ps.tx_dropped << ", \"tx_zero_copy\": "
-      << ps.tx_zero_copy << ", \"tx_copied\": " << ps.tx_copied << ", \"imissed\": " << ps.hw_imissed
-      << ", \"dispatch_drops\": " << ports[k]->dispatch_drops() << "}";
+    o["ethdev" + (k ? "_" + std::to_string(k) : std::string())] = {
+        {"rx", ps.rx_frames},         {"tx", ps.tx_frames},       {"tx_dropped", ps.tx_dropped},
+        {"tx_zero_copy", ps.tx_zero_copy}, {"tx_copied", ps.tx_copied}, {"imissed", ps.hw_imissed},
+        {"dispatch_drops", ports[k]->dispatch_drops()}};
   }
-  o << "}";
-  return o.str();
+  return o;
 }
 
 /// The control socket: one line in ("status", "fault rx SPEC", "fault tx
@@ -217,14 +232,22 @@ class ControlServer {
 
  private:
   struct Conn : std::enable_shared_from_this<Conn> {
-    explicit Conn(asio::local::stream_protocol::socket s, Daemon& d) : sock(std::move(s)), d(d) {}
+    explicit Conn(asio::local::stream_protocol::socket s, Daemon& d) : sock(std::move(s)), in(kMaxControlLine), d(d) {}
     asio::local::stream_protocol::socket sock;
-    asio::streambuf in;
+    asio::streambuf in;  // bounded: async_read_until fails once it holds kMaxControlLine bytes without a newline
     std::string out;
     Daemon& d;
     void start() {
       auto self = shared_from_this();
       asio::async_read_until(sock, in, '\n', [self](boost::system::error_code ec, std::size_t) {
+        if (ec == asio::error::not_found) {  // no newline within the limit: refuse, answer once, close
+          self->out = error("control line longer than " + std::to_string(kMaxControlLine) + " bytes") + "\n";
+          asio::async_write(self->sock, asio::buffer(self->out), [self](boost::system::error_code, std::size_t) {
+            boost::system::error_code ignored;
+            self->sock.close(ignored);
+          });
+          return;
+        }
         if (ec) return;
         std::istream is(&self->in);
         std::string line;
@@ -233,6 +256,11 @@ class ControlServer {
         asio::async_write(self->sock, asio::buffer(self->out), [self](boost::system::error_code, std::size_t) {});
       });
     }
+    static std::string error(const std::string& why) {
+      return nlohmann::ordered_json{{"ok", false}, {"error", why}}.dump(-1, ' ', false,
+                                                                          nlohmann::json::error_handler_t::replace);
+    }
+    static std::string ok() { return nlohmann::ordered_json{{"ok", true}}.dump(); }
     std::string handle(const std::string& line) {
       std::istringstream ls(line);
       std::string cmd;
@@ -240,7 +268,7 @@ class ControlServer {
       if (cmd == "status") return d.status_json();
       if (cmd == "stop") {
         g_stop = 1;
-        return "{\"ok\": true}";
+        return ok();
       }
       if (cmd == "fault") {
         std::string dir, spec, err;
@@ -248,17 +276,19 @@ class ControlServer {
         engine::FaultConfig c;
         if (spec == "off") spec.clear();
         if ((dir != "rx" && dir != "tx") || !engine::FaultConfig::parse(spec, c, err))
-          return "{\"ok\": false, \"error\": \"" + (err.empty() ? std::string("usage: fault rx|tx SPEC|off") : err) + "\"}";
+          return error(err.empty() ? std::string("usage: fault rx|tx SPEC|off") : err);
         // The injector's config is read by the pipeline's own lcore, so live
         // changes are taken only by a daemon with one pipeline, which this
         // control lcore runs.
         if (d.pipes.size() != 1)
-          return "{\"ok\": false, \"error\": \"live fault changes need a single pipeline; use --fault-rx/--fault-tx at start\"}";
+          return error("live fault changes need a single pipeline; use --fault-rx/--fault-tx at start");
         (dir == "rx" ? d.pipes[0]->dp->rx_faults() : d.pipes[0]->dp->tx_faults()).configure(c);
         log(1, "fault injection changed", "dir=" + dir + " config=\"" + c.to_string() + "\"");
-        return "{\"ok\": true}";
+        return ok();
       }
-      return "{\"ok\": false, \"error\": \"unknown command '" + cmd + "' (status, fault, stop)\"}";
+      // The command is echoed back, cut short: escaped by the JSON library
+      // (quotes, backslashes, control bytes, invalid UTF-8 replaced).
+      return error("unknown command '" + cmd.substr(0, 64) + "' (status, fault, stop)");
     }
   };
   void accept() {
@@ -337,7 +367,7 @@ int main(int argc, char** argv) {
   ::signal(SIGABRT, on_fatal_signal);
   std::vector<std::string> port_names, ip_texts;
   std::string lcores_text, app_socket;
-  unsigned app_socket_mode = 0660;
+  std::string app_socket_mode_text = "0660", app_socket_group;
   unsigned shards = 1, app_pipe_idx = 0;
   std::string config, capture_path, ctl_path, fault_rx, fault_tx, app_role, app_peer, app_ops,
       eal_extra, file_prefix, log_level;
@@ -358,7 +388,8 @@ int main(int argc, char** argv) {
       ("lcores", po::value(&lcores_text), "lcores for the pipelines, e.g. 0,1 (default: --lcore and the next ones)")
       ("app-pipeline", po::value(&app_pipe_idx), "which pipeline runs the built-in app (default 0)")
       ("app-socket", po::value(&app_socket), "Unix socket where applications (liburoce) attach")
-      ("app-socket-mode", po::value(&app_socket_mode), "permissions of the application socket (default 0660, octal)")
+      ("app-socket-mode", po::value(&app_socket_mode_text), "permissions of the application socket, octal (default 0660)")
+      ("app-socket-group", po::value(&app_socket_group), "group that owns the application socket (default: the daemon's)")
       ("vdev", po::value(&vdevs)->composing(), "create a DPDK vdev (repeatable), e.g. net_af_packet0,iface=veth0")
       ("no-huge", po::bool_switch(&no_huge), "run without hugepages")
       ("mem-mb", po::value(&mem_mb), "EAL memory in MB (default 512)")
@@ -399,9 +430,25 @@ int main(int argc, char** argv) {
   try {
     po::store(po::parse_command_line(argc, argv, opts), vm);
     if (vm.count("config")) {
-      std::ifstream f(vm["config"].as<std::string>());
+      // A regular file of bounded size: not a device (/dev/zero never ends),
+      // not a directory (which reads as empty and hides the mistake).
+      const std::string path = vm["config"].as<std::string>();
+      struct stat st {};
+      if (::stat(path.c_str(), &st) != 0) {
+        std::fprintf(stderr, "uroced: cannot read config file '%s': %s\n", path.c_str(), std::strerror(errno));
+        return 2;
+      }
+      if (!S_ISREG(st.st_mode)) {
+        std::fprintf(stderr, "uroced: config file '%s' is not a regular file\n", path.c_str());
+        return 2;
+      }
+      if (st.st_size > kMaxConfigBytes) {
+        std::fprintf(stderr, "uroced: config file '%s' is over %ld bytes\n", path.c_str(), kMaxConfigBytes);
+        return 2;
+      }
+      std::ifstream f(path);
       if (!f) {
-        std::fprintf(stderr, "uroced: cannot read config file '%s'\n", vm["config"].as<std::string>().c_str());
+        std::fprintf(stderr, "uroced: cannot read config file '%s'\n", path.c_str());
         return 2;
       }
       po::store(po::parse_config_file(f, opts), vm);
@@ -460,6 +507,27 @@ int main(int argc, char** argv) {
   if (mtu != 256 && mtu != 512 && mtu != 1024 && mtu != 2048 && mtu != 4096)
     return bad("--mtu must be 256, 512, 1024, 2048 or 4096");
   if (timeout > 31) return bad("--timeout must be 0..31");
+  if (!std::isfinite(duration) || duration < 0 || duration > 1e7) return bad("--duration must be 0..10000000 seconds");
+  if (mem_mb < 64 || mem_mb > (1u << 20)) return bad("--mem-mb must be 64..1048576");
+  if (app_port < 1 || app_port > 65535) return bad("--app-port must be 1..65535");
+  if (lcore >= RTE_MAX_LCORE) return bad("--lcore must be below " + std::to_string(RTE_MAX_LCORE));
+  // The socket's mode is octal, as chmod(1) reads it: 0660 or 660. Only
+  // permission bits; other users are never given write access by default.
+  unsigned app_socket_mode = 0;
+  {
+    const std::string& t = app_socket_mode_text;
+    char* end = nullptr;
+    const unsigned long v = std::strtoul(t.c_str(), &end, 8);
+    if (t.empty() || *end != '\0' || t.find_first_not_of("01234567") != std::string::npos || v > 0777)
+      return bad("--app-socket-mode must be octal permission bits, 0000..0777 (e.g. 0660), got '" + t + "'");
+    app_socket_mode = static_cast<unsigned>(v);
+  }
+  gid_t app_socket_gid = static_cast<gid_t>(-1);
+  if (!app_socket_group.empty()) {
+    const group* g = ::getgrnam(app_socket_group.c_str());
+    if (!g) return bad("--app-socket-group: no group named '" + app_socket_group + "'");
+    app_socket_gid = g->gr_gid;
+  }
   if (idle_cfg.spin_us > 1'000'000 || idle_cfg.tick_us < 1 || idle_cfg.tick_us > 1'000'000 || idle_cfg.warm_ms > 60'000 ||
       idle_cfg.max_sleep_us > 1'000'000)
     return bad("--idle-spin-us 0..1000000, --poll-tick-us 1..1000000, --idle-warm-ms 0..60000, --idle-max-us 0..1000000");
@@ -609,6 +677,8 @@ int main(int argc, char** argv) {
       return bad("--app-socket " + app_socket + ": " + e.what());
     }
     d.pipes[0]->dp->set_app(sessions_cb, d.sessions.get());
+    if (app_socket_gid != static_cast<gid_t>(-1) && ::chown(app_socket.c_str(), static_cast<uid_t>(-1), app_socket_gid) != 0)
+      return bad("--app-socket-group: cannot give " + app_socket + " to the group: " + std::strerror(errno));
   }
   std::unique_ptr<ControlServer> ctl;
   if (!ctl_path.empty()) {

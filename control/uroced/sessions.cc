@@ -101,6 +101,7 @@ struct SessionServer::Session {
   std::map<std::uint32_t, SrqRes> srqs;
   std::uint64_t mr_bytes = 0;
   int pid = -1;  // the application's, from SO_PEERCRED
+  int uid = -1;
   // The session page and the doorbell (minor 4): the application rings the
   // doorbell after a post only while the page says the daemon may block.
   Mapping page_map;
@@ -202,7 +203,10 @@ void SessionServer::accept() {
       s->id = next_session_++;
       ucred cred{};
       socklen_t clen = sizeof cred;
-      if (::getsockopt(s->sock.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &clen) == 0) s->pid = cred.pid;
+      if (::getsockopt(s->sock.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &clen) == 0) {
+        s->pid = cred.pid;
+        s->uid = static_cast<int>(cred.uid);
+      }
       sessions_[s->id] = s;
       wait_read(s);
     }
@@ -228,6 +232,13 @@ void SessionServer::on_readable(const std::shared_ptr<Session>& s) {
   }
   if (n > 0) {
     s->in.insert(s->in.end(), buf, buf + n);
+  }
+  // No request carries more than a few descriptors: a client that keeps
+  // sending them with an unfinished request is cut off (and they are closed).
+  if (s->in_fds.size() > abi::kMaxFdsPerMsg) {
+    close(*s);
+    sessions_.erase(s->id);
+    return;
   }
   // Whole messages only; anything malformed ends the session (the daemon goes on).
   while (s->in.size() >= sizeof(uroce_msg_hdr)) {
@@ -267,7 +278,10 @@ void send_reply_fds(int sock, const uroce_msg_hdr& req, int err, const std::stri
   std::memcpy(out, &h, sizeof h);
   std::memcpy(out + sizeof h, &st, sizeof st);
   if (blen) std::memcpy(out + sizeof h + sizeof st, body, blen);
-  (void)abi::send_with_fds(sock, out, sizeof h + sizeof st + blen, fds, nfds);
+  // Never blocks on a client: one that does not read its replies (the
+  // protocol is one request, one reply) fills its socket, and is cut off;
+  // its session then closes as after a disconnect.
+  if (abi::send_with_fds(sock, out, sizeof h + sizeof st + blen, fds, nfds, MSG_DONTWAIT) < 0) ::shutdown(sock, SHUT_RDWR);
 }
 
 void send_reply(int sock, const uroce_msg_hdr& req, int err, const std::string& why, const void* body,
@@ -488,11 +502,21 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
       if (res.err == EHOSTUNREACH && resolve_ != nullptr) {
         // Resolve the peer (ARP or ND) and answer when it is known, as a
         // kernel RDMA stack does while it resolves the address.
+        // Bounded: per session and in all, so a client cannot park requests
+        // (and their ARP traffic) without end.
+        std::size_t mine = 0;
+        for (const PendingModify& p : pending_) mine += p.session == s.id ? 1 : 0;
+        if (mine >= limits_.max_pending_rtr || pending_.size() >= limits_.max_pending_rtr_total)
+          return fail(EAGAIN, "too many RTRs already waiting for address resolution; try again");
         wire::IpAddr dgid;
         std::memcpy(dgid.b.data(), m.dgid, 16);
-        resolve_(resolve_ctx_, dgid);
         const std::uint64_t t = now_ms();
-        pending_.push_back({s.id, m.qp, h, a, m.mask, dgid, t + 3000, t + 100});
+        // One resolution per destination, however many QPs wait for it: the
+        // first request goes now, the next after 100 ms, then doubling to
+        // 1 s, as the kernel's neighbour code retries.
+        auto [r, fresh] = resolving_.try_emplace(dgid, Resolution{t + 100, 100});
+        if (fresh) resolve_(resolve_ctx_, dgid);
+        pending_.push_back({s.id, m.qp, h, a, m.mask, dgid, t + 3000});
         return;
       }
       return send_reply(sock, h, res.err, res.err ? res.why : "", nullptr, 0);
@@ -663,24 +687,24 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
   }
 }
 
-std::string SessionServer::describe_json() const {
-  std::string o = "[";
+nlohmann::ordered_json SessionServer::describe() const {
+  auto list = nlohmann::ordered_json::array();
   for (const auto& [id, s] : sessions_) {
-    if (o.size() > 1) o += ", ";
-    o += "{\"id\": " + std::to_string(id) + ", \"pid\": " + std::to_string(s->pid) +
-         ", \"pds\": " + std::to_string(s->pds.size()) + ", \"mrs\": " + std::to_string(s->mrs.size()) +
-         ", \"mr_bytes\": " + std::to_string(s->mr_bytes) + ", \"cqs\": " + std::to_string(s->cqs.size()) +
-         ", \"srqs\": " + std::to_string(s->srqs.size()) + ", \"doorbells\": " + std::to_string(s->doorbells) +
-         ", \"notify_failed\": " + std::to_string(s->notify_failed) +
-         ", \"qpns\": [";
-    bool first = true;
-    for (const auto& [h, q] : s->qps) {
-      o += (first ? "" : ", ") + std::to_string(q.qp->qpn);
-      first = false;
-    }
-    o += "]}";
+    auto qpns = nlohmann::ordered_json::array();
+    for (const auto& [h, q] : s->qps) qpns.push_back(q.qp->qpn);
+    list.push_back({{"id", id},
+                    {"pid", s->pid},
+                    {"uid", s->uid},
+                    {"pds", s->pds.size()},
+                    {"mrs", s->mrs.size()},
+                    {"mr_bytes", s->mr_bytes},
+                    {"cqs", s->cqs.size()},
+                    {"srqs", s->srqs.size()},
+                    {"doorbells", s->doorbells},
+                    {"notify_failed", s->notify_failed},
+                    {"qpns", qpns}});
   }
-  return o + "]";
+  return list;
 }
 
 void SessionServer::close(Session& s) {
@@ -714,6 +738,8 @@ void SessionServer::close(Session& s) {
   s.cqs.clear();
   for (auto& [h, pd] : s.pds) eng_.dealloc_pd(pd);
   s.pds.clear();
+  for (int fd : s.in_fds) ::close(fd);  // descriptors that came with an unfinished request
+  s.in_fds.clear();
   boost::system::error_code ec;
   s.sock.close(ec);
   s.bell.reset();  // closes the daemon's end; a pending wait ends aborted
@@ -738,22 +764,35 @@ std::size_t SessionServer::retry_pending() {
       ++done;
       continue;
     }
-    if (t >= p.next_try_ms) {
-      resolve_(resolve_ctx_, p.dgid);
-      p.next_try_ms = t + 100;
-    }
     ++i;
+  }
+  // Resend each destination's request on its backoff; forget destinations
+  // nobody waits for any more.
+  for (auto it = resolving_.begin(); it != resolving_.end();) {
+    bool waited_for = false;
+    for (const PendingModify& p : pending_) waited_for = waited_for || p.dgid == it->first;
+    if (!waited_for) {
+      it = resolving_.erase(it);
+      continue;
+    }
+    if (t >= it->second.next_ms) {
+      resolve_(resolve_ctx_, it->first);
+      it->second.interval_ms = std::min<std::uint64_t>(it->second.interval_ms * 2, 1000);
+      it->second.next_ms = t + it->second.interval_ms;
+    }
+    ++it;
   }
   return done;
 }
 
-std::string SessionServer::cm_json() const {
-  std::string o = "{";
+nlohmann::ordered_json SessionServer::cm_status() const {
+  nlohmann::ordered_json o = nlohmann::ordered_json::object();
   for (std::size_t i = 0; i < static_cast<std::size_t>(cm::CmCounter::kCount); ++i) {
     const auto c = static_cast<cm::CmCounter>(i);
-    o += std::string(i ? ", " : "") + "\"" + cm::to_string(c) + "\": " + std::to_string(cm_->counter(c));
+    o[cm::to_string(c)] = cm_->counter(c);
   }
-  return o + ", \"connections\": " + std::to_string(cm_->connections()) + "}";
+  o["connections"] = cm_->connections();
+  return o;
 }
 
 void SessionServer::wait_bell(Session& s) {

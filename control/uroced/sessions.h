@@ -13,6 +13,7 @@
 #include <utility>  // boost 1.74's asio uses std::exchange without including it
 
 #include <boost/asio.hpp>
+#include <nlohmann/json.hpp>
 #include <map>
 #include <memory>
 #include <string>
@@ -28,6 +29,8 @@ namespace uroce::control {
 
 struct SessionLimits {
   std::uint32_t max_qps = 256, max_cqs = 256, max_mrs = 1024, max_pds = 64, max_srqs = 64;
+  /// MODIFY_QP(RTR)s parked while the peer's address resolves: per session, and in all.
+  std::uint32_t max_pending_rtr = 16, max_pending_rtr_total = 256;
   std::uint64_t max_mr_bytes = 1ull << 32;
 };
 
@@ -49,10 +52,10 @@ class SessionServer {
   void set_sleeping(bool sleeping);
   /// Doorbells rung by applications so far, over all sessions.
   [[nodiscard]] std::uint64_t doorbells() const { return doorbells_; }
-  /// A JSON array: per session its id, the application's pid, and what it holds.
-  [[nodiscard]] std::string describe_json() const;
-  /// The CM agent's counters as a JSON object.
-  [[nodiscard]] std::string cm_json() const;
+  /// Per session its id, the application's pid and uid, and what it holds.
+  [[nodiscard]] nlohmann::ordered_json describe() const;
+  /// The CM agent's counters.
+  [[nodiscard]] nlohmann::ordered_json cm_status() const;
 
   struct Session;
 
@@ -73,8 +76,13 @@ class SessionServer {
     ibv_qp_attr attr;
     int mask;
     wire::IpAddr dgid;
-    std::uint64_t deadline_ms, next_try_ms;
+    std::uint64_t deadline_ms;
   };
+  /// A destination being resolved for parked RTRs: when to ask again.
+  struct Resolution {
+    std::uint64_t next_ms, interval_ms;
+  };
+  std::map<wire::IpAddr, Resolution> resolving_;
   std::size_t retry_pending();
 
   std::vector<PendingModify> pending_;

@@ -14,8 +14,10 @@ namespace uroce::abi {
 inline constexpr std::size_t kMaxFdsPerMsg = 4;
 
 /// sendmsg of `len` bytes, with the descriptors `fds[0..nfds)` attached
-/// (at most kMaxFdsPerMsg; negative ones are skipped).
-inline ssize_t send_with_fds(int sock, const void* buf, std::size_t len, const int* fds, std::size_t nfds) {
+/// (at most kMaxFdsPerMsg; negative ones are skipped). `flags` add to
+/// MSG_NOSIGNAL (the daemon passes MSG_DONTWAIT).
+inline ssize_t send_with_fds(int sock, const void* buf, std::size_t len, const int* fds, std::size_t nfds,
+                             int flags = 0) {
   iovec iov{const_cast<void*>(buf), len};
   msghdr mh{};
   mh.msg_iov = &iov;
@@ -34,7 +36,7 @@ inline ssize_t send_with_fds(int sock, const void* buf, std::size_t len, const i
     c->cmsg_len = CMSG_LEN(sizeof(int) * k);
     std::memcpy(CMSG_DATA(c), pass, sizeof(int) * k);
   }
-  return ::sendmsg(sock, &mh, MSG_NOSIGNAL);
+  return ::sendmsg(sock, &mh, MSG_NOSIGNAL | flags);
 }
 
 /// sendmsg of `len` bytes, with descriptor `fd` attached when fd >= 0.

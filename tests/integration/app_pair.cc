@@ -11,7 +11,9 @@
 //                                   no listener, disconnect, a client that dies connected
 //
 // Prints "N passed, M failed"; exits 0 only if nothing failed.
+#include <dirent.h>
 #include <poll.h>
+#include <sys/mman.h>
 #include <sched.h>
 #include <sys/wait.h>
 #include <sys/socket.h>
@@ -30,6 +32,7 @@
 #include <thread>
 #include <vector>
 
+#include "stack/abi/fd_msg.h"
 #include "stack/abi/session_proto.h"
 #include "stack/verbs/uroce_verbs.h"
 
@@ -279,6 +282,174 @@ int hostile(const char* sa, const char* sb) {
         "a guessed rkey is refused (REM_ACCESS_ERR)");
   uroce_close_device(a.ctx);
   uroce_close_device(b.ctx);
+  std::printf("%d passed, %d failed\n", g_pass, g_fail);
+  return g_fail ? 1 : 0;
+}
+
+/// One raw request with an optional descriptor; returns the reply's status
+/// (or -1) and the first descriptor that came back in *got.
+int raw_call(int sock, std::uint16_t type, std::uint32_t seq, const void* body, std::uint32_t len, int send_fd,
+             int* got = nullptr) {
+  std::uint8_t out[UROCE_MSG_MAX];
+  uroce_msg_hdr h{UROCE_MSG_MAGIC, UROCE_ABI_MAJOR, type, len, seq};
+  std::memcpy(out, &h, sizeof h);
+  if (len) std::memcpy(out + sizeof h, body, len);
+  if (uroce::abi::send_with_fd(sock, out, sizeof h + len, send_fd) < 0) return -1;
+  std::uint8_t in[UROCE_MSG_MAX];
+  const ssize_t n = uroce::abi::recv_with_fds(sock, in, sizeof in, 0, [&](int fd) {
+    if (got && *got < 0) *got = fd;
+    else ::close(fd);
+  });
+  if (n < static_cast<ssize_t>(sizeof(uroce_msg_hdr) + sizeof(uroce_reply_status))) return -1;
+  uroce_reply_status st;
+  std::memcpy(&st, in + sizeof(uroce_msg_hdr), sizeof st);
+  return st.err;
+}
+
+int count_fds(int pid) {
+  DIR* d = ::opendir(("/proc/" + std::to_string(pid) + "/fd").c_str());
+  if (!d) return -1;
+  int n = 0;
+  while (::readdir(d)) ++n;
+  ::closedir(d);
+  return n;
+}
+
+/// Hostile uses of the shared-memory seam (hardening rows 1, 2, 5, 6): ring
+/// memfds cannot be shrunk under the daemon, a pipe is refused as a
+/// completion channel, and descriptors sent with unfinished requests are
+/// closed when the connection goes. `daemon_pid` is the daemon's, for its
+/// descriptor count.
+int seams(const char* sa, int daemon_pid) {
+  int s = raw_session(sa, UROCE_ABI_MAJOR);
+  check(s >= 0 && raw_reply_err(s) == 0, "a raw session says hello");
+  uroce_handle_reply pd{};
+  check(raw_call(s, UROCE_MSG_ALLOC_PD, 2, nullptr, 0, -1) == 0, "ALLOC_PD");
+  uroce_create_cq_msg cm{64};
+  int ring = -1;
+  check(raw_call(s, UROCE_MSG_CREATE_CQ, 3, &cm, sizeof cm, -1, &ring) == 0 && ring >= 0, "CREATE_CQ hands out a ring");
+  check(ring >= 0 && ::ftruncate(ring, 0) != 0 && errno == EPERM,
+        "the CQ ring's memfd cannot be shrunk (sealed): no SIGBUS in the daemon");
+  check(ring >= 0 && ::ftruncate(ring, 1 << 24) != 0 && errno == EPERM, "nor grown");
+  if (ring >= 0) ::close(ring);
+  uroce_create_qp_msg qm{};
+  qm.pd = 1;
+  qm.send_cq = qm.recv_cq = 2;  // handles in order: PD 1, CQ 2
+  qm.qp_type = IBV_QPT_RC;
+  qm.max_send_wr = qm.max_recv_wr = 16;
+  int qring = -1;
+  check(raw_call(s, UROCE_MSG_CREATE_QP, 4, &qm, sizeof qm, -1, &qring) == 0 && qring >= 0, "CREATE_QP hands out rings");
+  check(qring >= 0 && ::ftruncate(qring, 0) != 0 && errno == EPERM, "the QP rings' memfd cannot be shrunk");
+  if (qring >= 0) ::close(qring);
+  int p[2];
+  check(::pipe(p) == 0, "a pipe");
+  check(raw_call(s, UROCE_MSG_CREATE_CQ, 5, &cm, sizeof cm, p[1]) == EINVAL,
+        "a pipe as the completion channel is refused (EINVAL): the daemon never writes to what could block it");
+  ::close(p[0]);
+  ::close(p[1]);
+  ::close(s);
+  (void)pd;
+  // Descriptors with an unfinished request, then a disconnect: the daemon
+  // must close them all (and refuses more than a message may carry).
+  usleep(200000);
+  const int before = count_fds(daemon_pid);
+  for (int round = 0; round < 5; ++round) {
+    const int t = raw_session(sa, UROCE_ABI_MAJOR);
+    (void)raw_reply_err(t);
+    uroce_msg_hdr h{UROCE_MSG_MAGIC, UROCE_ABI_MAJOR, UROCE_MSG_REG_MR, 1000, 9};
+    (void)uroce::abi::send_with_fd(t, &h, sizeof h, -1);
+    const int mfd = ::memfd_create("hostile", 0);
+    for (int i = 0; i < 200; ++i) {
+      const int four[4] = {mfd, mfd, mfd, mfd};
+      const char byte = 0;
+      if (uroce::abi::send_with_fds(t, &byte, 1, four, 4) < 0) break;  // the daemon may hang up first
+    }
+    ::close(mfd);
+    ::close(t);
+  }
+  usleep(300000);
+  const int after = count_fds(daemon_pid);
+  std::printf("daemon descriptors: %d before, %d after 5 rounds of 800 descriptors with unfinished requests\n", before,
+              after);
+  check(before > 0 && after <= before + 2, "descriptors sent with unfinished requests are closed");
+  std::printf("%d passed, %d failed\n", g_pass, g_fail);
+  return g_fail ? 1 : 0;
+}
+
+/// Hardening row 7: a flood of MODIFY_QP(RTR) to a GID nobody answers for.
+/// The daemon parks a bounded number (the rest get EAGAIN at once), sends
+/// one resolution per destination on a backoff, and answers every parked
+/// one with EHOSTUNREACH after its timeout.
+int rtrflood(const char* sa, long n) {
+  int s = raw_session(sa, UROCE_ABI_MAJOR);
+  check(s >= 0 && raw_reply_err(s) == 0, "a raw session says hello");
+  uroce_create_cq_msg cm{64};
+  int ring = -1;
+  check(raw_call(s, UROCE_MSG_ALLOC_PD, 2, nullptr, 0, -1) == 0, "ALLOC_PD");
+  check(raw_call(s, UROCE_MSG_CREATE_CQ, 3, &cm, sizeof cm, -1, &ring) == 0, "CREATE_CQ");
+  if (ring >= 0) ::close(ring);
+  uroce_create_qp_msg qm{};
+  qm.pd = 1;
+  qm.send_cq = qm.recv_cq = 2;
+  qm.qp_type = IBV_QPT_RC;
+  qm.max_send_wr = qm.max_recv_wr = 16;
+  ring = -1;
+  check(raw_call(s, UROCE_MSG_CREATE_QP, 4, &qm, sizeof qm, -1, &ring) == 0, "CREATE_QP");
+  if (ring >= 0) ::close(ring);
+  uroce_modify_qp_msg m{};
+  m.qp = 3;
+  m.mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
+  m.qp_state = IBV_QPS_INIT;
+  m.port_num = 1;
+  check(raw_call(s, UROCE_MSG_MODIFY_QP, 5, &m, sizeof m, -1) == 0, "the QP to INIT");
+  // RTR to 10.99.0.99 (IPv4-mapped), which nobody answers for.
+  m.mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+           IBV_QP_MIN_RNR_TIMER;
+  m.qp_state = IBV_QPS_RTR;
+  m.path_mtu = IBV_MTU_1024;
+  m.dest_qp_num = 0x123;
+  m.max_dest_rd_atomic = 1;
+  m.min_rnr_timer = 12;
+  const std::uint8_t gid[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 99, 0, 99};
+  std::memcpy(m.dgid, gid, 16);
+  std::uint8_t out[UROCE_MSG_MAX];
+  long eagain = 0, unreach = 0, other = 0;
+  std::vector<std::uint8_t> in;
+  std::uint8_t buf[4096];
+  timeval tv{10, 0};
+  ::setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  // Pipelined: each request goes without waiting for the last one's reply
+  // (the parked ones have none yet); replies are taken as they come, since
+  // the daemon cuts off a client that does not read them.
+  long sent = 0;
+  while (eagain + unreach + other < n) {
+    if (sent < n) {
+      uroce_msg_hdr h{UROCE_MSG_MAGIC, UROCE_ABI_MAJOR, UROCE_MSG_MODIFY_QP, sizeof m,
+                      static_cast<std::uint32_t>(100 + sent)};
+      std::memcpy(out, &h, sizeof h);
+      std::memcpy(out + sizeof h, &m, sizeof m);
+      if (::send(s, out, sizeof h + sizeof m, MSG_NOSIGNAL) < 0) break;
+      ++sent;
+    }
+    const ssize_t k = ::recv(s, buf, sizeof buf, sent < n ? MSG_DONTWAIT : 0);
+    if (k == 0 || (k < 0 && (sent >= n || errno != EAGAIN))) break;
+    if (k < 0) continue;
+    in.insert(in.end(), buf, buf + k);
+    while (in.size() >= sizeof(uroce_msg_hdr) + sizeof(uroce_reply_status)) {
+      uroce_msg_hdr h;
+      std::memcpy(&h, in.data(), sizeof h);
+      if (in.size() < sizeof h + h.len) break;
+      uroce_reply_status st;
+      std::memcpy(&st, in.data() + sizeof h, sizeof st);
+      (st.err == EAGAIN ? eagain : st.err == EHOSTUNREACH ? unreach : other)++;
+      in.erase(in.begin(), in.begin() + static_cast<long>(sizeof h + h.len));
+    }
+  }
+  std::printf("%ld RTRs: %ld refused at once (EAGAIN), %ld parked then EHOSTUNREACH, %ld other\n", n, eagain, unreach,
+              other);
+  check(eagain + unreach == n && other == 0, "every request was answered, with EAGAIN or EHOSTUNREACH");
+  check(unreach > 0 && unreach <= 16, "at most the per-session bound (16) was parked");
+  ::close(s);
   std::printf("%d passed, %d failed\n", g_pass, g_fail);
   return g_fail ? 1 : 0;
 }
@@ -891,9 +1062,11 @@ int main(int argc, char** argv) {
   if (argc >= 4 && std::string(argv[1]) == "cm") return cm(argv[2], argv[3]);
   if (argc >= 3 && std::string(argv[1]) == "devices") return devices(std::atoi(argv[2]));
   if (argc >= 5 && std::string(argv[1]) == "oob") return oob(argv[2], argv[3], std::atoi(argv[4]));
+  if (argc >= 4 && std::string(argv[1]) == "rtrflood") return rtrflood(argv[2], std::atol(argv[3]));
+  if (argc >= 4 && std::string(argv[1]) == "seams") return seams(argv[2], std::atoi(argv[3]));
   if (argc >= 4 && std::string(argv[1]) == "sqfull") return sqfull(argv[2], argv[3]);
   if (argc >= 5 && std::string(argv[1]) == "rnr") return rnr(argv[2], argv[3], std::atol(argv[4]));
   if (argc >= 5 && std::string(argv[1]) == "wakes") return wakes(argv[2], std::atol(argv[3]), std::atol(argv[4]));
-  std::fprintf(stderr, "usage: app_pair ops|hostile|events|srq SOCK_A SOCK_B | crash SOCK_A | oob SOCK_A SOCK_B PORT | devices N | wakes SOCK N BOUND_MS | rnr SOCK_A SOCK_B N | sqfull SOCK_A SOCK_B\n");
+  std::fprintf(stderr, "usage: app_pair ops|hostile|events|srq SOCK_A SOCK_B | crash SOCK_A | oob SOCK_A SOCK_B PORT | devices N | wakes SOCK N BOUND_MS | rnr SOCK_A SOCK_B N | sqfull SOCK_A SOCK_B | seams SOCK DAEMON_PID | rtrflood SOCK N\n");
   return 2;
 }

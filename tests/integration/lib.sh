@@ -92,7 +92,12 @@ while not data.endswith(b"\n"):
     chunk = s.recv(65536)
     if not chunk: break
     data += chunk
-print(data.decode().strip())
+text = data.decode(errors="replace").strip()
+try:  # uroced answers compact JSON; the checks read it with Python's spacing
+    import json
+    print(json.dumps(json.loads(text)))
+except ValueError:
+    print(text)
 PY
 }
 # jget JSON PATH: a field from a status reply, e.g. jget "$st" port.rx_icrc_err

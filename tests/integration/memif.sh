@@ -45,8 +45,8 @@ start_daemon "" cli-faulty --port net_memif0 --vdev "net_memif0,role=client,sock
   --app client --app-peer 127.0.0.1 --app-messages 3000 --app-size 4096 --timeout 10
 wait_pair faulty
 srv_err=$(cat "$TMP/srv-faulty.err")
-icrc=$(echo "$srv_err" | grep -o '"rx_icrc_err": [0-9]*' | head -1 | awk '{print $2}')
-fdrop=$(echo "$srv_err" | grep -o '"fault_rx": {[^}]*' | grep -o '"dropped": [0-9]*' | awk '{print $2}')
+icrc=$(echo "$srv_err" | grep -o '"rx_icrc_err": *[0-9]*' | head -1 | sed 's/.*: *//')
+fdrop=$(echo "$srv_err" | grep -o '"fault_rx": *{[^}]*' | grep -o '"dropped": *[0-9]*' | sed 's/.*: *//')
 echo "  server: rx_icrc_err=$icrc fault_rx.dropped=$fdrop"
 check "faulty: corrupted frames were caught by the ICRC and counted" "[ ${icrc:-0} -gt 0 ]"
 check "faulty: the injector dropped frames" "[ ${fdrop:-0} -gt 0 ]"

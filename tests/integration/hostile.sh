@@ -1,0 +1,108 @@
+#!/bin/bash
+# A hostile local application and a careless operator, against the memif
+# daemon pair (the rows of the hardening issue that are fixed): each asserts
+# a clear error or a counted refusal, and afterwards the daemon is alive and
+# a well-behaved application still passes every operation with its bytes
+# checked.
+. "$(dirname "$0")/lib.sh"
+need_root
+APP=${APP_PAIR:?path to app_pair}
+ME="--port net_memif0 --no-huge --mem-mb 256"
+
+echo "== operator input: config files, numbers and the socket mode (rows 8, 13)"
+mkdir -p "$TMP/conf.d"
+run_bad() {  # NAME EXPECTED-TEXT ARGS...: exits 2 within 5 s, saying EXPECTED-TEXT
+  local name=$1 want=$2; shift 2
+  timeout 5 "$UROCED" "$@" > "$TMP/$name.out" 2>&1; local rc=$?
+  echo "  $name: exit $rc: $(head -c 120 "$TMP/$name.out" | head -1)"
+  [ $rc -eq 2 ] && grep -q -- "$want" "$TMP/$name.out"
+}
+check "--config /dev/zero: refused at once, not read forever" "run_bad zero 'not a regular file' --config /dev/zero"
+check "--config DIRECTORY: refused, not taken as empty" "run_bad dir 'not a regular file' --config $TMP/conf.d"
+check "--config missing: a clear error" "run_bad missing 'cannot read config file' --config $TMP/nope.conf"
+head -c 2000000 /dev/zero | tr '\0' '#' > "$TMP/big.conf"
+check "--config over 1 MiB: refused" "run_bad big 'over 1048576 bytes' --config $TMP/big.conf"
+check "--duration -5: refused" "run_bad dneg '--duration must be' $ME --ip 10.98.0.1 --duration -5"
+check "--duration nan: refused" "run_bad dnan '--duration must be' $ME --ip 10.98.0.1 --duration nan"
+check "--app-socket-mode 0999: not octal, refused" "run_bad m9 'must be octal' $ME --ip 10.98.0.1 --app-socket-mode 0999"
+check "--app-socket-mode 4777: no setuid bits, refused" "run_bad m4 'must be octal' $ME --ip 10.98.0.1 --app-socket-mode 4777"
+check "--app-socket-group with no such group: refused" \
+  "run_bad grp 'no group named' $ME --ip 10.98.0.1 --app-socket-group no-such-group-$$"
+
+start_daemon "" da --port net_memif0 --vdev "net_memif0,role=server,socket=$TMP/m.sock,bsize=8192" --ip 10.98.0.1 --lcore 0 \
+  --app-socket "$TMP/a.app" --ctl-socket "$TMP/a.ctl" --app-socket-mode 0600 --app-socket-group root
+A_PID=$LAST_PID
+sleep 1
+start_daemon "" db --port net_memif0 --vdev "net_memif0,role=client,socket=$TMP/m.sock,bsize=8192" --ip 10.98.0.2 --lcore 1 \
+  --app-socket "$TMP/b.app" --ctl-socket "$TMP/b.ctl"
+for i in $(seq 1 50); do [ -S "$TMP/a.app" ] && [ -S "$TMP/b.app" ] && break; sleep 0.1; done
+echo "  application socket: $(stat -c '%a %G' "$TMP/a.app")"
+check "--app-socket-mode 0600 is octal: the socket is 600 (not 1130), owned by the group given" \
+  "[ \"\$(stat -c '%a %G' '$TMP/a.app')\" = '600 root' ]"
+
+echo "== the control socket (rows 11, 12)"
+rss() { awk '/VmRSS/ {print $2}' "/proc/$A_PID/status"; }
+r0=$(rss)
+long=$(/usr/bin/python3 - "$TMP/a.ctl" <<'PY'
+import socket, sys
+s = socket.socket(socket.AF_UNIX); s.settimeout(10); s.connect(sys.argv[1])
+try:
+    chunk = b"x" * 65536
+    for _ in range(3200):  # 200 MiB, no newline: the daemon cuts it off long before
+        s.sendall(chunk)
+except OSError:
+    pass
+data = b""
+try:
+    while True:
+        c = s.recv(65536)
+        if not c: break
+        data += c
+except OSError:
+    pass
+print(data.decode(errors="replace").strip())
+PY
+)
+r1=$(rss)
+echo "  reply to a 200 MiB line: $long; RSS $r0 -> $r1 kB"
+check "a control line over 4 KiB: refused with a JSON error, connection closed, memory flat" \
+  "echo '$long' | /usr/bin/python3 -c 'import json,sys; d=json.loads(sys.stdin.read()); sys.exit(not (d[\"ok\"] is False and \"longer than 4096\" in d[\"error\"]))' && [ $((r1 - r0)) -lt 20000 ]"
+/usr/bin/python3 - "$TMP/a.ctl" > "$TMP/weird.json" <<'PY'
+import socket, sys
+s = socket.socket(socket.AF_UNIX); s.settimeout(5); s.connect(sys.argv[1])
+s.sendall(b'he"llo\\wor\x01ld\xff\n'); data = b""
+while not data.endswith(b"\n"):
+    c = s.recv(65536)
+    if not c: break
+    data += c
+sys.stdout.write(data.decode(errors="replace"))
+PY
+echo "  reply to a command with a quote, a backslash and control bytes: $(cat "$TMP/weird.json")"
+check "a command with \" and \\: the reply is valid JSON that names it" \
+  "/usr/bin/python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); sys.exit(not (d[\"ok\"] is False and chr(34) + \"llo\" + chr(92) + \"wor\" in d[\"error\"]))' '$TMP/weird.json'"
+check "status is valid JSON and shows the control-line limit" \
+  "[ \$(jget \"\$(ctl $TMP/a.ctl status)\" limits.control_line_bytes) = 4096 ]"
+
+echo "== shared memory, channels and descriptors (rows 1, 2, 5, 6)"
+"$APP" seams "$TMP/a.app" "$A_PID" > "$TMP/seams.out" 2>&1; rc=$?
+sed 's/^/  /' "$TMP/seams.out" | grep -v '^  [0-9]* passed' | head -12
+check "seams: rings sealed, a pipe refused as a channel, descriptors closed" \
+  "[ $rc -eq 0 ] && grep -qE '^[1-9][0-9]* passed, 0 failed' '$TMP/seams.out'"
+
+echo "== a flood of RTRs to an address nobody answers for (row 7)"
+n0=$(jget "$(ctl "$TMP/a.ctl" status)" dataplane.neigh_requests)
+"$APP" rtrflood "$TMP/a.app" 500 > "$TMP/rtr.out" 2>&1; rc=$?
+n1=$(jget "$(ctl "$TMP/a.ctl" status)" dataplane.neigh_requests)
+sed 's/^/  /' "$TMP/rtr.out" | grep -v '^  [0-9]* passed' | head -5
+echo "  ARP requests sent for them: $((n1 - n0))"
+check "rtrflood: bounded parking, every request answered" \
+  "[ $rc -eq 0 ] && grep -qE '^[1-9][0-9]* passed, 0 failed' '$TMP/rtr.out'"
+check "rtrflood: one resolution per destination on a backoff (<= 8 ARPs in ~3 s, not one per request)" \
+  "[ $((n1 - n0)) -ge 1 ] && [ $((n1 - n0)) -le 8 ]"
+
+echo "== afterwards: the daemon is alive and a well-behaved application passes every operation"
+check "daemon A is alive" "kill -0 $A_PID"
+"$APP" ops "$TMP/a.app" "$TMP/b.app" > "$TMP/ops.out" 2>&1; rc=$?
+tail -1 "$TMP/ops.out" | sed 's/^/  /'
+check "ops: every operation, every byte checked" "[ $rc -eq 0 ] && grep -qE '^[1-9][0-9]* passed, 0 failed' '$TMP/ops.out'"
+finish
