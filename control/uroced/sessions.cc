@@ -355,6 +355,16 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
       if (s.mrs.size() >= limits_.max_mrs || s.mr_bytes + m.length > limits_.max_mr_bytes)
         return fail(EDQUOT, "over this session's MR limit");
       if (m.length == 0 || (m.offset & 4095)) return fail(EINVAL, "MR length 0 or offset not page aligned");
+      // The memory must be there, and stay there: the memfd must hold the
+      // whole range and be sealed against shrinking, or a client could
+      // truncate it under the daemon's mapping (SIGBUS on the next access).
+      struct stat st {};
+      if (::fstat(fds[0], &st) != 0 || !S_ISREG(st.st_mode)) return fail(EINVAL, "REG_MR needs a memfd (or a regular file)");
+      const int seals = ::fcntl(fds[0], F_GET_SEALS);
+      if (seals < 0 || !(seals & F_SEAL_SHRINK))
+        return fail(EINVAL, "the MR's memfd must be sealed against shrinking (F_SEAL_SHRINK)");
+      if (m.offset > static_cast<std::uint64_t>(st.st_size) || m.length > static_cast<std::uint64_t>(st.st_size) - m.offset)
+        return fail(EINVAL, "the MR's range is beyond the end of its memfd");
       Mapping map;
       map.len = m.length;
       map.addr = ::mmap(nullptr, m.length, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], static_cast<off_t>(m.offset));

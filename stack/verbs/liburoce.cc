@@ -2,6 +2,7 @@
 // rings. See uroce_verbs.h for the API and stack/abi for the contract.
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <poll.h>
 #include <sys/mman.h>
@@ -154,6 +155,20 @@ int call(uroce_context* ctx, std::uint16_t type, const void* body, std::uint32_t
   if (rlen > body_len) return set_error(EPROTO, "short reply from uroced");
   if (rlen) std::memcpy(reply, in + sizeof(uroce_msg_hdr) + sizeof st, rlen);
   return 0;
+}
+
+/// A memfd of `len` bytes sealed at that size: the daemon maps registered
+/// memory and refuses a memfd that could be shrunk under it.
+int sealed_memfd(const char* name, std::size_t len) {
+  const int fd = ::memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return -1;
+  if (::ftruncate(fd, static_cast<off_t>(len)) != 0 || ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0) {
+    const int e = errno;
+    ::close(fd);
+    errno = e;
+    return -1;
+  }
+  return fd;
 }
 
 /// Maps the memfd of a ring the daemon made; false (errno set) on failure.
@@ -434,8 +449,8 @@ uroce_pd* uroce_alloc_pd(uroce_context* ctx) {
 void* uroce_alloc_buf(uroce_context* ctx, std::size_t length) {
   if (!ctx || length == 0) return set_error(EINVAL, "empty buffer"), nullptr;
   const std::size_t len = (length + 4095) & ~std::size_t{4095};
-  const int fd = ::memfd_create("uroce-buf", MFD_CLOEXEC);
-  if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(len)) != 0) return set_error(errno, "memfd"), nullptr;
+  const int fd = sealed_memfd("uroce-buf", len);
+  if (fd < 0) return set_error(errno, "memfd"), nullptr;
   void* p = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) {
     ::close(fd);
@@ -455,8 +470,8 @@ uroce_mr* uroce_reg_mr(uroce_pd* pd, void* addr, std::size_t length, int access)
     const auto start = reinterpret_cast<std::uintptr_t>(addr) & ~std::uintptr_t{4095};
     const auto end = (reinterpret_cast<std::uintptr_t>(addr) + length + 4095) & ~std::uintptr_t{4095};
     const std::size_t len = end - start;
-    const int fd = ::memfd_create("uroce-mr", MFD_CLOEXEC);
-    if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(len)) != 0) return set_error(errno, "memfd"), nullptr;
+    const int fd = sealed_memfd("uroce-mr", len);
+    if (fd < 0) return set_error(errno, "memfd"), nullptr;
     void* tmp = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (tmp == MAP_FAILED) return ::close(fd), set_error(errno, "mmap"), nullptr;
     std::memcpy(tmp, reinterpret_cast<void*>(start), len);

@@ -12,6 +12,7 @@
 //
 // Prints "N passed, M failed"; exits 0 only if nothing failed.
 #include <dirent.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/mman.h>
 #include <sched.h>
@@ -315,7 +316,7 @@ int count_fds(int pid) {
   return n;
 }
 
-/// Hostile uses of the shared-memory seam (hardening rows 1, 2, 5, 6): ring
+/// Hostile uses of the shared-memory seam (hardening rows 1-6): ring and MR
 /// memfds cannot be shrunk under the daemon, a pipe is refused as a
 /// completion channel, and descriptors sent with unfinished requests are
 /// closed when the connection goes. `daemon_pid` is the daemon's, for its
@@ -341,6 +342,24 @@ int seams(const char* sa, int daemon_pid) {
   check(raw_call(s, UROCE_MSG_CREATE_QP, 4, &qm, sizeof qm, -1, &qring) == 0 && qring >= 0, "CREATE_QP hands out rings");
   check(qring >= 0 && ::ftruncate(qring, 0) != 0 && errno == EPERM, "the QP rings' memfd cannot be shrunk");
   if (qring >= 0) ::close(qring);
+  // REG_MR (rows 3, 4): the memfd must hold the range and be sealed.
+  auto reg = [&](int mfd, std::uint64_t len, std::uint64_t off, std::uint32_t seq) {
+    uroce_reg_mr_msg rm{1, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, 0x100000, len, off};
+    return raw_call(s, UROCE_MSG_REG_MR, seq, &rm, sizeof rm, mfd);
+  };
+  const int loose = ::memfd_create("loose", MFD_ALLOW_SEALING);
+  check(loose >= 0 && ::ftruncate(loose, 4096) == 0 && reg(loose, 4096, 0, 10) == EINVAL,
+        "REG_MR of an unsealed memfd is refused (it could be shrunk under the daemon)");
+  check(loose >= 0 && ::fcntl(loose, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) == 0, "the memfd sealed");
+  check(reg(loose, 64u << 20, 0, 11) == EINVAL, "REG_MR of 64 MiB on a 4 KiB memfd is refused");
+  check(reg(loose, 4096, 1ull << 62, 12) == EINVAL, "REG_MR at offset 2^62 is refused");
+  const int empty = ::memfd_create("empty", MFD_ALLOW_SEALING);
+  check(empty >= 0 && ::fcntl(empty, F_ADD_SEALS, F_SEAL_SHRINK) == 0 && reg(empty, 4096, 0, 13) == EINVAL,
+        "REG_MR on a 0-byte memfd is refused");
+  check(reg(loose, 4096, 0, 14) == 0, "REG_MR of a sealed memfd that holds the range works");
+  check(::ftruncate(loose, 0) != 0 && errno == EPERM, "and the registered memfd cannot be shrunk afterwards");
+  ::close(loose);
+  ::close(empty);
   int p[2];
   check(::pipe(p) == 0, "a pipe");
   check(raw_call(s, UROCE_MSG_CREATE_CQ, 5, &cm, sizeof cm, p[1]) == EINVAL,

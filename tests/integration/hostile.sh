@@ -83,10 +83,10 @@ check "a command with \" and \\: the reply is valid JSON that names it" \
 check "status is valid JSON and shows the control-line limit" \
   "[ \$(jget \"\$(ctl $TMP/a.ctl status)\" limits.control_line_bytes) = 4096 ]"
 
-echo "== shared memory, channels and descriptors (rows 1, 2, 5, 6)"
+echo "== shared memory, channels and descriptors (rows 1-6)"
 "$APP" seams "$TMP/a.app" "$A_PID" > "$TMP/seams.out" 2>&1; rc=$?
 sed 's/^/  /' "$TMP/seams.out" | grep -v '^  [0-9]* passed' | head -12
-check "seams: rings sealed, a pipe refused as a channel, descriptors closed" \
+check "seams: rings sealed, MRs only on sealed memfds that hold them, a pipe refused as a channel, descriptors closed" \
   "[ $rc -eq 0 ] && grep -qE '^[1-9][0-9]* passed, 0 failed' '$TMP/seams.out'"
 
 echo "== a flood of RTRs to an address nobody answers for (row 7)"
