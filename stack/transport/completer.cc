@@ -179,7 +179,13 @@ void Engine::on_response(Qp& qp, const wire::Packet& pkt, std::uint64_t now) {
         qp.ctr.inc(QpCounter::unexpected_resp);
         return;
       }
-      // Scatter into the local SGEs (checked when the WQE started).
+      // Scatter into the local SGEs, checked again: the MR may have been
+      // deregistered since the READ started.
+      if (!translate_sges(qp, w)) {
+        if (&w == &qp.sq.at(qp.sq.head())) complete_send(qp, IBV_WC_LOC_PROT_ERR);
+        set_error(qp);
+        return;
+      }
       std::uint64_t skip = off;
       std::size_t done = 0;
       const auto data = pkt.payload();
@@ -200,6 +206,11 @@ void Engine::on_response(Qp& qp, const wire::Packet& pkt, std::uint64_t now) {
       if (w.read_pkts_done == w.npkts) complete_send(qp, IBV_WC_SUCCESS);
     } else {
       const std::uint64_t orig = pkt.atomic_ack()->orig.get();
+      if (!translate_sges(qp, w)) {
+        if (&w == &qp.sq.at(qp.sq.head())) complete_send(qp, IBV_WC_LOC_PROT_ERR);
+        set_error(qp);
+        return;
+      }
       std::memcpy(w.local[0], &orig, sizeof orig);
       w.read_pkts_done = 1;
       r.una = p + 1;

@@ -481,6 +481,17 @@ int Engine::post_srq_recv(Srq* srq, const RecvWr& wr) {
   return srq->post(w) ? 0 : ENOMEM;
 }
 
+bool Engine::translate_sges(Qp& qp, SendWqe& w) {
+  if (w.is_inline) return true;
+  // SGE addresses are in the application's address space (the MR's IOVA);
+  // the MR translates them to where the bytes are for us.
+  const unsigned need = (w.kind == WqeKind::kRead || w.kind == WqeKind::kAtomic) ? IBV_ACCESS_LOCAL_WRITE : 0;
+  for (std::uint32_t i = 0; i < w.nsge; ++i)
+    if (mrs_.check(w.sge[i].lkey, false, qp.pd, w.sge[i].addr, w.sge[i].length, need, &w.local[i]) != KeyCheck::kOk)
+      return false;
+  return true;
+}
+
 bool Engine::take_recv(Qp& qp, RecvWqe& out) {
   for (int pass = 0; pass < 2; ++pass) {
     if (qp.srq) {

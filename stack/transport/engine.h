@@ -177,6 +177,10 @@ class Engine {
   wire::FrameSpec spec_for(const Qp& qp, std::uint8_t opcode, wire::Psn psn) const;
   void finish_frame(TxFrame& f, Qp& qp, const wire::FrameSpec& spec, std::uint32_t payload_len);
   bool take_recv(Qp& qp, RecvWqe& out);
+  /// Translates a WQE's SGEs through their MRs into w.local, checking keys,
+  /// bounds and access: when the WQE starts, and again before later packets
+  /// and READ responses touch the memory. False if any check fails.
+  bool translate_sges(Qp& qp, SendWqe& w);
 
   // requester.cc
   void run_requester(Qp& qp, std::uint64_t now);

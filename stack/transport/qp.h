@@ -86,7 +86,10 @@ struct RespTx {
   // kRead
   std::uint32_t pkt = 0;  // index of the next packet in this response
   std::uint32_t npkts = 0;
-  const std::uint8_t* src = nullptr;  // responder memory
+  // Where the data is, as the requester named it: the key is checked again
+  // for every packet, so an MR deregistered mid-response is never read.
+  std::uint32_t rkey = 0;
+  std::uint64_t va = 0;
   std::uint32_t len = 0;
   // kAtomicAck
   std::uint64_t orig = 0;
@@ -104,8 +107,10 @@ struct Responder {
   bool have_rwqe = false;
   RecvWqe rwqe{};
   std::uint64_t offset = 0;
-  // The WRITE in progress.
-  std::uint8_t* wptr = nullptr;
+  // The WRITE in progress: its rkey and start address, checked again for
+  // every packet (an MR deregistered mid-message is never written).
+  std::uint32_t wkey = 0;
+  std::uint64_t wva = 0;
   std::uint64_t wremain = 0;
   std::array<ReplayEntry, kMaxRdAtomic> replay{};
   std::uint32_t replay_next = 0;

@@ -64,26 +64,20 @@ bool Engine::send_next_packet(Qp& qp, std::uint64_t now) {
   SendWqe& w = qp.sq.at(r.cursor);
   const bool rc = qp.type == IBV_QPT_RC;
 
+  bool fresh = false;  // its SGEs were translated just now
   if (!w.started) {
     if (qp.state == IBV_QPS_SQD) return false;  // drained: start nothing new
     if (rc && (w.flags & IBV_SEND_FENCE) && r.rd_atomic_inflight != 0) return false;
     const bool rd_atomic = w.kind == WqeKind::kRead || w.kind == WqeKind::kAtomic;
     if (rd_atomic && r.rd_atomic_inflight >= qp.max_rd_atomic) return false;
     // Local checks happen when the WQE starts (IBTA 10.7.2: reported as a completion).
-    const unsigned need = (w.kind == WqeKind::kRead || w.kind == WqeKind::kAtomic) ? IBV_ACCESS_LOCAL_WRITE : 0;
     bool ok = w.length <= kMaxMessage && (qp.type != IBV_QPT_UD || w.length <= qp.mtu);
     ibv_wc_status bad = IBV_WC_LOC_LEN_ERR;
-    if (ok && !w.is_inline) {
-      // SGE addresses are in the application's address space (the MR's
-      // IOVA); the MR translates them to where the bytes are for us.
-      for (std::uint32_t i = 0; i < w.nsge && ok; ++i) {
-        if (mrs_.check(w.sge[i].lkey, false, qp.pd, w.sge[i].addr, w.sge[i].length, need, &w.local[i]) !=
-            KeyCheck::kOk) {
-          ok = false;
-          bad = IBV_WC_LOC_PROT_ERR;
-        }
-      }
+    if (ok && !translate_sges(qp, w)) {
+      ok = false;
+      bad = IBV_WC_LOC_PROT_ERR;
     }
+    fresh = true;
     if (!ok) {
       // Only the head can complete (completions are in order); an error
       // further back waits for the ones before it.
@@ -144,6 +138,14 @@ bool Engine::send_next_packet(Qp& qp, std::uint64_t now) {
       spec.ext.reth_len = static_cast<std::uint32_t>(w.length);
     }
     // Payload segments: straight from registered memory, or the inline copy.
+    // A later packet (or a resent one) checks the memory again: the MR may
+    // have been deregistered since the WQE started (the application's
+    // mistake, which must not become a read of memory that is gone).
+    if (payload != 0 && !fresh && !translate_sges(qp, w)) {
+      if (r.cursor == qp.sq.head()) complete_send(qp, IBV_WC_LOC_PROT_ERR);
+      set_error(qp);
+      return false;
+    }
     if (w.is_inline) {
       std::memcpy(f->inline_buf, w.inline_data + off, payload);
       if (payload) f->seg[f->nseg++] = {f->inline_buf, payload};

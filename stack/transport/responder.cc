@@ -211,7 +211,8 @@ Engine::Exec Engine::exec_write(Qp& qp, const wire::Packet& pkt) {
       qp.ctr.inc(QpCounter::remote_access_err);
       return Exec::kNakAccess;
     }
-    s.wptr = p;
+    s.wkey = reth->rkey.get();
+    s.wva = reth->va.get();
     s.wremain = len;
     s.offset = 0;
   }
@@ -224,8 +225,17 @@ Engine::Exec Engine::exec_write(Qp& qp, const wire::Packet& pkt) {
     if (!take_recv(qp, s.rwqe)) return Exec::kRnr;
     s.have_rwqe = true;
   }
-  if (pkt.payload_len) std::memcpy(s.wptr, pkt.payload().data(), pkt.payload_len);
-  s.wptr += pkt.payload_len;
+  if (pkt.payload_len) {
+    // Every packet, not only the first: the MR may have been deregistered
+    // (or invalidated) since, and then this is a remote access error.
+    std::uint8_t* p = nullptr;
+    if (mrs_.check(s.wkey, true, qp.pd, s.wva + s.offset, pkt.payload_len, IBV_ACCESS_REMOTE_WRITE, &p) !=
+        KeyCheck::kOk) {
+      qp.ctr.inc(QpCounter::remote_access_err);
+      return Exec::kNakAccess;
+    }
+    std::memcpy(p, pkt.payload().data(), pkt.payload_len);
+  }
   s.wremain -= pkt.payload_len;
   s.offset += pkt.payload_len;
   ++s.epsn;
@@ -263,7 +273,7 @@ Engine::Exec Engine::exec_read(Qp& qp, const wire::Packet& pkt, Psn psn) {
   ReplayEntry& e = s.replay[s.replay_next++ % depth];
   e = ReplayEntry{true, false, psn, n, 0};
   settle_pending_ack(qp);
-  s.out.push(RespTx{RespTx::Kind::kRead, psn, 0, n, p, len, 0, 0});
+  s.out.push(RespTx{RespTx::Kind::kRead, psn, 0, n, reth->rkey.get(), reth->va.get(), len, 0, 0});
   s.epsn += n;
   ++s.msn;
   activate(qp);
@@ -318,7 +328,8 @@ void Engine::replay_duplicate(Qp& qp, const wire::Packet& pkt) {
           break;
         settle_pending_ack(qp);
         if (s.out.full()) return;
-        s.out.push(RespTx{RespTx::Kind::kRead, pkt.psn, 0, packets_for(len, qp.mtu), p, len, 0, 0});
+        s.out.push(RespTx{RespTx::Kind::kRead, pkt.psn, 0, packets_for(len, qp.mtu), reth->rkey.get(), reth->va.get(),
+                          len, 0, 0});
         qp.ctr.inc(QpCounter::read_replays);
         activate(qp);
         return;
@@ -495,6 +506,22 @@ void Engine::run_responses(Qp& qp) {
       s.out.pop();
       continue;
     }
+    const std::uint64_t off = std::uint64_t{rt.pkt} * qp.mtu;
+    const std::uint32_t payload = static_cast<std::uint32_t>(std::min<std::uint64_t>(qp.mtu, rt.len - off));
+    const std::uint8_t* src = nullptr;
+    if (payload != 0) {
+      std::uint8_t* p = nullptr;
+      if (mrs_.check(rt.rkey, true, qp.pd, rt.va + off, payload, IBV_ACCESS_REMOTE_READ, &p) != KeyCheck::kOk) {
+        // Deregistered (or invalidated) mid-response: the rest becomes a
+        // remote access NAK at this PSN (IBTA 9.7.5.2.4), never a read of
+        // memory that is gone.
+        qp.ctr.inc(QpCounter::remote_access_err);
+        rt.kind = RespTx::Kind::kAck;
+        rt.syndrome = kNakAccess;
+        continue;
+      }
+      src = p;
+    }
     TxFrame* f = tx_slot();
     if (f == nullptr) return;
     const bool first = rt.pkt == 0;
@@ -503,12 +530,10 @@ void Engine::run_responses(Qp& qp) {
                                 : first       ? op::kRcReadRespFirst
                                 : last        ? op::kRcReadRespLast
                                               : op::kRcReadRespMiddle;
-    const std::uint64_t off = std::uint64_t{rt.pkt} * qp.mtu;
-    const std::uint32_t payload = static_cast<std::uint32_t>(std::min<std::uint64_t>(qp.mtu, rt.len - off));
     wire::FrameSpec spec = spec_for(qp, opcode, rt.psn);
     spec.ext.aeth_syndrome = kAckSyndrome;
     spec.ext.aeth_msn = s.msn;
-    if (payload) f->seg[f->nseg++] = {rt.src + off, payload};
+    if (payload) f->seg[f->nseg++] = {src, payload};
     finish_frame(*f, qp, spec, payload);
     ++rt.pkt;
     ++rt.psn;
