@@ -196,6 +196,7 @@ Engine::Exec Engine::exec_write(Qp& qp, const wire::Packet& pkt) {
   Responder& s = qp.resp;
   const wire::OpcodeInfo& info = *pkt.info;
   const bool end = info.has(wire::kOpEnd);
+  std::uint8_t* dst = nullptr;  // where this packet's payload goes
   if (info.has(wire::kOpStart)) {
     const wire::Reth* reth = pkt.reth();
     const std::uint32_t len = reth->dma_len.get();
@@ -215,6 +216,7 @@ Engine::Exec Engine::exec_write(Qp& qp, const wire::Packet& pkt) {
     s.wva = reth->va.get();
     s.wremain = len;
     s.offset = 0;
+    dst = p;  // checked for the whole message just now
   }
   if (pkt.payload_len > s.wremain) return Exec::kNakInvalid;
   if (end && pkt.payload_len != s.wremain) return Exec::kNakInvalid;
@@ -226,15 +228,15 @@ Engine::Exec Engine::exec_write(Qp& qp, const wire::Packet& pkt) {
     s.have_rwqe = true;
   }
   if (pkt.payload_len) {
-    // Every packet, not only the first: the MR may have been deregistered
-    // (or invalidated) since, and then this is a remote access error.
-    std::uint8_t* p = nullptr;
-    if (mrs_.check(s.wkey, true, qp.pd, s.wva + s.offset, pkt.payload_len, IBV_ACCESS_REMOTE_WRITE, &p) !=
-        KeyCheck::kOk) {
+    // Every later packet is checked again, not only the first: the MR may
+    // have been deregistered (or invalidated) since, and then this is a
+    // remote access error.
+    if (dst == nullptr && mrs_.check(s.wkey, true, qp.pd, s.wva + s.offset, pkt.payload_len, IBV_ACCESS_REMOTE_WRITE,
+                                     &dst) != KeyCheck::kOk) {
       qp.ctr.inc(QpCounter::remote_access_err);
       return Exec::kNakAccess;
     }
-    std::memcpy(p, pkt.payload().data(), pkt.payload_len);
+    std::memcpy(dst, pkt.payload().data(), pkt.payload_len);
   }
   s.wremain -= pkt.payload_len;
   s.offset += pkt.payload_len;
