@@ -62,56 +62,84 @@ bool wait_readable(int fd) {
   return ::poll(&p, 1, kStallMs) == 1;
 }
 
-TEST(Doorbell, NoLostWakeUpAcrossAMillionPosts) {
-  const std::uint32_t n = 256;
-  std::vector<std::uint8_t> mem(uroce_ring_bytes(n, sizeof(uroce_recv_entry)));
-  auto prod = Ring<uroce_recv_entry>::create(mem.data(), n, UROCE_RING_RECV, 1);
-  Ring<uroce_recv_entry> cons;
-  ASSERT_EQ(Ring<uroce_recv_entry>::attach(mem.data(), mem.size(), UROCE_RING_RECV, cons), AttachError::kOk);
-  uroce_session_page page{};
-  Pair bell;
-  std::uint32_t rung = 0;
-  std::atomic<bool> blocking{false};
-  std::thread producer([&] {
+/// The producer's side of both protocols: kEntries entries in order, with
+/// `signal(ring)` after each push (kick, or take_notify and ring).
+template <typename E, typename Signal>
+std::thread start_producer(Ring<E>& prod, std::atomic<bool>& blocking, Signal signal) {
+  return std::thread([&prod, &blocking, signal]() mutable {
     for (std::uint32_t i = 0; i < kEntries; ++i) {
       if (i % 1000 == 0) {
         EXPECT_TRUE(wait_for(blocking));
         blocking = false;
       }
-      uroce_recv_entry e{};
+      E e{};
       e.wr_id = i;
       while (!prod.push(e)) std::this_thread::yield();
-      if (kick(&page, bell.fd[1])) ++rung;
+      signal(prod);
       pause_now_and_then(i);
     }
   });
-  std::uint32_t next = 0, sleeps = 0, stalls = 0;
-  while (next < kEntries && stalls == 0) {
-    uroce_recv_entry e;
-    if (cons.pop(e)) {
-      EXPECT_EQ(e.wr_id, next) << "out of order or lost";
-      ++next;
-      continue;
+}
+
+struct Consumed {
+  std::uint32_t next = 0, blocks = 0, stalls = 0;
+};
+
+/// The consumer's side: take entries in order; when the ring is empty,
+/// `prepare()` (announce the sleep, or arm), look once more, and block on
+/// `fd` only if it is still empty; `woken()` after.
+template <typename E, typename Prepare, typename Woken>
+Consumed consume(Ring<E>& cons, int fd, std::atomic<bool>& blocking, Prepare prepare, Woken woken) {
+  Consumed c;
+  while (c.next < kEntries && c.stalls == 0) {
+    E e;
+    bool got = cons.pop(e);
+    if (!got) {
+      prepare();
+      got = cons.pop(e);  // the last look after announcing or arming
+      if (!got) {
+        ++c.blocks;
+        blocking = true;
+        if (!wait_readable(fd)) ++c.stalls;
+        (void)drain(fd);
+      }
+      woken();
     }
-    announce_sleep(&page);
-    if (cons.pop(e)) {  // the last look after the announcement
-      announce_awake(&page);
-      EXPECT_EQ(e.wr_id, next);
-      ++next;
-      continue;
+    if (got) {
+      EXPECT_EQ(e.wr_id, c.next) << "out of order or lost";
+      ++c.next;
     }
-    ++sleeps;
-    blocking = true;
-    if (!wait_readable(bell.fd[0])) ++stalls;
-    (void)drain(bell.fd[0]);
-    announce_awake(&page);
   }
+  return c;
+}
+
+template <typename E>
+struct TestRing {
+  explicit TestRing(uroce_ring_kind kind) : mem(uroce_ring_bytes(256, sizeof(E))) {
+    prod = Ring<E>::create(mem.data(), 256, kind, 1);
+    EXPECT_EQ(Ring<E>::attach(mem.data(), mem.size(), kind, cons), AttachError::kOk);
+  }
+  std::vector<std::uint8_t> mem;
+  Ring<E> prod, cons;
+};
+
+TEST(Doorbell, NoLostWakeUpAcrossAMillionPosts) {
+  TestRing<uroce_recv_entry> r(UROCE_RING_RECV);
+  uroce_session_page page{};
+  Pair bell;
+  std::uint32_t rung = 0;
+  std::atomic<bool> blocking{false};
+  std::thread producer = start_producer(r.prod, blocking, [&](Ring<uroce_recv_entry>&) {
+    if (kick(&page, bell.fd[1])) ++rung;
+  });
+  const Consumed c = consume(
+      r.cons, bell.fd[0], blocking, [&] { announce_sleep(&page); }, [&] { announce_awake(&page); });
   producer.join();
-  EXPECT_EQ(stalls, 0u) << "a post waited " << kStallMs << " ms for the consumer: a lost wake-up";
-  EXPECT_EQ(next, kEntries);
-  EXPECT_GE(sleeps, 1000u);
+  EXPECT_EQ(c.stalls, 0u) << "a post waited " << kStallMs << " ms for the consumer: a lost wake-up";
+  EXPECT_EQ(c.next, kEntries);
+  EXPECT_GE(c.blocks, 1000u);
   EXPECT_GE(rung, 1000u);
-  EXPECT_GE(page.sleeps, sleeps);
+  EXPECT_GE(page.sleeps, c.blocks);
 }
 
 TEST(Doorbell, RingsOnlyWhileTheConsumerMaySleep) {
@@ -130,49 +158,18 @@ TEST(Doorbell, RingsOnlyWhileTheConsumerMaySleep) {
 }
 
 TEST(Doorbell, NoLostCqNotificationAcrossAMillionCompletions) {
-  const std::uint32_t n = 256;
-  std::vector<std::uint8_t> mem(uroce_ring_bytes(n, sizeof(uroce_cq_entry)));
-  auto prod = Ring<uroce_cq_entry>::create(mem.data(), n, UROCE_RING_CQ, 1);
-  Ring<uroce_cq_entry> cons;
-  ASSERT_EQ(Ring<uroce_cq_entry>::attach(mem.data(), mem.size(), UROCE_RING_CQ, cons), AttachError::kOk);
+  TestRing<uroce_cq_entry> r(UROCE_RING_CQ);
   Pair chan;  // the completion channel: the daemon writes fd[1], the application waits on fd[0]
   std::atomic<bool> blocking{false};
-  std::thread producer([&] {
-    for (std::uint32_t i = 0; i < kEntries; ++i) {
-      if (i % 1000 == 0) {
-        EXPECT_TRUE(wait_for(blocking));
-        blocking = false;
-      }
-      uroce_cq_entry e{};
-      e.wr_id = i;
-      while (!prod.push(e)) std::this_thread::yield();
-      if (prod.take_notify()) EXPECT_TRUE(ring(chan.fd[1]));
-      pause_now_and_then(i);
-    }
+  std::thread producer = start_producer(r.prod, blocking, [&](Ring<uroce_cq_entry>& prod) {
+    if (prod.take_notify()) EXPECT_TRUE(ring(chan.fd[1]));
   });
-  std::uint32_t next = 0, blocks = 0, stalls = 0;
-  while (next < kEntries && stalls == 0) {
-    uroce_cq_entry e;
-    if (cons.pop(e)) {
-      EXPECT_EQ(e.wr_id, next);
-      ++next;
-      continue;
-    }
-    cons.arm_notify();
-    if (cons.pop(e)) {  // the poll after arming
-      EXPECT_EQ(e.wr_id, next);
-      ++next;
-      continue;
-    }
-    ++blocks;
-    blocking = true;
-    if (!wait_readable(chan.fd[0])) ++stalls;
-    (void)drain(chan.fd[0]);
-  }
+  const Consumed c = consume(
+      r.cons, chan.fd[0], blocking, [&] { r.cons.arm_notify(); }, [] {});
   producer.join();
-  EXPECT_EQ(stalls, 0u) << "a completion waited " << kStallMs << " ms for its notification: a lost wake-up";
-  EXPECT_EQ(next, kEntries);
-  EXPECT_GE(blocks, 1000u);
+  EXPECT_EQ(c.stalls, 0u) << "a completion waited " << kStallMs << " ms for its notification: a lost wake-up";
+  EXPECT_EQ(c.next, kEntries);
+  EXPECT_GE(c.blocks, 1000u);
 }
 
 TEST(Doorbell, OnlyUnixDatagramSocketsAreAccepted) {
