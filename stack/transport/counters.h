@@ -45,6 +45,8 @@ namespace uroce::transport {
   X(rx_icrc_err, "RoCEv2 frames with a bad ICRC, dropped")           \
   X(rx_unknown_qp, "frames for a QP that does not exist, dropped")   \
   X(rx_bad_state, "frames for a QP not in a receiving state, dropped") \
+  X(rx_quarantined, "frames for a destroyed RC QP still in quarantine, other than retries it re-ACKs, dropped") \
+  X(quarantine_acks, "retries of a destroyed RC QP's last messages answered from quarantine") \
   X(rx_wrong_peer, "frames from an address other than the QP's peer") \
   X(tx_frames, "frames queued for transmission")                    \
   X(tx_ring_full, "times the TX ring was full and sending paused")

@@ -95,7 +95,7 @@ Cq* Engine::create_cq(std::uint32_t cqe) {
 
 int Engine::destroy_cq(Cq* cq) {
   for (const auto& q : qps_)
-    if (q && (q->send_cq == cq || q->recv_cq == cq)) return EBUSY;
+    if (q && !q->quarantine_until && (q->send_cq == cq || q->recv_cq == cq)) return EBUSY;
   auto it = std::find_if(cqs_.begin(), cqs_.end(), [cq](const auto& c) { return c.get() == cq; });
   if (it == cqs_.end()) return EINVAL;
   cqs_.erase(it);
@@ -112,7 +112,7 @@ Srq* Engine::create_srq(Pd* pd, std::uint32_t max_wr, std::uint32_t max_sge) {
 
 int Engine::destroy_srq(Srq* srq) {
   for (const auto& q : qps_)
-    if (q && q->srq == srq) return EBUSY;
+    if (q && !q->quarantine_until && q->srq == srq) return EBUSY;
   auto it = std::find_if(srqs_.begin(), srqs_.end(), [srq](const auto& s) { return s.get() == srq; });
   if (it == srqs_.end()) return EINVAL;
   --srq->pd()->refs;
@@ -130,7 +130,18 @@ Qp* Engine::create_qp(Pd* pd, const QpInitAttr& attr) {
   if (attr.srq == nullptr && c.max_recv_wr == 0) return nullptr;
   if (attr.gsi && (attr.qp_type != IBV_QPT_UD || gsi_)) return nullptr;
   auto slot = std::find(qps_.begin(), qps_.end(), nullptr);
-  if (!attr.gsi && slot == qps_.end()) return nullptr;
+  if (!attr.gsi && slot == qps_.end()) {
+    // No free number: take back the one whose quarantine ended first, if it has.
+    Qp* oldest = nullptr;
+    for (const auto& q : qps_)
+      if (q && q->quarantine_until && q->quarantine_until <= last_now_ &&
+          (!oldest || q->quarantine_until < oldest->quarantine_until))
+        oldest = q.get();
+    if (oldest == nullptr) return nullptr;
+    const std::uint32_t qpn = oldest->qpn;
+    release(*oldest);
+    slot = qps_.begin() + (qpn - kFirstQpn - cfg_.qpn_offset) / cfg_.qpn_stride;
+  }
   auto qp = std::make_unique<Qp>();
   qp->qpn = attr.gsi ? kGsiQpn
                      : kFirstQpn + cfg_.qpn_offset + static_cast<std::uint32_t>(slot - qps_.begin()) * cfg_.qpn_stride;
@@ -156,21 +167,52 @@ Qp* Engine::create_qp(Pd* pd, const QpInitAttr& attr) {
 }
 
 int Engine::destroy_qp(Qp* qp) {
-  if (qp == nullptr) return EINVAL;
+  if (qp == nullptr || qp->quarantine_until) return EINVAL;
   const bool gsi = qp == gsi_.get();
   const std::uint32_t idx = (qp->qpn - kFirstQpn - cfg_.qpn_offset) / cfg_.qpn_stride;
   if (!gsi && (idx >= qps_.size() || qps_[idx].get() != qp)) return EINVAL;
   for (std::size_t i = 0; i < dead_qp_ctr_.v.size(); ++i) dead_qp_ctr_.v[i] += qp->ctr.v[i];
   std::erase(active_, qp);
   std::erase(ack_waiters_, qp);
+  qp->active = false;
+  qp->resp.ack_listed = false;
   --qp->pd->refs;
   if (gsi) {
     gsi_.reset();
-  } else {
-    qps_[idx].reset();
-    --qps_live_;
+    return 0;
   }
+  --qps_live_;
+  if (qp->type == IBV_QPT_RC && (qp->state == IBV_QPS_RTR || qp->state == IBV_QPS_RTS || qp->state == IBV_QPS_SQD)) {
+    // QPN quarantine, as TCP's TIME_WAIT: the peer may still retry the last
+    // message it sent us (its ACK was lost), so for about its retry budget
+    // -- our own (retry_cnt + 1) x ACK timeout stands in for the peer's --
+    // the number is not reused and such a retry is ACKed again. Nothing of
+    // the QP's but its responder state is used meanwhile: the PD, CQs and
+    // SRQ may go, and its own work is dropped.
+    const std::uint64_t timeout_ns = 4096ull << std::min<std::uint8_t>(qp->timeout, 31);
+    const std::uint64_t hold =
+        std::clamp<std::uint64_t>((qp->retry_cnt + 1ull) * timeout_ns, 100'000'000, 10'000'000'000ull);
+    qp->quarantine_until = last_now_ + hold;
+    qp->ctr = QpCounters{};  // counted from here for the quarantine only (its totals went to dead_qp_ctr_)
+    qp->pd = nullptr;
+    qp->send_cq = qp->recv_cq = nullptr;
+    qp->srq = nullptr;
+    qp->owner = nullptr;
+    qp->req.retry_deadline = qp->req.rnr_until = 0;  // its own work is dropped
+    qp->resp.out.clear();
+    qp->resp.in_msg = Responder::InMsg::kNone;
+    qp->resp.have_rwqe = false;
+    return 0;
+  }
+  qps_[idx].reset();
   return 0;
+}
+
+void Engine::release(Qp& qp) {
+  for (std::size_t i = 0; i < dead_qp_ctr_.v.size(); ++i) dead_qp_ctr_.v[i] += qp.ctr.v[i];
+  std::erase(active_, &qp);
+  std::erase(ack_waiters_, &qp);
+  qps_[(qp.qpn - kFirstQpn - cfg_.qpn_offset) / cfg_.qpn_stride].reset();
 }
 
 bool Engine::neighbor(const wire::IpAddr& ip, wire::MacAddr& mac) const {
@@ -181,6 +223,11 @@ bool Engine::neighbor(const wire::IpAddr& ip, wire::MacAddr& mac) const {
 }
 
 Qp* Engine::find_qp(std::uint32_t qpn) const {
+  Qp* qp = slot_qp(qpn);
+  return qp && !qp->quarantine_until ? qp : nullptr;
+}
+
+Qp* Engine::slot_qp(std::uint32_t qpn) const {
   if (qpn == kGsiQpn) return gsi_.get();
   const std::uint32_t d = qpn - kFirstQpn - cfg_.qpn_offset;
   if (d % cfg_.qpn_stride != 0) return nullptr;
@@ -191,7 +238,7 @@ Qp* Engine::find_qp(std::uint32_t qpn) const {
 std::uint64_t Engine::qp_counter_total(QpCounter c) const {
   std::uint64_t n = dead_qp_ctr_[c];
   for (const auto& q : qps_)
-    if (q) n += q->ctr[c];
+    if (q) n += q->ctr[c];  // a quarantined QP's counters restarted at zero
   return n;
 }
 
@@ -660,9 +707,14 @@ void Engine::rx(wire::ConstBytes frame, std::uint64_t now) {
     return;
   }
   if (pkt.info->has(wire::kOpCnp)) return;  // congestion control is not implemented yet; counted as rx_frames
-  Qp* qp = find_qp(pkt.destqp);
+  last_now_ = now;
+  Qp* qp = slot_qp(pkt.destqp);
   if (qp == nullptr) {
     port_ctr_.inc(PortCounter::rx_unknown_qp);
+    return;
+  }
+  if (qp->quarantine_until) {
+    on_quarantined(*qp, pkt, now);
     return;
   }
   if (qp->state == IBV_QPS_RESET || qp->state == IBV_QPS_INIT || qp->state == IBV_QPS_ERR) {
@@ -699,13 +751,16 @@ void Engine::rx(wire::ConstBytes frame, std::uint64_t now) {
 // ------------------------------------------------------------------ poll
 
 void Engine::poll(std::uint64_t now) {
+  last_now_ = now;
   flush_acks();
   for (std::size_t i = 0; i < active_.size();) {
     Qp& qp = *active_[i];
-    on_timers(qp, now);
-    if (qp.state == IBV_QPS_RTS || qp.state == IBV_QPS_SQD) run_requester(qp, now);
+    const bool live = qp.quarantine_until == 0;  // a quarantined QP only sends its re-ACKs
+    if (live) on_timers(qp, now);
+    if (live && (qp.state == IBV_QPS_RTS || qp.state == IBV_QPS_SQD)) run_requester(qp, now);
     run_responses(qp);
-    const bool idle = qp.sq.empty() && qp.resp.out.empty() && qp.req.retry_deadline == 0 && qp.req.rnr_until == 0;
+    const bool idle = qp.resp.out.empty() && (!live || (qp.sq.empty() && qp.req.retry_deadline == 0 &&
+                                                         qp.req.rnr_until == 0));
     if (idle || qp.state == IBV_QPS_ERR || qp.state == IBV_QPS_RESET) {
       qp.active = false;
       active_[i] = active_.back();

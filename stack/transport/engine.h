@@ -152,6 +152,7 @@ class Engine {
   // ---- Introspection ----
   [[nodiscard]] const PortCounters& counters() const { return port_ctr_; }
   [[nodiscard]] const EngineConfig& config() const { return cfg_; }
+  /// A live QP by number (not one in quarantine).
   [[nodiscard]] Qp* find_qp(std::uint32_t qpn) const;
   /// Calls fn(const Qp&) for every live QP (control path: status, tools).
   template <typename F>
@@ -177,6 +178,12 @@ class Engine {
   wire::FrameSpec spec_for(const Qp& qp, std::uint8_t opcode, wire::Psn psn) const;
   void finish_frame(TxFrame& f, Qp& qp, const wire::FrameSpec& spec, std::uint32_t payload_len);
   bool take_recv(Qp& qp, RecvWqe& out);
+  /// The QP in a QPN's slot, live or in quarantine.
+  [[nodiscard]] Qp* slot_qp(std::uint32_t qpn) const;
+  /// Frees the slot of a QP whose quarantine is over.
+  void release(Qp& qp);
+  /// A frame for a QP in quarantine: re-ACK a retried SEND or WRITE, drop the rest.
+  void on_quarantined(Qp& qp, const wire::Packet& pkt, std::uint64_t now);
   /// Translates a WQE's SGEs through their MRs into w.local, checking keys,
   /// bounds and access: when the WQE starts, and again before later packets
   /// and READ responses touch the memory. False if any check fails.
@@ -230,6 +237,7 @@ class Engine {
   Ring<TxFrame> tx_;
   PortCounters port_ctr_;
   QpCounters dead_qp_ctr_;  // counters of destroyed QPs, kept for totals
+  std::uint64_t last_now_ = 0;  // the latest time rx or poll was given
   RecvRefill recv_refill_ = nullptr;
   void* recv_refill_ctx_ = nullptr;
   std::uint32_t next_handle_ = 1;

@@ -131,6 +131,9 @@ class Qp {
   Cq* recv_cq = nullptr;
   Srq* srq = nullptr;
   void* owner = nullptr;  // the control plane's tag (the session's ring), handed to the receive refill
+  /// Nonzero once destroyed: until then (ns) the QPN is held back, and a
+  /// retry of a message it already took is ACKed again (QPN quarantine).
+  std::uint64_t quarantine_until = 0;
   QpCap cap{};
   bool sq_sig_all = false;
 

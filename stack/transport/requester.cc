@@ -95,10 +95,19 @@ bool Engine::send_next_packet(Qp& qp, std::uint64_t now) {
 
   const Psn psn = w.first_psn + r.cursor_pkt;
   if (rc && distance(r.una, psn) >= static_cast<std::int32_t>(cfg_.send_window)) return false;
+  // A later (or resent) packet that carries payload checks the memory again,
+  // before it takes a TX slot: the MR may have been deregistered since the
+  // WQE started (the application's mistake, which must not become a read of
+  // memory that is gone).
+  const bool one_packet = w.kind == WqeKind::kRead || w.kind == WqeKind::kAtomic;
+  if (!one_packet && w.length != 0 && !fresh && !translate_sges(qp, w)) {
+    if (r.cursor == qp.sq.head()) complete_send(qp, IBV_WC_LOC_PROT_ERR);
+    set_error(qp);
+    return false;
+  }
   TxFrame* f = tx_slot();
   if (f == nullptr) return false;
 
-  const bool one_packet = w.kind == WqeKind::kRead || w.kind == WqeKind::kAtomic;
   const bool first = r.cursor_pkt == 0;
   const bool last = one_packet || r.cursor_pkt + 1 == w.npkts;
   const std::uint8_t opcode = pick_opcode(w, first, last, qp.type);
@@ -138,14 +147,6 @@ bool Engine::send_next_packet(Qp& qp, std::uint64_t now) {
       spec.ext.reth_len = static_cast<std::uint32_t>(w.length);
     }
     // Payload segments: straight from registered memory, or the inline copy.
-    // A later packet (or a resent one) checks the memory again: the MR may
-    // have been deregistered since the WQE started (the application's
-    // mistake, which must not become a read of memory that is gone).
-    if (payload != 0 && !fresh && !translate_sges(qp, w)) {
-      if (r.cursor == qp.sq.head()) complete_send(qp, IBV_WC_LOC_PROT_ERR);
-      set_error(qp);
-      return false;
-    }
     if (w.is_inline) {
       std::memcpy(f->inline_buf, w.inline_data + off, payload);
       if (payload) f->seg[f->nseg++] = {f->inline_buf, payload};

@@ -54,6 +54,29 @@ void Engine::on_request(Qp& qp, const wire::Packet& pkt, std::uint64_t /*now*/) 
   }
 }
 
+// ------------------------------------------------------------ quarantine
+
+void Engine::on_quarantined(Qp& qp, const wire::Packet& pkt, std::uint64_t now) {
+  if (now >= qp.quarantine_until) {
+    release(qp);
+    port_ctr_.inc(PortCounter::rx_unknown_qp);
+    return;
+  }
+  // Only a retry of a SEND or WRITE it already took (behind its expected
+  // PSN) is answered: with the ACK of the newest PSN it took, as a live
+  // responder re-ACKs a duplicate. READs and atomics need memory or state
+  // that went with the QP.
+  const bool dup = pkt.info->has(wire::kOpRequest) && !pkt.info->has(wire::kOpRead) &&
+                   !pkt.info->has(wire::kOpAtomic) && distance(qp.resp.epsn, pkt.psn) < 0 &&
+                   pkt.src == qp.remote_ip;
+  if (!dup || !queue_ack(qp, kAckSyndrome, qp.resp.epsn - 1)) {
+    port_ctr_.inc(PortCounter::rx_quarantined);
+    return;
+  }
+  port_ctr_.inc(PortCounter::quarantine_acks);
+  activate(qp);
+}
+
 // ------------------------------------------------------------------- RC
 
 void Engine::on_rc_request(Qp& qp, const wire::Packet& pkt) {

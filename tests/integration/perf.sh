@@ -125,7 +125,8 @@ check "pingpong, last ACK lost: the client ends cleanly with all 1500 replies ch
 echo "== write_lat: the ACK of the server's last WRITE is lost once, after the client has finished"
 # The client (daemon B) drops its one ACK of the server's last PSN (the
 # server's first PSN, from the client's "remote address" line, plus 2999).
-# The server retries; the client's QP must still be there to answer it.
+# The server retries; the client has left, and its QP's number, in
+# quarantine in daemon B, must answer it (the tools no longer linger).
 sp=$BASE; BASE=$((BASE + 1))
 timeout 60 $PERF write_lat -d "$TMP/a.app" -p $sp -n 3000 > "$TMP/wl.srv" 2>&1 & s=$!; sleep 0.2
 timeout 60 $PERF write_lat -d "$TMP/b.app" -p $sp -n 3000 127.0.0.1 > "$TMP/wl.cli" 2>&1 & c=$!
@@ -141,18 +142,17 @@ echo "  server QPN $qpn, last PSN $last; ACKs dropped: ${hits:-?}; server: $(gre
 check "write_lat, last ACK lost: the server's retry is answered, both sides finish 3000 iterations" \
   "echo '$reply' | grep -q '\"ok\": true' && [ $crc -eq 0 ] && [ $src -eq 0 ] && [ \${hits:-0} -eq 1 ] && grep -qE '^ [0-9]+ +3000 ' $TMP/wl.srv"
 echo "== write_lat: the peer left before the ACK of our last WRITE, which never comes"
-# With --linger 0 the other side destroys its QP at once, and its daemon drops
+# The other side destroys its QP at once, and its daemon drops
 # every ACK of our last PSN, so our last WRITE ends in RETRY_EXC_ERR after
 # every WRITE of the peer has arrived: the end of the run, said on stderr
 # (seen against rxe's ib_write_lat at 5% loss, both ways). SIDE is the tool
 # whose ACK is lost; its daemon's peer (the other daemon) drops the ACKs.
 wl_left() {  # SIDE: srv|cli
   local side=$1 sp=$BASE; BASE=$((BASE + 1))
-  local sl=1000 cl=1000 ctlf=$TMP/b.ctl pat='remote address'
-  [ "$side" = srv ] && cl=0
-  [ "$side" = cli ] && { sl=0; ctlf=$TMP/a.ctl; pat='local address'; }
-  timeout 60 $PERF write_lat -d "$TMP/a.app" -p $sp -n 3000 --linger $sl > "$TMP/wll.srv" 2>&1 & local s=$!; sleep 0.2
-  timeout 60 $PERF write_lat -d "$TMP/b.app" -p $sp -n 3000 --linger $cl 127.0.0.1 > "$TMP/wll.cli" 2>&1 & local c=$!
+  local ctlf=$TMP/b.ctl pat='remote address'
+  [ "$side" = cli ] && { ctlf=$TMP/a.ctl; pat='local address'; }
+  timeout 60 $PERF write_lat -d "$TMP/a.app" -p $sp -n 3000 > "$TMP/wll.srv" 2>&1 & local s=$!; sleep 0.2
+  timeout 60 $PERF write_lat -d "$TMP/b.app" -p $sp -n 3000 127.0.0.1 > "$TMP/wll.cli" 2>&1 & local c=$!
   for i in $(seq 500); do grep -q "$pat" "$TMP/wll.cli" && break; sleep 0.01; done
   local qpn psn
   read -r qpn psn < <(sed -n "s/.*$pat: LID [0-9a-fx]* QPN \(0x[0-9a-f]*\) PSN \(0x[0-9a-f]*\).*/\1 \2/p" "$TMP/wll.cli")

@@ -60,7 +60,6 @@ struct Options {
   std::uint32_t cq_mod = 100;
   int timeout_ms = 60000;  // waiting for the peer
   uroce::tools::WaitMode wait;  // spin briefly, then block; or busy-poll
-  int linger_ms = 1000;    // write_lat: keep the QPs this long after the end
   std::uint8_t qp_timeout = 14;  // -u: 4.096 us * 2^N before a retry (perftest's default 14)
 };
 
@@ -657,9 +656,7 @@ void usage(FILE* f) {
                "      --busy-poll       poll completions without end, as perftest does (default: poll\n"
                "                        --spin-us, then block on the completion channel)\n"
                "      --spin-us N       poll this long before blocking (5)\n"
-               "      --yield           busy-poll, with sched_yield() after an empty poll\n"
-               "      --linger MS       write_lat: keep the QP MS ms after the end, to answer a retry\n"
-               "                        of the peer's last WRITE (1000)\n");
+               "      --yield           busy-poll, with sched_yield() after an empty poll\n");
 }
 
 bool parse_args(int argc, char** argv, Options& o) {
@@ -681,7 +678,7 @@ bool parse_args(int argc, char** argv, Options& o) {
       known = true;
     }
   if (!known) return die("unknown test '" + o.test + "'");
-  enum { kGbits = 1000, kJson, kYield, kLinger, kBusy, kSpin };
+  enum { kGbits = 1000, kJson, kYield, kBusy, kSpin };
   static const option kLong[] = {{"size", required_argument, nullptr, 's'},    {"iters", required_argument, nullptr, 'n'},
                                  {"all", no_argument, nullptr, 'a'},           {"qp", required_argument, nullptr, 'q'},
                                  {"duration", required_argument, nullptr, 'D'}, {"mtu", required_argument, nullptr, 'm'},
@@ -691,7 +688,6 @@ bool parse_args(int argc, char** argv, Options& o) {
                                  {"yield", no_argument, nullptr, kYield},
                                  {"busy-poll", no_argument, nullptr, kBusy},
                                  {"spin-us", required_argument, nullptr, kSpin},
-                                 {"linger", required_argument, nullptr, kLinger},
                                  {"qp-timeout", required_argument, nullptr, 'u'},
                                  {"help", no_argument, nullptr, 'h'},          {nullptr, 0, nullptr, 0}};
   optind = 2;
@@ -751,10 +747,6 @@ bool parse_args(int argc, char** argv, Options& o) {
       case kSpin:
         if (!number(optarg, 0, 1000000, v)) return die("--spin-us: 0..1000000");
         o.wait.spin_us = static_cast<int>(v);
-        break;
-      case kLinger:
-        if (!number(optarg, 0, 60000, v)) return die("--linger: 0..60000 ms");
-        o.linger_ms = static_cast<int>(v);
         break;
       case 'h': usage(stdout); std::exit(0);
       default: return false;
@@ -891,11 +883,8 @@ int run(const Options& o) {
     std::printf("%s", kLine);
   }
   // write_lat ends without a closing exchange: the peer may still wait for
-  // the ACK of its last WRITE. If that ACK was lost, its retry needs our QP
-  // (the daemon answers it while the QP lives); rxe retries such a WRITE
-  // without end. The other tests close with an exchange after all
-  // completions, so they need no wait.
-  if (o.test == "write_lat" && o.linger_ms > 0) ::usleep(static_cast<useconds_t>(o.linger_ms) * 1000);
+  // the ACK of its last WRITE. If that ACK was lost, its retry meets our
+  // QP's number in quarantine, where the daemon ACKs it again.
   for (uroce_qp* q : c.qp) uroce_destroy_qp(q);
   uroce_close_device(c.ctx);
   return 0;

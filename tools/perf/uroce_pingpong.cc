@@ -20,10 +20,9 @@
 //
 // The end, under loss: each side stops (and ibv_rc_pingpong destroys its QP)
 // once it has all its messages. If the ACK of the last SEND is lost, its
-// retries then meet a QP that is gone. So uroce-pingpong keeps its QP for
-// --linger ms (default 1000) after the last completion, to answer a peer's
-// retry, and takes a failed last SEND after every message has arrived as the
-// end, with a note: by then the peer has finished.
+// retries meet the QP's number in quarantine, where the daemon ACKs them
+// again; and a failed last SEND after every message has arrived is the end,
+// with a note: by then the peer has finished.
 #include <arpa/inet.h>
 #include <getopt.h>
 #include <netdb.h>
@@ -61,7 +60,6 @@ struct Opts {
   int gidx = -1;
   bool events = false, check = false;
   int timeout_ms = 30000;
-  int linger_ms = 1000;
   uroce::tools::WaitMode wait;  // without -e: spin briefly, then block; or busy-poll
 };
 
@@ -329,8 +327,7 @@ int run(const Opts& o) {
   std::printf("%u iters in %.2f seconds = %.2f usec/iter\n", o.iters, secs, secs * 1e6 / o.iters);
   if (o.check) std::printf("%lu messages checked, %lu bad\n", static_cast<unsigned long>(rcnt), static_cast<unsigned long>(bad_msgs));
   std::fflush(stdout);
-  // The daemon answers a retry of the peer's last message while the QP lives.
-  if (o.linger_ms > 0) ::usleep(static_cast<useconds_t>(o.linger_ms) * 1000);
+  // A retry of the peer's last message meets the QP's number in quarantine.
   uroce_destroy_qp(qp);
   uroce_close_device(ctx);
   return bad_msgs == 0 ? 0 : 1;
@@ -345,8 +342,8 @@ int main(int argc, char** argv) {
                                  {"mtu", required_argument, nullptr, 'm'},     {"rx-depth", required_argument, nullptr, 'r'},
                                  {"iters", required_argument, nullptr, 'n'},   {"sl", required_argument, nullptr, 'l'},
                                  {"events", no_argument, nullptr, 'e'},        {"gid-idx", required_argument, nullptr, 'g'},
-                                 {"chk", no_argument, nullptr, 'c'},           {"linger", required_argument, nullptr, 'L'},
-                                 {"busy-poll", no_argument, nullptr, 'B'},     {"spin-us", required_argument, nullptr, 'S'},
+                                 {"chk", no_argument, nullptr, 'c'},           {"busy-poll", no_argument, nullptr, 'B'},
+                                 {"spin-us", required_argument, nullptr, 'S'},
                                  {nullptr, 0, nullptr, 0}};
   int c;
   auto num = [](const char* s, long lo, long hi, long& out) {
@@ -389,10 +386,6 @@ int main(int argc, char** argv) {
         o.gidx = static_cast<int>(v);
         break;
       case 'c': o.check = true; break;
-      case 'L':
-        if (!num(optarg, 0, 60000, v)) return fail("--linger: 0..60000 ms");
-        o.linger_ms = static_cast<int>(v);
-        break;
       case 'B': o.wait.busy = true; break;
       case 'S':
         if (!num(optarg, 0, 1000000, v)) return fail("--spin-us: 0..1000000");
@@ -400,7 +393,7 @@ int main(int argc, char** argv) {
         break;
       default:
         std::fprintf(stderr, "usage: uroce-pingpong [-p port] [-d dev] [-s size] [-m mtu] [-r rx_depth] [-n iters] [-e] "
-                             "[-g gid_idx] [-c] [--linger ms] [--busy-poll] [--spin-us N] [host]\n");
+                             "[-g gid_idx] [-c] [--busy-poll] [--spin-us N] [host]\n");
         return 2;
     }
   }
