@@ -45,6 +45,8 @@ namespace uroce::transport {
   X(rx_icrc_err, "RoCEv2 frames with a bad ICRC, dropped")           \
   X(rx_unknown_qp, "frames for a QP that does not exist, dropped")   \
   X(rx_bad_state, "frames for a QP not in a receiving state, dropped") \
+  X(rx_wrong_dst, "RoCE frames addressed to an IP that is not this port's, dropped (IBTA 9.6.1.1)") \
+  X(rx_bad_pkey, "frames whose P_Key does not match the QP's partition, dropped (IBTA 9.6.1.1)") \
   X(rx_quarantined, "frames for a destroyed RC QP still in quarantine, other than retries it re-ACKs, dropped") \
   X(quarantine_acks, "retries of a destroyed RC QP's last messages answered from quarantine") \
   X(rx_wrong_peer, "frames from an address other than the QP's peer") \

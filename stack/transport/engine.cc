@@ -706,6 +706,14 @@ void Engine::rx(wire::ConstBytes frame, std::uint64_t now) {
     else port_ctr_.inc(PortCounter::rx_malformed);
     return;
   }
+  // Header checks before anything reaches a QP (IBTA 9.6.1.1): the
+  // destination address must be this port's, or a frame addressed to
+  // another host could be executed here (and the real one then taken for
+  // a duplicate).
+  if (!(pkt.dst == cfg_.ip)) {
+    port_ctr_.inc(PortCounter::rx_wrong_dst);
+    return;
+  }
   if (pkt.info->has(wire::kOpCnp)) return;  // congestion control is not implemented yet; counted as rx_frames
   last_now_ = now;
   Qp* qp = slot_qp(pkt.destqp);
@@ -719,6 +727,13 @@ void Engine::rx(wire::ConstBytes frame, std::uint64_t now) {
   }
   if (qp->state == IBV_QPS_RESET || qp->state == IBV_QPS_INIT || qp->state == IBV_QPS_ERR) {
     port_ctr_.inc(PortCounter::rx_bad_state);
+    return;
+  }
+  // P_Key: every QP is in the default partition (0xFFFF, full member).
+  // A packet matches when the low 15 bits match and one of the two is a
+  // full member (IBTA 10.9.3), so 0x7FFF and 0xFFFF pass.
+  if ((pkt.pkey & 0x7fff) != (kDefaultPkey & 0x7fff) || ((pkt.pkey | kDefaultPkey) & 0x8000) == 0) {
+    port_ctr_.inc(PortCounter::rx_bad_pkey);
     return;
   }
   const wire::Transport t = wire::transport_of(pkt.opcode);

@@ -84,6 +84,8 @@ struct QpInitAttr {
 
 inline constexpr std::uint32_t kGsiQpn = 1;
 inline constexpr std::uint32_t kGsiQkey = 0x80010000u;
+/// The one partition: every QP is a full member of the default P_Key.
+inline constexpr std::uint16_t kDefaultPkey = 0xffff;
 
 /// Bytes in an IBTA MTU enum value, or 0 if it is not one.
 constexpr std::uint32_t mtu_bytes(ibv_mtu m) {

@@ -1352,3 +1352,86 @@ TEST_F(Errors, UnfencedSendDoesNotWaitForRead) {
 
 }  // namespace
 }  // namespace uroce::testing
+
+namespace uroce::testing {
+namespace {
+
+// IBTA 9.6.1.1 header checks, on both roles: a frame with a foreign P_Key,
+// or addressed to another IP, is dropped and counted before it reaches a
+// QP. The responder must not execute such a WRITE (and the genuine one at
+// that PSN must still be executed); the requester must not retire WQEs on
+// such an ACK.
+class HeaderChecks : public Errors {};
+
+TEST_F(HeaderChecks, ResponderDropsAWriteWithAForeignPkeyOrAnotherDestination) {
+  const QpPair q = p.connect();
+  for (int bad = 0; bad < 2; ++bad) {
+    wire::FrameSpec s;
+    s.eth_src = p.node[0].eng->config().mac;
+    s.eth_dst = p.node[1].eng->config().mac;
+    s.ipver = wire::IpVersion::kV4;
+    s.src = p.node[0].eng->config().ip;
+    s.dst = bad == 0 ? p.node[1].eng->config().ip : wire::IpAddr::from_v4(10, 0, 0, 99);
+    s.pkey = bad == 0 ? 0x8001 : 0xffff;
+    s.udp_sport = 0xc123;
+    s.opcode = wire::op::kRcWriteOnly;
+    s.destqp = q.b->qpn;
+    s.psn = wire::Psn(0x100);  // the PSN B expects from A
+    s.ext.reth_va = p.addr(1, 0);
+    s.ext.reth_rkey = p.rkey(1);
+    s.ext.reth_len = 8;
+    const std::uint8_t payload[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    std::vector<std::uint8_t> f(256);
+    f.resize(wire::build_frame(wire::Bytes(f.data(), f.size()), s, wire::ConstBytes(payload, 8)));
+    p.wire.inject(wire::ConstBytes(f.data(), f.size()));
+  }
+  settle(1'000'000);
+  EXPECT_EQ(p.B().counters()[PortCounter::rx_bad_pkey], 1u);
+  EXPECT_EQ(p.B().counters()[PortCounter::rx_wrong_dst], 1u);
+  EXPECT_EQ(p.node[1].mem[0], 0) << "a dropped WRITE was executed";
+  EXPECT_EQ(q.b->ctr[QpCounter::rcvd_pkts], 0u);
+  // The genuine WRITE at that PSN is new to B, and is executed.
+  Sge src = p.sge(0, 64, 8);
+  p.node[0].mem[64] = 0x77;
+  ASSERT_EQ(p.A().post_send(q.a, rdma_wr(1, IBV_WR_RDMA_WRITE, &src, p.addr(1, 0), p.rkey(1))), 0);
+  ASSERT_TRUE(wait(0, wa, 1));
+  EXPECT_EQ(wa[0].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(p.node[1].mem[0], 0x77);
+  EXPECT_EQ(q.b->ctr[QpCounter::duplicate_request], 0u);
+}
+
+TEST_F(HeaderChecks, RequesterIgnoresAnAckWithAForeignPkey) {
+  const QpPair q = p.connect();
+  // B never answers: its frames are lost, so only the forged ACK could retire A's WRITE.
+  sim::Impairments imp;
+  imp.loss = 1.0;
+  const std::uint32_t bqpn = q.b->qpn;
+  imp.filter = [bqpn](const TxFrame& f) { return f.qpn == bqpn && f.opcode == wire::op::kRcAck; };
+  p.wire.set_impairments(imp);
+  Sge src = p.sge(0, 0, 8);
+  ASSERT_EQ(p.A().post_send(q.a, rdma_wr(1, IBV_WR_RDMA_WRITE, &src, p.addr(1, 0), p.rkey(1))), 0);
+  settle(100'000);
+  wire::FrameSpec s;  // an ACK for A's WRITE, as B would send it, but from partition 0x0002
+  s.eth_src = p.node[1].eng->config().mac;
+  s.eth_dst = p.node[0].eng->config().mac;
+  s.ipver = wire::IpVersion::kV4;
+  s.src = p.node[1].eng->config().ip;
+  s.dst = p.node[0].eng->config().ip;
+  s.pkey = 0x8002;
+  s.udp_sport = 0xc123;
+  s.opcode = wire::op::kRcAck;
+  s.destqp = q.a->qpn;
+  s.psn = wire::Psn(0x100);
+  s.ext.aeth_syndrome = 0x1f;
+  s.ext.aeth_msn = 1;
+  std::vector<std::uint8_t> ack(256);
+  ack.resize(wire::build_frame(wire::Bytes(ack.data(), ack.size()), s, wire::ConstBytes()));
+  p.wire.inject(wire::ConstBytes(ack.data(), ack.size()));
+  settle(200'000);  // well before A's ACK timeout
+  EXPECT_EQ(p.A().counters()[PortCounter::rx_bad_pkey], 1u);
+  p.poll(0, wa);
+  EXPECT_TRUE(wa.empty()) << "the WRITE was retired by an ACK from a foreign partition";
+}
+
+}  // namespace
+}  // namespace uroce::testing
