@@ -141,6 +141,17 @@ class Pair {
   }
   std::uint64_t addr(int i, std::uint64_t off) { return reinterpret_cast<std::uint64_t>(node[i].mem.data() + off); }
   std::uint32_t rkey(int i) { return node[i].mr->rkey; }
+  /// A signalled RDMA WRITE of `s` to node i's memory at `off`.
+  SendWr write_to(int i, const Sge& s, std::uint64_t off, std::uint64_t wr_id = 1) {
+    SendWr w;
+    w.wr_id = wr_id;
+    w.opcode = IBV_WR_RDMA_WRITE;
+    w.send_flags = IBV_SEND_SIGNALED;
+    w.sg_list = {&s, 1};
+    w.remote_addr = addr(i, off);
+    w.rkey = rkey(i);
+    return w;
+  }
 
   /// Polls up to `max` completions from node i into `out` (appending).
   int poll(int i, std::vector<ibv_wc>& out, int max = 64) {

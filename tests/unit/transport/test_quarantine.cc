@@ -23,14 +23,7 @@ struct LostLastAck : ::testing::Test {
     imp.filter = [dropped](const TxFrame& f) mutable { return f.opcode == wire::op::kRcAck && dropped++ == 0; };
     p.wire.set_impairments(imp);  // the first ACK (B's) is lost, later ones pass
     Sge s = p.sge(0, 0, 64);
-    SendWr w;
-    w.wr_id = 1;
-    w.opcode = IBV_WR_RDMA_WRITE;
-    w.send_flags = IBV_SEND_SIGNALED;
-    w.sg_list = {&s, 1};
-    w.remote_addr = p.addr(1, 0);
-    w.rkey = p.rkey(1);
-    ASSERT_EQ(p.A().post_send(q.a, w), 0);
+    ASSERT_EQ(p.A().post_send(q.a, p.write_to(1, s, 0)), 0);
     ASSERT_TRUE(p.wire.run_until([&] { return q.b->ctr[QpCounter::rcvd_pkts] >= 1; }, 1'000'000));
     p.wire.run_until([] { return false; }, 20'000);  // B's ACK goes out (and is lost)
     ASSERT_EQ(p.B().destroy_qp(q.b), 0);
@@ -70,15 +63,8 @@ TEST_F(LostLastAck, AfterTheQuarantineTheNumberIsFreeAndFramesAreUnknown) {
   p.wire.next_timer = nullptr;
   // A new request from A for the old number: the slot is released.
   Sge s = p.sge(0, 0, 64);
-  SendWr w;
-  w.wr_id = 2;
-  w.opcode = IBV_WR_RDMA_WRITE;
-  w.send_flags = IBV_SEND_SIGNALED;
-  w.sg_list = {&s, 1};
-  w.remote_addr = p.addr(1, 0);
-  w.rkey = p.rkey(1);
   const auto unknown = p.B().counters()[PortCounter::rx_unknown_qp];
-  ASSERT_EQ(p.A().post_send(q.a, w), 0);
+  ASSERT_EQ(p.A().post_send(q.a, p.write_to(1, s, 0, 2)), 0);
   p.wire.run_until([] { return false; }, 2'000'000);
   EXPECT_GT(p.B().counters()[PortCounter::rx_unknown_qp], unknown);
   EXPECT_EQ(p.B().find_qp(old), nullptr);
