@@ -962,7 +962,7 @@ int sqfull(const char* sa, const char* sb) {
   uroce_rc_conn c{};
   c.dest_qp_num = uroce_qp_num(b.qp);
   c.dgid = b.gid;
-  c.timeout = 10;  // 4 ms
+  c.timeout = 17;  // 537 ms: the queue must still be full when the posts end, however slow they are
   c.retry_cnt = 1;
   check(uroce_connect_qp(a.qp, &c) == 0, "A connected to B's QP, which stays in RESET");
   ibv_sge ss{reinterpret_cast<std::uint64_t>(a.buf), 64, uroce_mr_lkey(a.mr)};
