@@ -42,33 +42,21 @@ ibv_wc_status round(Pair& p, Op op, std::uint32_t after) {
   EXPECT_NE(mr, nullptr);
   const auto base = reinterpret_cast<std::uint64_t>(r.p);
   // The other side's buffer: node memory (64 KiB).
-  const int other = 1 - side;
   Sge local = side == 0 ? Sge{base, kLen, mr->lkey} : p.sge(0, 0, kLen);
   SendWr w;
   w.wr_id = 7;
   w.send_flags = IBV_SEND_SIGNALED;
   w.sg_list = {&local, 1};
-  switch (op) {
-    case Op::kWriteTarget:
-    case Op::kWriteSource:
-      w.opcode = IBV_WR_RDMA_WRITE;
-      w.remote_addr = side == 1 ? base : p.addr(1, 0);
-      w.rkey = side == 1 ? mr->rkey : p.rkey(1);
-      break;
-    case Op::kReadSource:
-    case Op::kReadTarget:
-      w.opcode = IBV_WR_RDMA_READ;
-      w.remote_addr = side == 1 ? base : p.addr(1, 0);
-      w.rkey = side == 1 ? mr->rkey : p.rkey(1);
-      break;
-    case Op::kSendTarget: {
-      w.opcode = IBV_WR_SEND;
-      Sge rs{base, kLen, mr->lkey};
-      EXPECT_EQ(p.B().post_recv(q.b, RecvWr{9, {&rs, 1}}), 0);
-      break;
-    }
+  if (op == Op::kSendTarget) {
+    w.opcode = IBV_WR_SEND;
+    Sge rs{base, kLen, mr->lkey};
+    EXPECT_EQ(p.B().post_recv(q.b, RecvWr{9, {&rs, 1}}), 0);
+  } else {
+    const bool write = op == Op::kWriteTarget || op == Op::kWriteSource;
+    w.opcode = write ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ;
+    w.remote_addr = side == 1 ? base : p.addr(1, 0);
+    w.rkey = side == 1 ? mr->rkey : p.rkey(1);
   }
-  (void)other;
   // Deregister just before the `after`-th frame of the message reaches the
   // side that uses the memory next (B for WRITE and SEND requests, A for
   // READ responses), so the rest of the message meets a dead MR.
