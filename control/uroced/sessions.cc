@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <bit>
 #include <chrono>
 #include <cerrno>
@@ -69,29 +70,23 @@ struct SessionServer::Session {
     Mr* mr;
     Mapping map;
   };
+  // What the session holds besides the engine's objects: the mapping of
+  // each ring (the engine reads and writes the rings themselves).
   struct CqRes {
     Cq* cq;
     Mapping map;
-    abi::Ring<uroce_cq_entry> ring;
     int chan = -1;  // the completion channel (a Unix datagram socket), when the CQ has one
-    std::uint64_t* notify_failed = nullptr;  // the session's counter
-    /// After pushing entries: wake the application if it armed the CQ.
-    void notify() {
-      if (chan < 0 || !ring.take_notify()) return;
-      if (!abi::ring(chan)) ++*notify_failed;
-    }
+    std::uint32_t handle = 0;
+    Session* session = nullptr;
   };
   struct SrqRes {
     Srq* srq;
     Mapping map;
-    abi::Ring<uroce_recv_entry> ring;
   };
   struct QpRes {
     Qp* qp;
     Mapping map;
-    abi::Ring<uroce_send_entry> sq;
-    abi::Ring<uroce_recv_entry> rq;
-    std::uint32_t send_cq, recv_cq;
+    std::uint32_t handle = 0;
     Session* session = nullptr;
   };
   std::map<std::uint32_t, Pd*> pds;
@@ -107,7 +102,12 @@ struct SessionServer::Session {
   Mapping page_map;
   uroce_session_page* page = nullptr;
   std::unique_ptr<asio::posix::stream_descriptor> bell;  // the daemon's end
-  std::uint64_t doorbells = 0, notify_failed = 0;
+  std::uint64_t doorbells = 0, notify_failed = 0, events_failed = 0;
+  /// The page's posts word when the daemon last looked at the session's
+  /// queues; a client older than minor 5 does not write it, so its queues
+  /// are looked at on every step.
+  std::uint32_t posts_seen = 0;
+  bool legacy = false;
   std::vector<std::uint8_t> in;  // bytes received, not yet a whole message
   std::vector<int> in_fds;
 };
@@ -129,66 +129,32 @@ SessionServer::SessionServer(asio::io_context& io, const std::string& path, unsi
                (0xfffeull << 24) | (std::uint64_t{mac[3]} << 16) | (std::uint64_t{mac[4]} << 8) | mac[5];
   cc.seed = static_cast<std::uint64_t>(::getpid()) ^ static_cast<std::uint64_t>(now_ns());
   cm_ = std::make_unique<cm::CmAgent>(eng, cc, resolve, resolve_ctx);
-  eng_.set_recv_refill(&SessionServer::refill_recvs, this);
+  eng_.set_hooks(&SessionServer::on_cq_notify, &SessionServer::on_async_event, this);
 }
 
-namespace {
-
-using Sess = SessionServer::Session;
-
-/// A work request the engine refuses (bad SGEs, or a receive posted while
-/// the QP is still in RESET) is never dropped silently: the application
-/// gets a LOC_QP_OP_ERR completion for it.
-void refuse(Sess::QpRes& q, std::uint32_t cq, std::uint64_t wr_id, ibv_wc_opcode op) {
-  auto c = q.session->cqs.find(cq);
-  if (c == q.session->cqs.end()) return;
-  uroce_cq_entry ce{};
-  ce.wr_id = wr_id;
-  ce.status = IBV_WC_LOC_QP_OP_ERR;
-  ce.opcode = op;
-  ce.qp_num = q.qp->qpn;
-  c->second.ring.push(ce);
-  c->second.notify();
+void SessionServer::on_cq_notify(void* ctx, Cq& cq) {
+  auto* c = static_cast<Session::CqRes*>(cq.owner);
+  if (c && c->chan >= 0 && !abi::ring(c->chan)) ++c->session->notify_failed;
+  (void)ctx;
 }
 
-/// What the application posted to a QP's receive ring, into the engine,
-/// while the engine's queue has room (the rest waits in the ring, so the
-/// ring's own bound is the application's back-pressure).
-std::size_t drain_rq(Engine& eng, Sess::QpRes& q) {
-  std::size_t n = 0;
-  uroce_recv_entry r;
-  while (!q.qp->rq.full() && q.rq.pop(r)) {
-    Sge sg[UROCE_ABI_MAX_SGE];
-    const std::uint32_t k = std::min<std::uint32_t>(r.num_sge, UROCE_ABI_MAX_SGE);
-    for (std::uint32_t i = 0; i < k; ++i) sg[i] = {r.sg_list[i].addr, r.sg_list[i].length, r.sg_list[i].lkey};
-    if (eng.post_recv(q.qp, RecvWr{r.wr_id, {sg, k}}) != 0) refuse(q, q.recv_cq, r.wr_id, IBV_WC_RECV);
-    ++n;
+void SessionServer::on_async_event(void* ctx, ibv_event_type type, Cq* cq, Qp* qp) {
+  (void)ctx;
+  Session* s = nullptr;
+  uroce_async_msg ev{static_cast<std::uint32_t>(type), 0};
+  if (cq && cq->owner) {
+    auto* c = static_cast<Session::CqRes*>(cq->owner);
+    s = c->session;
+    ev.handle = c->handle;
+  } else if (qp && qp->owner) {
+    auto* q = static_cast<Session::QpRes*>(qp->owner);
+    s = q->session;
+    ev.handle = q->handle;
   }
-  return n;
-}
-
-std::size_t drain_srq(Engine& eng, Sess::SrqRes& q) {
-  std::size_t n = 0;
-  uroce_recv_entry r;
-  while (!q.srq->full() && q.ring.pop(r)) {
-    Sge sg[UROCE_ABI_MAX_SGE];
-    const std::uint32_t k = std::min<std::uint32_t>(r.num_sge, UROCE_ABI_MAX_SGE);
-    for (std::uint32_t i = 0; i < k; ++i) sg[i] = {r.sg_list[i].addr, r.sg_list[i].length, r.sg_list[i].lkey};
-    (void)eng.post_srq_recv(q.srq, RecvWr{r.wr_id, {sg, k}});
-    ++n;
-  }
-  return n;
-}
-
-}  // namespace
-
-void SessionServer::refill_recvs(void* ctx, Qp& qp) {
-  Engine& eng = static_cast<SessionServer*>(ctx)->eng_;
-  if (qp.srq) {
-    if (auto* r = static_cast<Session::SrqRes*>(qp.srq->owner)) drain_srq(eng, *r);
-  } else if (auto* r = static_cast<Session::QpRes*>(qp.owner)) {
-    drain_rq(eng, *r);
-  }
+  if (!s || !s->bell) return;
+  // On the doorbell socket, never blocking: a full socket loses the event,
+  // and that is counted (the CQ's overflow is in the port counters too).
+  if (::send(s->bell->native_handle(), &ev, sizeof ev, MSG_DONTWAIT | MSG_NOSIGNAL) != sizeof ev) ++s->events_failed;
 }
 
 SessionServer::~SessionServer() {
@@ -314,6 +280,7 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
       if (!take(m)) return;
       if (!uroce_abi_compatible(m.major, m.minor)) return fail(EPROTO, "ABI major version mismatch");
       if (s.hello) return fail(EPROTO, "hello twice");
+      s.legacy = m.minor < 5;  // does not write the posts word
       int page_fd = -1, pair[2] = {-1, -1};
       if (!make_shared(UROCE_SESSION_PAGE_BYTES, s.page_map, page_fd)) return fail(ENOMEM, "cannot create the session page");
       if (::socketpair(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, pair) != 0) {
@@ -385,29 +352,32 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
       if (s.cqs.size() >= limits_.max_cqs) return fail(EDQUOT, "too many CQs for this session");
       if (m.entries == 0 || m.entries > (1u << 16)) return fail(EINVAL, "CQ entries must be 1..65536");
       const std::uint32_t entries = std::bit_ceil(m.entries);
-      Cq* cq = eng_.create_cq(entries);
-      Mapping map;
-      int fd = -1;
-      if (!cq || !make_shared(uroce_ring_bytes(entries, sizeof(uroce_cq_entry)), map, fd)) {
-        if (cq) eng_.destroy_cq(cq);
-        return fail(ENOMEM, "cannot create the CQ ring");
-      }
       // A completion channel may come along: it must be a Unix datagram
       // socket, which the daemon writes to without ever blocking.
       int chan = -1;
       if (!fds.empty()) {
-        if (!abi::is_unix_dgram(fds.front())) {
-          eng_.destroy_cq(cq);
-          map.unmap();
-          ::close(fd);
-          return fail(EINVAL, "a completion channel must be a Unix datagram socket");
-        }
+        if (!abi::is_unix_dgram(fds.front())) return fail(EINVAL, "a completion channel must be a Unix datagram socket");
         chan = fds.front();
         fds.erase(fds.begin());
       }
+      Mapping map;
+      int fd = -1;
+      if (!make_shared(uroce_ring_bytes(entries, sizeof(uroce_cq_entry)), map, fd)) {
+        if (chan >= 0) ::close(chan);
+        return fail(ENOMEM, "cannot create the CQ ring");
+      }
       uroce_handle_reply r{s.next_handle++};
-      s.cqs[r.handle] = {cq, map, abi::Ring<uroce_cq_entry>::create(map.addr, entries, UROCE_RING_CQ, r.handle), chan,
-                         &s.notify_failed};
+      const auto ring = abi::Ring<uroce_cq_entry>::create(map.addr, entries, UROCE_RING_CQ, r.handle);
+      Cq* cq = eng_.create_cq(entries, &ring);
+      if (!cq) {
+        map.unmap();
+        ::close(fd);
+        if (chan >= 0) ::close(chan);
+        return fail(ENOMEM, "cannot create the CQ");
+      }
+      s.cqs[r.handle] = {cq, map, chan, r.handle, &s};
+      cq->owner = &s.cqs[r.handle];
+      cq->want_notify(chan >= 0);
       send_reply(sock, h, 0, "", &r, sizeof r, fd);
       ::close(fd);
       return;
@@ -421,16 +391,19 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
       if (m.max_wr == 0 || m.max_wr > 4096 || m.max_sge == 0 || m.max_sge > UROCE_ABI_MAX_SGE)
         return fail(EINVAL, "SRQ max_wr must be 1..4096 and max_sge 1..4");
       const std::uint32_t entries = std::bit_ceil(m.max_wr);
-      Srq* srq = eng_.create_srq(pd->second, entries, m.max_sge);
       Mapping map;
       int fd = -1;
-      if (!srq || !make_shared(uroce_ring_bytes(entries, sizeof(uroce_recv_entry)), map, fd)) {
-        if (srq) eng_.destroy_srq(srq);
-        return fail(ENOMEM, "cannot create the SRQ or its ring");
-      }
+      if (!make_shared(uroce_ring_bytes(entries, sizeof(uroce_recv_entry)), map, fd))
+        return fail(ENOMEM, "cannot create the SRQ ring");
       uroce_handle_reply r{s.next_handle++};
-      s.srqs[r.handle] = {srq, map,
-                          abi::Ring<uroce_recv_entry>::create(map.addr, entries, UROCE_RING_SRQ, r.handle)};
+      const auto ring = abi::Ring<uroce_recv_entry>::create(map.addr, entries, UROCE_RING_SRQ, r.handle);
+      Srq* srq = eng_.create_srq(pd->second, entries, m.max_sge, &ring);
+      if (!srq) {
+        map.unmap();
+        ::close(fd);
+        return fail(ENOMEM, "cannot create the SRQ");
+      }
+      s.srqs[r.handle] = {srq, map};
       srq->owner = &s.srqs[r.handle];
       send_reply(sock, h, 0, "", &r, sizeof r, fd);
       ::close(fd);
@@ -455,6 +428,15 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
       if (m.max_send_wr == 0 || m.max_send_wr > 4096 || m.max_recv_wr == 0 || m.max_recv_wr > 4096)
         return fail(EINVAL, "max_send_wr and max_recv_wr must be 1..4096");
       const std::uint32_t sqn = std::bit_ceil(m.max_send_wr), rqn = std::bit_ceil(m.max_recv_wr);
+      const std::size_t sq_bytes = (uroce_ring_bytes(sqn, sizeof(uroce_send_entry)) + 4095) & ~std::size_t{4095};
+      Mapping map;
+      int fd = -1;
+      if (!make_shared(sq_bytes + uroce_ring_bytes(rqn, sizeof(uroce_recv_entry)), map, fd))
+        return fail(ENOMEM, "cannot create the QP's rings");
+      const std::uint32_t handle = s.next_handle++;
+      const auto sq = abi::Ring<uroce_send_entry>::create(map.addr, sqn, UROCE_RING_SEND, handle);
+      const auto rq = abi::Ring<uroce_recv_entry>::create(static_cast<std::uint8_t*>(map.addr) + sq_bytes, rqn,
+                                                          UROCE_RING_RECV, handle);
       QpInitAttr ia;
       ia.qp_type = static_cast<ibv_qp_type>(m.qp_type);
       ia.send_cq = scq->second.cq;
@@ -463,21 +445,17 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
       ia.cap.max_recv_wr = rqn;
       ia.sq_sig_all = m.sq_sig_all != 0;
       ia.srq = srq;
+      ia.sq_ring = &sq;
+      ia.rq_ring = srq ? nullptr : &rq;
       Qp* qp = eng_.create_qp(pd->second, ia);
-      const std::size_t sq_bytes = (uroce_ring_bytes(sqn, sizeof(uroce_send_entry)) + 4095) & ~std::size_t{4095};
-      Mapping map;
-      int fd = -1;
-      if (!qp || !make_shared(sq_bytes + uroce_ring_bytes(rqn, sizeof(uroce_recv_entry)), map, fd)) {
-        if (qp) eng_.destroy_qp(qp);
-        return fail(ENOMEM, "cannot create the QP or its rings");
+      if (!qp) {
+        map.unmap();
+        ::close(fd);
+        return fail(ENOMEM, "cannot create the QP");
       }
-      uroce_create_qp_reply r{s.next_handle++, qp->qpn, sqn, rqn, sq_bytes};
-      Session::QpRes q{qp, map, abi::Ring<uroce_send_entry>::create(map.addr, sqn, UROCE_RING_SEND, r.handle),
-                       abi::Ring<uroce_recv_entry>::create(static_cast<std::uint8_t*>(map.addr) + sq_bytes, rqn,
-                                                           UROCE_RING_RECV, r.handle),
-                       m.send_cq, m.recv_cq, &s};
-      s.qps[r.handle] = q;
-      qp->owner = &s.qps[r.handle];
+      uroce_create_qp_reply r{handle, qp->qpn, sqn, rqn, sq_bytes};
+      s.qps[handle] = {qp, map, handle, &s};
+      qp->owner = &s.qps[handle];
       send_reply(sock, h, 0, "", &r, sizeof r, fd);
       ::close(fd);
       return;
@@ -833,58 +811,16 @@ void SessionServer::set_sleeping(bool sleeping) {
 
 std::size_t SessionServer::step() {
   std::size_t work = retry_pending() + cm_->poll(now_ns());
+  // The engine reads the rings itself; all that is left here is to tell it
+  // which QPs' producers have published: those of a session whose posts
+  // word moved since the last look.
   for (auto& [id, sp] : sessions_) {
     Session& s = *sp;
-    // (Plain references, not structured bindings: clang 14 cannot capture those.)
-    for (auto& srq_entry : s.srqs) work += drain_srq(eng_, srq_entry.second);
-    for (auto& qp_entry : s.qps) {
-      Session::QpRes& q = qp_entry.second;
-      work += drain_rq(eng_, q);
-      // Sends while the engine's queue has room: a full engine queue leaves
-      // them in the ring, so a full ring is ENOMEM at post time, as in verbs.
-      uroce_send_entry e;
-      while (!q.qp->sq.full() && q.sq.pop(e)) {
-        Sge sg[UROCE_ABI_MAX_SGE];
-        const std::uint32_t n = std::min<std::uint32_t>(e.num_sge, UROCE_ABI_MAX_SGE);
-        for (std::uint32_t i = 0; i < n; ++i) sg[i] = {e.sg_list[i].addr, e.sg_list[i].length, e.sg_list[i].lkey};
-        SendWr wr;
-        wr.wr_id = e.wr_id;
-        wr.opcode = e.opcode <= IBV_WR_ATOMIC_FETCH_AND_ADD ? static_cast<ibv_wr_opcode>(e.opcode) : IBV_WR_DRIVER1;
-        wr.send_flags = e.send_flags & ~unsigned(IBV_SEND_INLINE);  // inline data would point into the app
-        wr.sg_list = {sg, n};
-        wr.imm_data = e.imm_or_inv;
-        wr.invalidate_rkey = e.imm_or_inv;
-        wr.remote_addr = e.remote_addr;
-        wr.rkey = e.rkey;
-        wr.compare_add = e.compare_add;
-        wr.swap = e.swap;
-        if (eng_.post_send(q.qp, wr) != 0) refuse(q, q.send_cq, e.wr_id, IBV_WC_SEND);
-        ++work;
-      }
-    }
-    for (auto& [h, c] : s.cqs) {
-      ibv_wc wc[16];
-      std::uint32_t room = c.ring.space();
-      while (room > 0) {
-        const int n = eng_.poll_cq(c.cq, std::span<ibv_wc>(wc, std::min<std::uint32_t>(room, 16)));
-        if (n <= 0) break;
-        for (int i = 0; i < n; ++i) {
-          uroce_cq_entry ce{};
-          ce.wr_id = wc[i].wr_id;
-          ce.status = wc[i].status;
-          ce.opcode = wc[i].opcode;
-          ce.byte_len = wc[i].byte_len;
-          ce.imm_or_inv = wc[i].imm_data;
-          ce.qp_num = wc[i].qp_num;
-          ce.src_qp = wc[i].src_qp;
-          ce.wc_flags = wc[i].wc_flags;
-          c.ring.push(ce);
-        }
-        c.notify();
-        room -= static_cast<std::uint32_t>(n);
-        work += static_cast<std::size_t>(n);
-      }
-    }
+    if (!s.page) continue;
+    const std::uint32_t posts = std::atomic_ref<std::uint32_t>(s.page->posts).load(std::memory_order_acquire);
+    if (posts == s.posts_seen && !s.legacy) continue;
+    s.posts_seen = posts;
+    for (auto& qp_entry : s.qps) work += eng_.kick(qp_entry.second.qp);
   }
   return work;
 }

@@ -41,8 +41,8 @@ class SessionServer {
   SessionServer(boost::asio::io_context& io, const std::string& path, unsigned mode, transport::Engine& eng,
                 const SessionLimits& limits, Resolve resolve = nullptr, void* resolve_ctx = nullptr);
   ~SessionServer();
-  /// The application stage: move work requests from every session's rings
-  /// into the engine, and completions out. Returns the work done.
+  /// The application stage: parked RTRs, the CM agent, and a kick to the
+  /// engine for each QP of a session that posted since. Returns the work done.
   std::size_t step();
   [[nodiscard]] std::size_t sessions() const { return sessions_.size(); }
   /// The daemon is about to block (true) or is awake again (false): written
@@ -63,8 +63,10 @@ class SessionServer {
   void accept();
   void wait_read(const std::shared_ptr<Session>& s);
   void wait_bell(Session& s);
-  /// The engine's receive refill (Engine::set_recv_refill).
-  static void refill_recvs(void* ctx, transport::Qp& qp);
+  /// The engine's hooks (Engine::set_hooks): a completion channel to ring,
+  /// an async event to send on the session's doorbell socket.
+  static void on_cq_notify(void* ctx, transport::Cq& cq);
+  static void on_async_event(void* ctx, ibv_event_type type, transport::Cq* cq, transport::Qp* qp);
   void on_readable(const std::shared_ptr<Session>& s);
   void handle(Session& s, const uroce_msg_hdr& h, const std::uint8_t* body, std::vector<int>& fds);
   void close(Session& s);

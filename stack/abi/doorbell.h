@@ -37,12 +37,15 @@ inline bool is_unix_dgram(int fd) {
   return ::getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &len) == 0 && domain == AF_UNIX;
 }
 
-/// Producer: call after publishing entries. Rings `doorbell` (one byte,
-/// non-blocking) when the consumer has said it may block. Returns whether
-/// it rang.
+/// Producer: call after publishing entries. Bumps the page's posts word (so
+/// an awake consumer looks at this session's queues), then rings `doorbell`
+/// (one byte, non-blocking) when the consumer has said it may block.
+/// Returns whether it rang.
 inline bool kick(uroce_session_page* page, int doorbell) {
-  if (!page || doorbell < 0) return false;
+  if (!page) return false;
+  std::atomic_ref<std::uint32_t>(page->posts).fetch_add(1, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (doorbell < 0) return false;
   if (sleeping_word(page).load(std::memory_order_relaxed) == 0) return false;
   (void)ring(doorbell);
   return true;

@@ -6,7 +6,10 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <new>
 #include <string>
 #include <type_traits>
 
@@ -57,7 +60,7 @@ class Ring {
   /// Producer: false when full.
   bool push(const E& e) {
     const std::uint32_t i = prod_;
-    if (i - load(&h_->cons, std::memory_order_acquire) >= h_->entries) return false;
+    if (i - load(&h_->cons, std::memory_order_acquire) >= entries_) return false;
     E& slot = slots_[i & mask_];
     std::memcpy(static_cast<void*>(&slot), &e, offsetof_seq());
     std::memcpy(reinterpret_cast<char*>(&slot) + offsetof_seq() + 4, reinterpret_cast<const char*>(&e) + offsetof_seq() + 4,
@@ -79,9 +82,40 @@ class Ring {
     return true;
   }
 
-  [[nodiscard]] std::uint32_t capacity() const { return h_->entries; }
+  /// Consumer, in place: copies entry i (the consumer's own index, which the
+  /// caller keeps within cons .. cons + capacity) once its producer has
+  /// published it, without consuming it. The caller validates the copy and
+  /// never reads the shared slot again, so a producer that rewrites an entry
+  /// after publishing it can change nothing the consumer has checked.
+  bool peek(std::uint32_t i, E& out) const {
+    const E& slot = slots_[i & mask_];
+    if (load(const_cast<std::uint32_t*>(&slot.seq), std::memory_order_acquire) != i + 1) return false;
+    std::memcpy(&out, &slot, sizeof(E));
+    return true;
+  }
+  /// Consumer: entries up to index i are done with; their slots go back to
+  /// the producer (used with peek, where an entry is retired only when its
+  /// work completes, so a full ring is the queue's whole depth).
+  void release(std::uint32_t i) {
+    cons_ = i;
+    store(&h_->cons, cons_, std::memory_order_release);
+  }
+  /// Consumer: entries the producer says it has published beyond what this
+  /// side consumed, at most the capacity (for status; never trusted as an index).
+  [[nodiscard]] std::uint32_t pending() const {
+    const std::uint32_t n = load(&h_->prod, std::memory_order_acquire) - cons_;
+    return n < entries_ ? n : entries_;
+  }
+  /// The consumer's own index: the next entry it will take.
+  [[nodiscard]] std::uint32_t consumed() const { return cons_; }
+
+  /// The entry count fixed when this side attached (never re-read from the
+  /// shared header, which the other side could rewrite).
+  [[nodiscard]] std::uint32_t capacity() const { return entries_; }
   /// Producer: entries that can be pushed now.
-  [[nodiscard]] std::uint32_t space() const { return h_->entries - (prod_ - load(&h_->cons, std::memory_order_acquire)); }
+  [[nodiscard]] std::uint32_t space() const { return entries_ - used(); }
+  /// Producer: entries pushed and not yet released by the consumer.
+  [[nodiscard]] std::uint32_t used() const { return prod_ - load(&h_->cons, std::memory_order_acquire); }
   [[nodiscard]] std::uint32_t handle() const { return h_->handle; }
 
   // CQ notification (a completion channel). The consumer arms: arm += 1,
@@ -107,7 +141,7 @@ class Ring {
 
  private:
   explicit Ring(uroce_ring_header* h)
-      : h_(h), slots_(reinterpret_cast<E*>(h + 1)), mask_(h->entries - 1), prod_(load(&h->prod, std::memory_order_acquire)),
+      : h_(h), slots_(reinterpret_cast<E*>(h + 1)), entries_(h->entries), mask_(h->entries - 1), prod_(load(&h->prod, std::memory_order_acquire)),
         cons_(load(&h->cons, std::memory_order_acquire)) {}
   static constexpr std::size_t offsetof_seq() {
     static_assert(std::is_same_v<decltype(E::seq), std::uint32_t>);
@@ -120,9 +154,36 @@ class Ring {
 
   uroce_ring_header* h_ = nullptr;
   E* slots_ = nullptr;
+  std::uint32_t entries_ = 0;
   std::uint32_t mask_ = 0;
   std::uint32_t prod_ = 0;  // local copies: each side only trusts its own index
   std::uint32_t cons_ = 0;
+};
+
+/// A ring laid out in this process's own memory: the same queue as a shared
+/// ring, placed in the heap (the engine's queues when no application shares
+/// them: the CM agent, tests, benches). Owns its memory.
+template <RingEntry E>
+class HeapRing {
+ public:
+  HeapRing() = default;
+  HeapRing(std::uint32_t entries, uroce_ring_kind kind, std::uint32_t handle)
+      : mem_(static_cast<std::byte*>(std::aligned_alloc(UROCE_ABI_CACHELINE, bytes(entries)))) {
+    if (!mem_) throw std::bad_alloc();
+    ring_ = Ring<E>::create(mem_.get(), entries, kind, handle);
+  }
+  Ring<E>& ring() { return ring_; }
+
+ private:
+  static std::size_t bytes(std::uint32_t entries) {
+    const std::size_t n = uroce_ring_bytes(entries, sizeof(E));
+    return (n + UROCE_ABI_CACHELINE - 1) & ~std::size_t{UROCE_ABI_CACHELINE - 1};
+  }
+  struct Free {
+    void operator()(std::byte* p) const { std::free(p); }
+  };
+  std::unique_ptr<std::byte, Free> mem_;
+  Ring<E> ring_;
 };
 
 inline const char* to_string(AttachError e) {

@@ -42,9 +42,12 @@ extern "C" {
 
 #define UROCE_ABI_MAGIC 0x45524f55u /* "UORE" read little-endian */
 #define UROCE_ABI_MAJOR 1
-#define UROCE_ABI_MINOR 4 /* 1: CQ notification words (arm, notified); 2: SRQs; 3: RDMA CM; 4: session page and doorbell */
+#define UROCE_ABI_MINOR 5 /* 1: CQ notification words (arm, notified); 2: SRQs; 3: RDMA CM; 4: session page and doorbell;
+                            5: one queue per verbs queue (the daemon consumes a send entry when it completes), inline
+                            data, the UD address vector, the posts word, async events */
 #define UROCE_ABI_CACHELINE 64
 #define UROCE_ABI_MAX_SGE 4
+#define UROCE_ABI_MAX_INLINE 64 /* inline bytes a send entry carries, in place of its SGEs */
 
 enum uroce_ring_kind { UROCE_RING_SEND = 1, UROCE_RING_RECV = 2, UROCE_RING_SRQ = 3, UROCE_RING_CQ = 4 };
 
@@ -72,7 +75,18 @@ struct uroce_sge {
   uint32_t lkey;
 };
 
-/* A send work request: 128 bytes. Names and values follow ibv_send_wr. */
+/*
+ * A send work request: 128 bytes. Names and values follow ibv_send_wr.
+ * The daemon consumes it (advances cons) only when the work request has
+ * completed, so the ring's depth is the send queue's depth: a full ring is
+ * ENOMEM at post time, as in verbs. It copies an entry once, when it takes
+ * it, and never reads the slot again.
+ *   IBV_SEND_INLINE: the data (inline_len <= UROCE_ABI_MAX_INLINE bytes) is
+ *     in place of sg_list, and num_sge is 0.
+ *   UD: the address vector is in place of remote_addr and compare_add..swap,
+ *     which a UD send does not use (as a hardware WQE's datagram segment
+ *     carries its address vector); see UROCE_UD_DGID_OFFSET.
+ */
 struct uroce_send_entry {
   uint64_t wr_id;
   uint8_t opcode;      /* enum ibv_wr_opcode */
@@ -85,11 +99,19 @@ struct uroce_send_entry {
   uint64_t compare_add;
   uint64_t swap;
   uint32_t remote_qkey; /* UD */
-  uint32_t ah;          /* UD: an address handle made on the control socket */
-  uint32_t reserved;
+  uint32_t ah;          /* reserved (0) */
+  uint32_t inline_len;  /* IBV_SEND_INLINE: the bytes in place of sg_list */
   uint32_t seq; /* valid flag: entry index + 1, written last */
   struct uroce_sge sg_list[UROCE_ABI_MAX_SGE];
 };
+
+/* The UD address vector, in the fields a UD send does not use: the
+ * destination GID (16 bytes, an IPv4-mapped or IPv6 address) in place of
+ * compare_add and swap, the next hop's MAC (6 bytes) and the traffic class
+ * (1 byte) in place of remote_addr. */
+#define UROCE_UD_DGID_OFFSET 32
+#define UROCE_UD_DMAC_OFFSET 16
+#define UROCE_UD_TCLASS_OFFSET 22
 
 /* A receive work request: 80 bytes. */
 struct uroce_recv_entry {
@@ -124,6 +146,14 @@ UROCE_STATIC_ASSERT(sizeof(struct uroce_sge) == 16, "sge is 16 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_send_entry) == 128, "send entry is 128 bytes");
 UROCE_STATIC_ASSERT(offsetof(struct uroce_send_entry, seq) == 60, "send entry seq at 60");
 UROCE_STATIC_ASSERT(offsetof(struct uroce_send_entry, sg_list) == 64, "send entry SGEs at 64");
+UROCE_STATIC_ASSERT(offsetof(struct uroce_send_entry, inline_len) == 56, "send entry inline_len at 56");
+UROCE_STATIC_ASSERT(UROCE_UD_DGID_OFFSET == offsetof(struct uroce_send_entry, compare_add) &&
+                        UROCE_UD_DGID_OFFSET + 16 == offsetof(struct uroce_send_entry, remote_qkey),
+                    "UD DGID over compare_add and swap");
+UROCE_STATIC_ASSERT(UROCE_UD_DMAC_OFFSET == offsetof(struct uroce_send_entry, remote_addr) &&
+                        UROCE_UD_TCLASS_OFFSET + 1 <= offsetof(struct uroce_send_entry, rkey),
+                    "UD MAC and traffic class over remote_addr");
+UROCE_STATIC_ASSERT(UROCE_ABI_MAX_INLINE == sizeof(((struct uroce_send_entry*)0)->sg_list), "inline data fills sg_list");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_recv_entry) == 80, "recv entry is 80 bytes");
 UROCE_STATIC_ASSERT(offsetof(struct uroce_recv_entry, seq) == 12, "recv entry seq at 12");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_cq_entry) == 64, "cq entry is one cache line");
@@ -151,10 +181,27 @@ struct uroce_session_page {
   uint32_t daemon_sleeping; /* written by the daemon only */
   uint32_t sleeps;          /* written by the daemon only: how often it blocked (statistics) */
   uint8_t reserved1[UROCE_ABI_CACHELINE - 8];
+  /* Minor 5: bumped (atomically) by the application after it publishes
+   * entries in any of the session's SQ or RQ rings, before the fence above.
+   * The daemon looks at a session's queues only when this word has moved,
+   * so an awake daemon's cost does not grow with idle QPs. */
+  uint32_t posts;
+  uint8_t reserved2[UROCE_ABI_CACHELINE - 4];
+};
+
+/*
+ * Async events (minor 5): the daemon sends one uroce_async_msg datagram
+ * on the session's doorbell socket (the application's end is otherwise
+ * only written) for each event, as ibv_get_async_event reports them.
+ */
+struct uroce_async_msg {
+  uint32_t event_type; /* enum ibv_event_type: IBV_EVENT_CQ_ERR, IBV_EVENT_QP_FATAL */
+  uint32_t handle;     /* the session's handle of the CQ or QP */
 };
 #define UROCE_SESSION_PAGE_BYTES 4096u
 
-UROCE_STATIC_ASSERT(sizeof(struct uroce_session_page) == 2 * UROCE_ABI_CACHELINE, "session page header is 2 lines");
+UROCE_STATIC_ASSERT(sizeof(struct uroce_session_page) == 3 * UROCE_ABI_CACHELINE, "session page header is 3 lines");
+UROCE_STATIC_ASSERT(offsetof(struct uroce_session_page, posts) == 2 * UROCE_ABI_CACHELINE, "posts on its own line");
 UROCE_STATIC_ASSERT(offsetof(struct uroce_session_page, daemon_sleeping) == UROCE_ABI_CACHELINE,
                     "daemon_sleeping on its own line");
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <optional>
 
 #include "stack/wire/icrc.h"
 
@@ -86,10 +87,14 @@ int Engine::dereg_mr(Mr* mr) {
   return 0;
 }
 
-Cq* Engine::create_cq(std::uint32_t cqe) {
+Cq* Engine::create_cq(std::uint32_t cqe, const abi::Ring<uroce_cq_entry>* shared) {
   if (cqe == 0 || cqe > (1u << 20)) return nullptr;
-  cqs_.push_back(std::make_unique<Cq>(cqe));
+  if (shared && (!shared->valid() || shared->capacity() < cqe)) return nullptr;
+  cqs_.push_back(std::make_unique<Cq>(cqe, shared));
   cqs_.back()->handle = next_handle_++;
+  // Room to note every CQ between two cq_events() without allocating.
+  cq_noted_.reserve(cqs_.size());
+  cq_overflowed_.reserve(cqs_.size());
   return cqs_.back().get();
 }
 
@@ -98,13 +103,17 @@ int Engine::destroy_cq(Cq* cq) {
     if (q && !q->quarantine_until && (q->send_cq == cq || q->recv_cq == cq)) return EBUSY;
   auto it = std::find_if(cqs_.begin(), cqs_.end(), [cq](const auto& c) { return c.get() == cq; });
   if (it == cqs_.end()) return EINVAL;
+  std::erase(cq_noted_, cq);
+  std::erase(cq_overflowed_, cq);
   cqs_.erase(it);
   return 0;
 }
 
-Srq* Engine::create_srq(Pd* pd, std::uint32_t max_wr, std::uint32_t max_sge) {
+Srq* Engine::create_srq(Pd* pd, std::uint32_t max_wr, std::uint32_t max_sge,
+                        const abi::Ring<uroce_recv_entry>* shared) {
   if (pd == nullptr || max_wr == 0 || max_wr > (1u << 16) || max_sge == 0 || max_sge > kMaxSge) return nullptr;
-  srqs_.push_back(std::make_unique<Srq>(pd, max_wr, max_sge));
+  if (shared && !shared->valid()) return nullptr;
+  srqs_.push_back(std::make_unique<Srq>(pd, max_wr, max_sge, shared));
   srqs_.back()->handle = next_handle_++;
   ++pd->refs;
   return srqs_.back().get();
@@ -152,8 +161,19 @@ Qp* Engine::create_qp(Pd* pd, const QpInitAttr& attr) {
   qp->srq = attr.srq;
   qp->cap = c;
   qp->sq_sig_all = attr.sq_sig_all;
-  qp->sq = Ring<SendWqe>(c.max_send_wr);
-  qp->rq = Ring<RecvWqe>(attr.srq ? 1 : c.max_recv_wr);
+  if (attr.sq_ring) {
+    if (!attr.sq_ring->valid() || attr.sq_ring->capacity() < c.max_send_wr) return nullptr;
+    qp->sq_ring = *attr.sq_ring;
+  } else {
+    qp->sq_heap = abi::HeapRing<uroce_send_entry>(std::bit_ceil(c.max_send_wr), UROCE_RING_SEND, 0);
+    qp->sq_ring = qp->sq_heap.ring();
+  }
+  // The shadow has a slot for every ring slot, so taking an entry never waits for room.
+  qp->sq = Fifo<SendWqe>(qp->sq_ring.capacity());
+  if (!attr.srq) {
+    if (attr.rq_ring && !attr.rq_ring->valid()) return nullptr;
+    qp->rq = RecvQueue(c.max_recv_wr, c.max_recv_sge, UROCE_RING_RECV, attr.rq_ring);
+  }
   qp->handle = next_handle_++;
   ++pd->refs;
   if (attr.gsi) {  // not counted in qp_count(): it belongs to the port, not to an application
@@ -198,6 +218,10 @@ int Engine::destroy_qp(Qp* qp) {
     qp->send_cq = qp->recv_cq = nullptr;
     qp->srq = nullptr;
     qp->owner = nullptr;
+    // Its rings may be unmapped as soon as this returns: nothing reads them again.
+    qp->sq_ring = abi::Ring<uroce_send_entry>{};
+    qp->sq.reset_to(0);
+    qp->rq = RecvQueue{};
     qp->req.retry_deadline = qp->req.rnr_until = 0;  // its own work is dropped
     qp->resp.out.clear();
     qp->resp.in_msg = Responder::InMsg::kNone;
@@ -380,9 +404,18 @@ ModifyResult Engine::modify_qp(Qp* qp, const ibv_qp_attr& a, int mask) {
     std::erase(active_, qp);
     std::erase(ack_waiters_, qp);
     qp->active = false;
-    qp->sq.clear();
-    qp->rq.clear();
+    // What was posted is dropped: the shadow, and whatever is still in the rings.
+    std::uint32_t i = qp->sq.tail();
+    uroce_send_entry e;
+    while (qp->sq_ring.peek(i, e)) ++i;
+    qp->sq.reset_to(i);
+    qp->sq_ring.release(i);
+    RecvWqe r;
+    bool bad;
+    while (qp->rq.take(r, bad)) {
+    }
     qp->req = Requester{};
+    qp->req.cursor = qp->sq.head();  // the shadow's indices go on from the ring's
     qp->resp = Responder{};
   }
   if (to == IBV_QPS_RTS && from == IBV_QPS_RTR) {
@@ -393,7 +426,10 @@ ModifyResult Engine::modify_qp(Qp* qp, const ibv_qp_attr& a, int mask) {
   if (to == IBV_QPS_RTR && qp->type == IBV_QPT_UD) qp->udp_sport = wire::udp_sport_for(qp->qpn, qp->qpn);
   qp->state = to;
   if (to == IBV_QPS_ERR && from != IBV_QPS_ERR) flush(*qp);
-  if (to == IBV_QPS_RTS) activate(*qp);
+  if (to == IBV_QPS_RTS) {
+    fetch_sends(*qp);  // what was posted before RTS
+    activate(*qp);
+  }
   return {};
 }
 
@@ -426,106 +462,197 @@ int Engine::query_qp(const Qp* qp, ibv_qp_attr& a) const {
 
 // ------------------------------------------------------------------ post
 
-int Engine::post_send(Qp* qp, const SendWr& wr) {
-  if (qp == nullptr) return EINVAL;
-  // Verbs: a send WR may be posted in RTS, SQD and SQE; in ERR it is flushed.
-  if (qp->state != IBV_QPS_RTS && qp->state != IBV_QPS_SQD && qp->state != IBV_QPS_SQE &&
-      qp->state != IBV_QPS_ERR)
-    return EINVAL;
-  if (wr.sg_list.size() > qp->cap.max_send_sge) return EINVAL;
-  WqeKind kind;
-  switch (wr.opcode) {
+namespace {
+
+/// What a send entry asks for, or nullopt if the QP cannot do it (IBTA
+/// 10.8.2: the WR's opcode must suit the QP's service type).
+std::optional<WqeKind> send_kind(ibv_qp_type type, std::uint8_t opcode) {
+  switch (opcode) {
     case IBV_WR_SEND:
-    case IBV_WR_SEND_WITH_IMM: kind = WqeKind::kSend; break;
+    case IBV_WR_SEND_WITH_IMM: return WqeKind::kSend;
     case IBV_WR_SEND_WITH_INV:
-      if (qp->type != IBV_QPT_RC) return EINVAL;
-      kind = WqeKind::kSend;
-      break;
+      if (type != IBV_QPT_RC) return std::nullopt;
+      return WqeKind::kSend;
     case IBV_WR_RDMA_WRITE:
     case IBV_WR_RDMA_WRITE_WITH_IMM:
-      if (qp->type == IBV_QPT_UD) return EINVAL;
-      kind = WqeKind::kWrite;
-      break;
+      if (type == IBV_QPT_UD) return std::nullopt;
+      return WqeKind::kWrite;
     case IBV_WR_RDMA_READ:
-      if (qp->type != IBV_QPT_RC) return EINVAL;
-      kind = WqeKind::kRead;
-      break;
+      if (type != IBV_QPT_RC) return std::nullopt;
+      return WqeKind::kRead;
     case IBV_WR_ATOMIC_CMP_AND_SWP:
     case IBV_WR_ATOMIC_FETCH_AND_ADD:
-      if (qp->type != IBV_QPT_RC) return EINVAL;
-      kind = WqeKind::kAtomic;
-      break;
-    default: return EINVAL;
+      if (type != IBV_QPT_RC) return std::nullopt;
+      return WqeKind::kAtomic;
+    default: return std::nullopt;
   }
-  if (qp->type == IBV_QPT_UD && wr.ah == nullptr) return EINVAL;
-  std::uint64_t len = 0;
-  for (const auto& s : wr.sg_list) len += s.length;
-  const bool inl = (wr.send_flags & IBV_SEND_INLINE) != 0;
-  if (inl && (kind == WqeKind::kRead || kind == WqeKind::kAtomic)) return EINVAL;
-  if (inl && len > qp->cap.max_inline_data) return EINVAL;
-  if (kind == WqeKind::kAtomic && (wr.sg_list.size() != 1 || len != 8)) return EINVAL;
-  SendWqe* w = qp->sq.emplace();
-  if (w == nullptr) return ENOMEM;
-  *w = SendWqe{};
-  w->wr_id = wr.wr_id;
-  w->opcode = wr.opcode;
-  w->kind = kind;
-  w->flags = wr.send_flags;
-  w->nsge = static_cast<std::uint32_t>(wr.sg_list.size());
-  std::copy(wr.sg_list.begin(), wr.sg_list.end(), w->sge);
-  w->length = len;
+}
+
+/// Whether a send entry is well formed for this QP: the one check for a WR
+/// posted here and for an entry an application wrote into a shared ring.
+bool send_entry_ok(const Qp& qp, const uroce_send_entry& e) {
+  const auto kind = send_kind(qp.type, e.opcode);
+  if (!kind) return false;
+  const bool inl = (e.send_flags & IBV_SEND_INLINE) != 0;
   if (inl) {
-    // Copy now: the buffers may be reused as soon as post_send returns.
-    std::size_t off = 0;
-    for (const auto& s : wr.sg_list) {
-      std::memcpy(w->inline_data + off, reinterpret_cast<const void*>(s.addr), s.length);
-      off += s.length;
+    if (e.num_sge != 0 || e.inline_len > qp.cap.max_inline_data || e.inline_len > kMaxInline) return false;
+    if (*kind == WqeKind::kRead || *kind == WqeKind::kAtomic) return false;
+  } else if (e.num_sge > qp.cap.max_send_sge || e.num_sge > kMaxSge) {
+    return false;
+  }
+  if (*kind == WqeKind::kAtomic) {
+    if (e.num_sge != 1 || e.sg_list[0].length != 8) return false;
+  }
+  return true;
+}
+
+bool can_post_send(ibv_qp_state s) {
+  // Verbs: a send WR may be posted in RTS, SQD and SQE; in ERR it is flushed.
+  return s == IBV_QPS_RTS || s == IBV_QPS_SQD || s == IBV_QPS_SQE || s == IBV_QPS_ERR;
+}
+
+}  // namespace
+
+int Engine::post_send(Qp* qp, const SendWr& wr) {
+  if (qp == nullptr || !can_post_send(qp->state)) return EINVAL;
+  // The heap ring's producer: the WR as an entry, checked as the engine
+  // checks every entry it takes.
+  uroce_send_entry e{};
+  if (wr.sg_list.size() > kMaxSge || wr.opcode > 0xff) return EINVAL;
+  e.wr_id = wr.wr_id;
+  e.opcode = static_cast<std::uint8_t>(wr.opcode);
+  e.send_flags = static_cast<std::uint16_t>(wr.send_flags);
+  e.imm_or_inv = wr.opcode == IBV_WR_SEND_WITH_INV ? wr.invalidate_rkey : wr.imm_data;
+  e.remote_addr = wr.remote_addr;
+  e.rkey = wr.rkey;
+  e.compare_add = wr.compare_add;
+  e.swap = wr.swap;
+  e.remote_qpn = wr.remote_qpn;
+  e.remote_qkey = wr.remote_qkey;
+  if (wr.send_flags & IBV_SEND_INLINE) {
+    // Copied now: the buffers may be reused as soon as post_send returns.
+    std::uint64_t len = 0;
+    for (const auto& sg : wr.sg_list) len += sg.length;
+    if (len > qp->cap.max_inline_data || len > kMaxInline) return EINVAL;
+    auto* out = reinterpret_cast<std::uint8_t*>(e.sg_list);
+    for (const auto& sg : wr.sg_list) {
+      std::memcpy(out, reinterpret_cast<const void*>(sg.addr), sg.length);
+      out += sg.length;
     }
-    w->is_inline = true;
-  }
-  w->imm = wr.imm_data;
-  w->invalidate_rkey = wr.invalidate_rkey;
-  w->remote_addr = wr.remote_addr;
-  w->rkey = wr.rkey;
-  w->compare_add = wr.compare_add;
-  w->swap = wr.swap;
-  if (wr.ah) w->ah = *wr.ah;
-  w->remote_qpn = wr.remote_qpn;
-  w->remote_qkey = wr.remote_qkey;
-  if (qp->state == IBV_QPS_ERR) {
-    flush(*qp);
+    e.inline_len = static_cast<std::uint32_t>(len);
   } else {
-    activate(*qp);
+    e.num_sge = static_cast<std::uint8_t>(wr.sg_list.size());
+    for (std::size_t i = 0; i < wr.sg_list.size(); ++i)
+      e.sg_list[i] = {wr.sg_list[i].addr, wr.sg_list[i].length, wr.sg_list[i].lkey};
   }
+  if (qp->type == IBV_QPT_UD) {
+    if (wr.ah == nullptr) return EINVAL;
+    auto* b = reinterpret_cast<std::uint8_t*>(&e);
+    std::memcpy(b + UROCE_UD_DGID_OFFSET, wr.ah->dgid.b.data(), 16);
+    std::memcpy(b + UROCE_UD_DMAC_OFFSET, wr.ah->dmac.data(), 6);
+    b[UROCE_UD_TCLASS_OFFSET] = wr.ah->traffic_class;
+  }
+  if (!send_entry_ok(*qp, e)) return EINVAL;
+  if (qp->sq_ring.used() >= qp->cap.max_send_wr || !qp->sq_ring.push(e)) return ENOMEM;
+  kick(qp);
   return 0;
 }
 
-namespace {
-bool make_recv(const RecvWr& wr, std::uint32_t max_sge, RecvWqe& w) {
-  if (wr.sg_list.size() > max_sge) return false;
-  w = RecvWqe{};
-  w.wr_id = wr.wr_id;
-  w.nsge = static_cast<std::uint32_t>(wr.sg_list.size());
-  std::copy(wr.sg_list.begin(), wr.sg_list.end(), w.sge);
-  for (const auto& s : wr.sg_list) w.length += s.length;
-  return true;
+void Engine::to_send_wqe(const Qp& qp, const uroce_send_entry& e, SendWqe& w) const {
+  w = SendWqe{};
+  w.wr_id = e.wr_id;
+  if (!send_entry_ok(qp, e)) {
+    w.refused = true;
+    return;
+  }
+  w.opcode = static_cast<ibv_wr_opcode>(e.opcode);
+  w.kind = *send_kind(qp.type, e.opcode);
+  w.flags = e.send_flags;
+  if (e.send_flags & IBV_SEND_INLINE) {
+    std::memcpy(w.inline_data, e.sg_list, e.inline_len);
+    w.length = e.inline_len;
+    w.is_inline = true;
+  } else {
+    w.nsge = e.num_sge;
+    for (std::uint32_t i = 0; i < w.nsge; ++i) {
+      w.sge[i] = {e.sg_list[i].addr, e.sg_list[i].length, e.sg_list[i].lkey};
+      w.length += e.sg_list[i].length;
+    }
+  }
+  w.imm = e.imm_or_inv;
+  w.invalidate_rkey = e.imm_or_inv;
+  if (qp.type == IBV_QPT_UD) {
+    const auto* b = reinterpret_cast<const std::uint8_t*>(&e);
+    std::memcpy(w.ah.dgid.b.data(), b + UROCE_UD_DGID_OFFSET, 16);
+    std::memcpy(w.ah.dmac.data(), b + UROCE_UD_DMAC_OFFSET, 6);
+    w.ah.traffic_class = b[UROCE_UD_TCLASS_OFFSET];
+    w.remote_qpn = e.remote_qpn;
+    w.remote_qkey = e.remote_qkey;
+  } else {
+    w.remote_addr = e.remote_addr;
+    w.rkey = e.rkey;
+    w.compare_add = e.compare_add;
+    w.swap = e.swap;
+  }
 }
-}  // namespace
+
+std::size_t Engine::fetch_sends(Qp& qp) {
+  if (!can_post_send(qp.state) || !qp.sq_ring.valid()) return 0;  // taken once the QP reaches RTS
+  std::size_t n = 0;
+  uroce_send_entry e;
+  // The shadow has as many slots as the ring, and the producer cannot get
+  // more than that ahead of what completed, so a slot is always free here.
+  while (!qp.sq.full() && qp.sq_ring.peek(qp.sq.tail(), e)) {
+    to_send_wqe(qp, e, *qp.sq.emplace());
+    ++n;
+  }
+  return n;
+}
+
+std::size_t Engine::kick(Qp* qp) {
+  if (qp == nullptr || qp->quarantine_until) return 0;
+  if (!can_post_send(qp->state) || qp->state == IBV_QPS_RESET) {
+    // Posted where verbs refuses a post (sends before RTS, receives in
+    // RESET): the application hears of each as a LOC_QP_OP_ERR completion,
+    // in order, and nothing touches the wire.
+    std::size_t n = 0;
+    uroce_send_entry e;
+    while (!can_post_send(qp->state) && qp->sq_ring.valid() && qp->sq_ring.peek(qp->sq.tail(), e)) {
+      SendWqe* w = qp->sq.emplace();
+      *w = SendWqe{};
+      w->wr_id = e.wr_id;
+      port_ctr_.inc(PortCounter::bad_wqe);
+      complete_send(*qp, IBV_WC_LOC_QP_OP_ERR);
+      ++n;
+    }
+    RecvWqe r;
+    bool bad;
+    while (qp->state == IBV_QPS_RESET && !qp->srq && qp->rq.take(r, bad)) {
+      port_ctr_.inc(PortCounter::bad_wqe);
+      complete_recv(*qp, r, IBV_WC_LOC_QP_OP_ERR, IBV_WC_RECV, 0);
+      ++n;
+    }
+    return n;
+  }
+  const std::size_t n = fetch_sends(*qp);
+  if (qp->state == IBV_QPS_ERR) {
+    flush(*qp);  // and what was posted to the RQ meanwhile
+  } else if (n) {
+    activate(*qp);
+  }
+  return n;
+}
 
 int Engine::post_recv(Qp* qp, const RecvWr& wr) {
   if (qp == nullptr || qp->srq != nullptr || qp->state == IBV_QPS_RESET) return EINVAL;
-  RecvWqe w;
-  if (!make_recv(wr, qp->cap.max_recv_sge, w)) return EINVAL;
-  if (!qp->rq.push(w)) return ENOMEM;
+  if (const int rc = qp->rq.post(wr)) return rc;
   if (qp->state == IBV_QPS_ERR) flush(*qp);
   return 0;
 }
 
 int Engine::post_srq_recv(Srq* srq, const RecvWr& wr) {
   if (srq == nullptr) return EINVAL;
-  RecvWqe w;
-  if (!make_recv(wr, srq->max_sge(), w)) return EINVAL;
-  return srq->post(w) ? 0 : ENOMEM;
+  return srq->post(wr);
 }
 
 bool Engine::translate_sges(Qp& qp, SendWqe& w) {
@@ -540,16 +667,13 @@ bool Engine::translate_sges(Qp& qp, SendWqe& w) {
 }
 
 bool Engine::take_recv(Qp& qp, RecvWqe& out) {
-  for (int pass = 0; pass < 2; ++pass) {
-    if (qp.srq) {
-      if (qp.srq->pop(out)) return true;
-    } else if (!qp.rq.empty()) {
-      out = qp.rq.front();
-      qp.rq.pop();
-      return true;
-    }
-    if (pass > 0 || !recv_refill_) return false;
-    recv_refill_(recv_refill_ctx_, qp);  // what the application posted since the last poll
+  // Straight from the ring the application posts to: a receive posted an
+  // instant before the SEND arrived is found, not answered with an RNR NAK.
+  bool bad = false;
+  while (qp.srq ? qp.srq->take(out, bad) : qp.rq.take(out, bad)) {
+    if (!bad) return true;
+    port_ctr_.inc(PortCounter::bad_wqe);
+    complete_recv(qp, out, IBV_WC_LOC_QP_OP_ERR, IBV_WC_RECV, 0);
   }
   return false;
 }
@@ -578,7 +702,7 @@ void Engine::complete_send(Qp& qp, ibv_wc_status status) {
     wc.opcode = wc_opcode(w.opcode);
     wc.byte_len = (w.kind == WqeKind::kRead || w.kind == WqeKind::kAtomic) ? static_cast<std::uint32_t>(w.length) : 0;
     wc.qp_num = qp.qpn;
-    qp.send_cq->push(wc);
+    push_cqe(*qp.send_cq, wc);
     qp.ctr.inc(QpCounter::completions);
   }
   if (w.started && (w.kind == WqeKind::kRead || w.kind == WqeKind::kAtomic) && qp.req.rd_atomic_inflight > 0)
@@ -589,6 +713,7 @@ void Engine::complete_send(Qp& qp, ibv_wc_status status) {
     qp.req.cursor_pkt = 0;
   }
   qp.sq.pop();
+  qp.sq_ring.release(qp.sq.head());  // the slot goes back to the producer
 }
 
 void Engine::complete_recv(Qp& qp, const RecvWqe& w, ibv_wc_status status, ibv_wc_opcode op,
@@ -603,8 +728,46 @@ void Engine::complete_recv(Qp& qp, const RecvWqe& w, ibv_wc_status status, ibv_w
   if (flags & IBV_WC_WITH_INV) wc.invalidated_rkey = imm_or_inv;
   wc.qp_num = qp.qpn;
   wc.src_qp = src_qp;
-  qp.recv_cq->push(wc);
+  push_cqe(*qp.recv_cq, wc);
   qp.ctr.inc(QpCounter::completions);
+}
+
+void Engine::push_cqe(Cq& cq, const ibv_wc& wc) {
+  if (!cq.push(wc)) {
+    // Never silent: counted, and the owner hears of it (cq_events()).
+    port_ctr_.inc(PortCounter::cqe_dropped);
+    if (!cq.overflow_noted_) {
+      cq.overflow_noted_ = true;
+      port_ctr_.inc(PortCounter::cq_overflows);
+      cq_overflowed_.push_back(&cq);
+    }
+    return;
+  }
+  if (cq.notify_ && !cq.noted_) {
+    cq.noted_ = true;
+    cq_noted_.push_back(&cq);
+  }
+}
+
+void Engine::cq_events() {
+  for (Cq* cq : cq_noted_) {
+    cq->noted_ = false;
+    if (cq_notify_ && cq->ring_.take_notify()) cq_notify_(hooks_ctx_, *cq);
+  }
+  cq_noted_.clear();
+  if (cq_overflowed_.empty()) return;
+  // IBTA 11.6.2: a CQ overrun is an affiliated asynchronous error; the QPs
+  // that complete into it can no longer report, so they go to ERR.
+  for (std::size_t k = 0; k < cq_overflowed_.size(); ++k) {
+    Cq* cq = cq_overflowed_[k];
+    if (async_event_) async_event_(hooks_ctx_, IBV_EVENT_CQ_ERR, cq, nullptr);
+    for (const auto& q : qps_) {
+      if (!q || q->quarantine_until || (q->send_cq != cq && q->recv_cq != cq) || q->state == IBV_QPS_ERR) continue;
+      set_error(*q);
+      if (async_event_) async_event_(hooks_ctx_, IBV_EVENT_QP_FATAL, nullptr, q.get());
+    }
+  }
+  cq_overflowed_.clear();
 }
 
 void Engine::set_error(Qp& qp) {
@@ -616,6 +779,7 @@ void Engine::set_error(Qp& qp) {
 void Engine::flush(Qp& qp) {
   // IBTA 10.3.1.8: in ERR every outstanding WQE completes with WR_FLUSH_ERR.
   qp.req.retry_deadline = qp.req.rnr_until = 0;
+  fetch_sends(qp);  // what is still in the ring is flushed too
   while (!qp.sq.empty()) complete_send(qp, IBV_WC_WR_FLUSH_ERR);
   qp.req.cursor = qp.sq.head();
   qp.req.cursor_pkt = 0;
@@ -624,9 +788,10 @@ void Engine::flush(Qp& qp) {
     complete_recv(qp, qp.resp.rwqe, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV, 0);
     qp.resp.have_rwqe = false;
   }
-  while (!qp.rq.empty()) {
-    complete_recv(qp, qp.rq.front(), IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV, 0);
-    qp.rq.pop();
+  if (!qp.srq) {
+    RecvWqe r;
+    bool bad;
+    while (qp.rq.take(r, bad)) complete_recv(qp, r, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV, 0);
   }
   qp.resp.out.clear();
   qp.resp.ack_pending = false;
@@ -784,6 +949,7 @@ void Engine::poll(std::uint64_t now) {
       ++i;
     }
   }
+  cq_events();
 }
 
 std::uint64_t Engine::next_deadline() const {

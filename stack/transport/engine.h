@@ -22,7 +22,7 @@
 #include "stack/transport/counters.h"
 #include "stack/transport/objects.h"
 #include "stack/transport/qp.h"
-#include "stack/transport/ring.h"
+#include "stack/transport/fifo.h"
 #include "stack/transport/verbs.h"
 #include "stack/wire/builder.h"
 #include "stack/wire/parser.h"
@@ -101,9 +101,11 @@ class Engine {
   /// mapping at another address in the daemon.
   Mr* reg_mr_iova(Pd* pd, void* addr, std::uint64_t len, unsigned access, std::uint64_t iova);
   int dereg_mr(Mr* mr);
-  Cq* create_cq(std::uint32_t cqe);
+  /// `shared`: the ring an application consumes (see Cq); else a heap ring.
+  Cq* create_cq(std::uint32_t cqe, const abi::Ring<uroce_cq_entry>* shared = nullptr);
   int destroy_cq(Cq* cq);  // EBUSY while a QP uses it
-  Srq* create_srq(Pd* pd, std::uint32_t max_wr, std::uint32_t max_sge);
+  Srq* create_srq(Pd* pd, std::uint32_t max_wr, std::uint32_t max_sge,
+                  const abi::Ring<uroce_recv_entry>* shared = nullptr);
   int destroy_srq(Srq* srq);
   Qp* create_qp(Pd* pd, const QpInitAttr& attr);
   int destroy_qp(Qp* qp);
@@ -115,19 +117,29 @@ class Engine {
   bool neighbor(const wire::IpAddr& ip, wire::MacAddr& mac) const;
 
   // ---- Data path ----
+  // Every verbs queue is one abi::Ring (stack/abi/ring.h), shared with an
+  // application or placed in the heap. post_* are the heap rings' producer;
+  // an application produces into its shared rings itself and calls kick().
   /// Posts a send WR. 0, or an errno: EINVAL (bad WR or QP state), ENOMEM (SQ full).
   int post_send(Qp* qp, const SendWr& wr);
   int post_recv(Qp* qp, const RecvWr& wr);
   int post_srq_recv(Srq* srq, const RecvWr& wr);
   int poll_cq(Cq* cq, std::span<ibv_wc> out) { return cq->poll(out); }
-  /// Called when a request needs a receive WQE and the QP's receive queue
-  /// (or its SRQ) is empty: the owner of the application's ring posts what
-  /// is waiting there, so a receive posted an instant before the SEND
-  /// arrived is found instead of drawing an RNR NAK.
-  using RecvRefill = void (*)(void* ctx, Qp& qp);
-  void set_recv_refill(RecvRefill fn, void* ctx) {
-    recv_refill_ = fn;
-    recv_refill_ctx_ = ctx;
+  /// The QP's producer has published entries: the engine takes the new send
+  /// entries (validating each into its shadow) and starts them, or flushes
+  /// them in ERR. Receive entries need no kick: the responder reads the
+  /// ring when a request needs one. Returns the entries taken.
+  std::size_t kick(Qp* qp);
+  /// Hooks for the owner of shared CQs. notify(ctx, cq): entries landed in a
+  /// CQ made with want_notify(true) whose consumer had armed it (once per
+  /// arm; abi::Ring::take_notify). event(ctx, type, cq, qp): an async event
+  /// (IBV_EVENT_CQ_ERR with the CQ, IBV_EVENT_QP_FATAL with the QP).
+  using CqNotify = void (*)(void* ctx, Cq& cq);
+  using AsyncEvent = void (*)(void* ctx, ibv_event_type type, Cq* cq, Qp* qp);
+  void set_hooks(CqNotify notify, AsyncEvent event, void* ctx) {
+    cq_notify_ = notify;
+    async_event_ = event;
+    hooks_ctx_ = ctx;
   }
 
   /// Processes one received frame.
@@ -178,6 +190,14 @@ class Engine {
   wire::FrameSpec spec_for(const Qp& qp, std::uint8_t opcode, wire::Psn psn) const;
   void finish_frame(TxFrame& f, Qp& qp, const wire::FrameSpec& spec, std::uint32_t payload_len);
   bool take_recv(Qp& qp, RecvWqe& out);
+  /// Takes what the producer published in the QP's send ring into the shadow.
+  std::size_t fetch_sends(Qp& qp);
+  /// Validates a send entry into its shadow slot (refused when malformed).
+  void to_send_wqe(const Qp& qp, const uroce_send_entry& e, SendWqe& w) const;
+  /// Writes a completion, noting the CQ for its notification or overflow.
+  void push_cqe(Cq& cq, const ibv_wc& wc);
+  /// Sends the notifications and handles the overflows noted since last time.
+  void cq_events();
   /// The QP in a QPN's slot, live or in quarantine.
   [[nodiscard]] Qp* slot_qp(std::uint32_t qpn) const;
   /// Frees the slot of a QP whose quarantine is over.
@@ -234,12 +254,15 @@ class Engine {
   std::vector<Qp*> active_;       // QPs with work or timers; fixed capacity
   std::vector<Qp*> ack_waiters_;  // QPs with a coalesced ACK pending
   std::map<wire::IpAddr, wire::MacAddr> neighbors_;
-  Ring<TxFrame> tx_;
+  Fifo<TxFrame> tx_;
   PortCounters port_ctr_;
   QpCounters dead_qp_ctr_;  // counters of destroyed QPs, kept for totals
   std::uint64_t last_now_ = 0;  // the latest time rx or poll was given
-  RecvRefill recv_refill_ = nullptr;
-  void* recv_refill_ctx_ = nullptr;
+  std::vector<Cq*> cq_noted_;       // CQs pushed to since cq_events(); capacity: one per CQ
+  std::vector<Cq*> cq_overflowed_;  // CQs that overflowed since cq_events()
+  CqNotify cq_notify_ = nullptr;
+  AsyncEvent async_event_ = nullptr;
+  void* hooks_ctx_ = nullptr;
   std::uint32_t next_handle_ = 1;
 };
 

@@ -1,5 +1,8 @@
 #include "stack/transport/objects.h"
 
+#include <bit>
+#include <cerrno>
+
 namespace uroce::transport {
 
 MrTable::MrTable(std::uint32_t capacity, std::uint64_t seed)
@@ -65,6 +68,70 @@ bool MrTable::invalidate(std::uint32_t rkey, const Pd* pd) {
   Mr* m = find(rkey);
   if (m == nullptr || m->pd != pd || !m->remote_ok) return false;
   m->remote_ok = false;
+  return true;
+}
+
+Cq::Cq(std::uint32_t cqe, const abi::Ring<uroce_cq_entry>* shared) {
+  if (shared) {
+    ring_ = *shared;
+    shared_ = true;
+  } else {
+    heap_ = abi::HeapRing<uroce_cq_entry>(std::bit_ceil(cqe), UROCE_RING_CQ, 0);
+    ring_ = heap_.ring();
+  }
+}
+
+int Cq::poll(std::span<ibv_wc> out) {
+  int n = 0;
+  uroce_cq_entry e;
+  while (n < static_cast<int>(out.size()) && ring_.pop(e)) out[static_cast<std::size_t>(n++)] = abi::to_wc(e);
+  return n;
+}
+
+bool to_recv_wqe(const uroce_recv_entry& e, std::uint32_t max_sge, RecvWqe& out) {
+  out = RecvWqe{};
+  out.wr_id = e.wr_id;
+  if (e.num_sge > max_sge) return false;
+  out.nsge = e.num_sge;
+  for (std::uint32_t i = 0; i < out.nsge; ++i) {
+    out.sge[i] = {e.sg_list[i].addr, e.sg_list[i].length, e.sg_list[i].lkey};
+    out.length += e.sg_list[i].length;
+  }
+  return true;
+}
+
+bool to_recv_entry(const RecvWr& wr, std::uint32_t max_sge, uroce_recv_entry& out) {
+  if (wr.sg_list.size() > max_sge) return false;
+  out = uroce_recv_entry{};
+  out.wr_id = wr.wr_id;
+  out.num_sge = static_cast<std::uint32_t>(wr.sg_list.size());
+  for (std::uint32_t i = 0; i < out.num_sge; ++i)
+    out.sg_list[i] = {wr.sg_list[i].addr, wr.sg_list[i].length, wr.sg_list[i].lkey};
+  return true;
+}
+
+RecvQueue::RecvQueue(std::uint32_t max_wr, std::uint32_t max_sge, uroce_ring_kind kind,
+                     const abi::Ring<uroce_recv_entry>* shared)
+    : max_wr_(max_wr), max_sge_(max_sge) {
+  if (shared) {
+    ring_ = *shared;
+  } else {
+    heap_ = abi::HeapRing<uroce_recv_entry>(std::bit_ceil(max_wr < 1 ? 1u : max_wr), kind, 0);
+    ring_ = heap_.ring();
+  }
+}
+
+int RecvQueue::post(const RecvWr& wr) {
+  uroce_recv_entry e;
+  if (!to_recv_entry(wr, max_sge_, e)) return EINVAL;
+  if (ring_.used() >= max_wr_ || !ring_.push(e)) return ENOMEM;
+  return 0;
+}
+
+bool RecvQueue::take(RecvWqe& out, bool& bad) {
+  uroce_recv_entry e;
+  if (!ring_.valid() || !ring_.pop(e)) return false;
+  bad = !to_recv_wqe(e, max_sge_, out);
   return true;
 }
 

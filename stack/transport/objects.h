@@ -6,7 +6,9 @@
 #include <span>
 #include <vector>
 
-#include "stack/transport/ring.h"
+#include "stack/abi/codec.h"
+#include "stack/abi/ring.h"
+#include "stack/transport/fifo.h"
 #include "stack/transport/verbs.h"
 
 namespace uroce::transport {
@@ -62,33 +64,47 @@ class MrTable {
   std::size_t in_use_ = 0;
 };
 
-/// A completion queue: a fixed ring of ibv_wc.
+/// A completion queue: an abi::Ring of uroce_cq_entry that the engine alone
+/// produces into. One queue with two placements: the ring an application
+/// shares (it consumes there), or one in the engine's heap (poll() consumes).
 class Cq {
  public:
-  explicit Cq(std::uint32_t cqe) : ring_(cqe) {}
-  /// False (and the CQ is marked overflowed) when full.
+  /// `shared`: a ring laid out by the caller in memory it keeps mapped for
+  /// the CQ's life; without it the ring is in the heap, of bit_ceil(cqe).
+  Cq(std::uint32_t cqe, const abi::Ring<uroce_cq_entry>* shared);
+  /// False when the ring is full: the CQ is then overflowed, and every later
+  /// completion is dropped and counted (the engine raises IBV_EVENT_CQ_ERR).
   bool push(const ibv_wc& wc) {
-    if (!ring_.push(wc)) {
+    if (overflowed_ || !ring_.push(abi::to_cqe(wc))) {
       overflowed_ = true;
+      ++dropped_;
       return false;
     }
     return true;
   }
-  int poll(std::span<ibv_wc> out) {
-    int n = 0;
-    while (n < static_cast<int>(out.size()) && !ring_.empty()) {
-      out[static_cast<std::size_t>(n++)] = ring_.front();
-      ring_.pop();
-    }
-    return n;
-  }
-  [[nodiscard]] std::uint32_t depth() const { return ring_.size(); }
+  /// Consumes from a heap-placed ring (a shared ring's consumer is the application).
+  int poll(std::span<ibv_wc> out);
+  /// Completions produced and not yet consumed.
+  [[nodiscard]] std::uint32_t depth() const { return ring_.used(); }
   [[nodiscard]] bool overflowed() const { return overflowed_; }
+  [[nodiscard]] std::uint64_t dropped() const { return dropped_; }
+  [[nodiscard]] bool shared() const { return shared_; }
+  abi::Ring<uroce_cq_entry>& ring() { return ring_; }
   std::uint32_t handle = 0;
+  void* owner = nullptr;  // the control plane's tag, handed to the notify and event hooks
+  /// The owner wants to hear when entries land while the consumer has armed.
+  void want_notify(bool on) { notify_ = on; }
 
  private:
-  Ring<ibv_wc> ring_;
+  friend class Engine;
+  abi::HeapRing<uroce_cq_entry> heap_;
+  abi::Ring<uroce_cq_entry> ring_;
+  bool shared_ = false;
   bool overflowed_ = false;
+  bool overflow_noted_ = false;
+  bool notify_ = false;
+  bool noted_ = false;  // pushed to since the engine last looked at notifications
+  std::uint64_t dropped_ = 0;
 };
 
 struct RecvWqe {
@@ -98,28 +114,53 @@ struct RecvWqe {
   std::uint64_t length = 0;
 };
 
+/// A receive entry as the engine takes it: copied once, then checked. False
+/// if it names more SGEs than `max_sge`.
+bool to_recv_wqe(const uroce_recv_entry& e, std::uint32_t max_sge, RecvWqe& out);
+/// A receive work request as an entry, for a heap-placed ring's producer.
+bool to_recv_entry(const RecvWr& wr, std::uint32_t max_sge, uroce_recv_entry& out);
+
+/// A receive queue: an abi::Ring of uroce_recv_entry, of a QP or shared
+/// (an SRQ). The engine consumes; an application produces into a shared
+/// ring, and post() into a heap-placed one.
+class RecvQueue {
+ public:
+  RecvQueue() = default;
+  /// `max_wr` bounds post(); the ring holds bit_ceil(max_wr) entries.
+  RecvQueue(std::uint32_t max_wr, std::uint32_t max_sge, uroce_ring_kind kind,
+            const abi::Ring<uroce_recv_entry>* shared);
+  /// Heap producer: 0, EINVAL (too many SGEs) or ENOMEM (full).
+  int post(const RecvWr& wr);
+  /// Takes the next entry. False when there is none; `bad` when the entry
+  /// taken was malformed (its wr_id is in `out` all the same).
+  bool take(RecvWqe& out, bool& bad);
+  /// Receives waiting (for a shared ring, as its producer's index says).
+  [[nodiscard]] std::uint32_t depth() const { return ring_.valid() ? ring_.pending() : 0; }
+  [[nodiscard]] std::uint32_t max_sge() const { return max_sge_; }
+
+ private:
+  abi::HeapRing<uroce_recv_entry> heap_;
+  abi::Ring<uroce_recv_entry> ring_;
+  std::uint32_t max_wr_ = 0;
+  std::uint32_t max_sge_ = 0;
+};
+
 /// A shared receive queue.
 class Srq {
  public:
-  Srq(Pd* pd, std::uint32_t max_wr, std::uint32_t max_sge) : pd_(pd), ring_(max_wr), max_sge_(max_sge) {}
-  bool post(const RecvWqe& w) { return ring_.push(w); }
-  bool pop(RecvWqe& w) {
-    if (ring_.empty()) return false;
-    w = ring_.front();
-    ring_.pop();
-    return true;
-  }
+  Srq(Pd* pd, std::uint32_t max_wr, std::uint32_t max_sge, const abi::Ring<uroce_recv_entry>* shared)
+      : pd_(pd), rq_(max_wr, max_sge, UROCE_RING_SRQ, shared) {}
+  int post(const RecvWr& wr) { return rq_.post(wr); }
+  bool take(RecvWqe& w, bool& bad) { return rq_.take(w, bad); }
   [[nodiscard]] Pd* pd() const { return pd_; }
-  [[nodiscard]] std::uint32_t max_sge() const { return max_sge_; }
-  [[nodiscard]] std::uint32_t depth() const { return ring_.size(); }
-  [[nodiscard]] bool full() const { return ring_.full(); }
+  [[nodiscard]] std::uint32_t max_sge() const { return rq_.max_sge(); }
+  [[nodiscard]] std::uint32_t depth() const { return rq_.depth(); }
   std::uint32_t handle = 0;
-  void* owner = nullptr;  // the control plane's tag, handed to the receive refill
+  void* owner = nullptr;  // the control plane's tag
 
  private:
   Pd* pd_;
-  Ring<RecvWqe> ring_;
-  std::uint32_t max_sge_;
+  RecvQueue rq_;
 };
 
 }  // namespace uroce::transport

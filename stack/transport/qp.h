@@ -9,7 +9,7 @@
 
 #include "stack/transport/counters.h"
 #include "stack/transport/objects.h"
-#include "stack/transport/ring.h"
+#include "stack/transport/fifo.h"
 #include "stack/transport/verbs.h"
 #include "stack/wire/addr.h"
 #include "stack/wire/psn.h"
@@ -39,6 +39,8 @@ struct SendWqe {
   Ah ah{};
   std::uint32_t remote_qpn = 0;
   std::uint32_t remote_qkey = 0;
+  /// Malformed in the ring: it completes with LOC_QP_OP_ERR when it is the oldest.
+  bool refused = false;
   // Progress
   bool started = false;  // PSNs assigned
   wire::Psn first_psn{};
@@ -114,7 +116,7 @@ struct Responder {
   std::uint64_t wremain = 0;
   std::array<ReplayEntry, kMaxRdAtomic> replay{};
   std::uint32_t replay_next = 0;
-  Ring<RespTx> out{4 * kMaxRdAtomic};
+  Fifo<RespTx> out{4 * kMaxRdAtomic};
   // A coalesced ACK waiting for the end of the receive burst.
   bool ack_pending = false;
   bool ack_listed = false;  // on the engine's ACK flush list
@@ -159,8 +161,14 @@ class Qp {
   std::uint8_t traffic_class = 0;
   std::uint16_t udp_sport = 0;
 
-  Ring<SendWqe> sq;
-  Ring<RecvWqe> rq;
+  /// The send queue: the ring the application posts to (or a heap ring that
+  /// post_send fills), and the engine's private shadow of it, slot for slot:
+  /// what was taken from the ring and validated, and its progress. An entry
+  /// leaves the ring (its slot goes back to the producer) when it completes.
+  abi::Ring<uroce_send_entry> sq_ring;
+  abi::HeapRing<uroce_send_entry> sq_heap;
+  Fifo<SendWqe> sq;
+  RecvQueue rq;  // unused with an SRQ
   Requester req;
   Responder resp;
   QpCounters ctr;

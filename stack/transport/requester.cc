@@ -53,6 +53,7 @@ void Engine::arm_retry(Qp& qp, std::uint64_t now) {
 void Engine::run_requester(Qp& qp, std::uint64_t now) {
   Requester& r = qp.req;
   if (r.rnr_until != 0) return;  // waiting out an RNR NAK
+  fetch_sends(qp);                 // what the producer posted since
   while (r.cursor != qp.sq.tail() && qp.state != IBV_QPS_ERR) {
     if (!send_next_packet(qp, now)) break;
   }
@@ -65,6 +66,15 @@ bool Engine::send_next_packet(Qp& qp, std::uint64_t now) {
   const bool rc = qp.type == IBV_QPT_RC;
 
   bool fresh = false;  // its SGEs were translated just now
+  if (!w.started && w.refused) {
+    // Malformed in the ring (IBTA 10.7.2: a local QP operation error,
+    // reported in order, and the QP goes to ERR).
+    if (r.cursor != qp.sq.head()) return false;
+    port_ctr_.inc(PortCounter::bad_wqe);
+    complete_send(qp, IBV_WC_LOC_QP_OP_ERR);
+    set_error(qp);
+    return false;
+  }
   if (!w.started) {
     if (qp.state == IBV_QPS_SQD) return false;  // drained: start nothing new
     if (rc && (w.flags & IBV_SEND_FENCE) && r.rd_atomic_inflight != 0) return false;

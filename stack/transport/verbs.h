@@ -9,13 +9,15 @@
 #include <cstdint>
 #include <span>
 
+#include "stack/abi/ring.h"
 #include "stack/wire/addr.h"
 #include "stack/wire/headers.h"
 
 namespace uroce::transport {
 
 inline constexpr std::uint32_t kMaxSge = 4;
-inline constexpr std::uint32_t kMaxInline = 256;
+/// Inline bytes a send WR may carry: what a ring entry holds in place of its SGEs.
+inline constexpr std::uint32_t kMaxInline = UROCE_ABI_MAX_INLINE;
 inline constexpr std::uint32_t kMaxRdAtomic = 16;
 inline constexpr std::uint32_t kMaxMessage = 1u << 31;  // IBTA: 2^31 bytes
 /// Bytes of the Global Route Header area at the start of a UD receive buffer.
@@ -80,6 +82,10 @@ struct QpInitAttr {
   /// The General Services Interface QP: UD, QP number 1, Q_Key 0x80010000
   /// (IBTA 13.5.1; the CM's MADs travel on it). One per engine.
   bool gsi = false;
+  /// Rings an application shares (laid out by the caller, mapped for the
+  /// QP's life); without them the QP's queues are placed in the heap.
+  const abi::Ring<uroce_send_entry>* sq_ring = nullptr;
+  const abi::Ring<uroce_recv_entry>* rq_ring = nullptr;
 };
 
 inline constexpr std::uint32_t kGsiQpn = 1;

@@ -17,9 +17,11 @@
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <string>
 #include <vector>
 
+#include "stack/abi/codec.h"
 #include "stack/abi/doorbell.h"
 #include "stack/abi/fd_msg.h"
 #include "stack/abi/ring.h"
@@ -64,6 +66,9 @@ struct uroce_context {
   int bell = -1;
   /// After publishing entries in any of this session's rings.
   void kick() const { (void)abi::kick(page, bell); }
+  // For async events, which name a CQ or QP by its session handle.
+  std::map<std::uint32_t, uroce_cq*> cqs;
+  std::map<std::uint32_t, uroce_qp*> qps;
 };
 
 struct uroce_pd {
@@ -407,8 +412,9 @@ uroce_context* uroce_open_device(const char* path) {
     return nullptr;
   }
   if (fds[0] >= 0) {
-    // Only its header is read; the daemon sealed the memfd, so it stays whole.
-    void* page = ::mmap(nullptr, UROCE_SESSION_PAGE_BYTES, PROT_READ, MAP_SHARED, fds[0], 0);
+    // The daemon sealed the memfd, so it stays whole; the application
+    // writes only the posts word.
+    void* page = ::mmap(nullptr, UROCE_SESSION_PAGE_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
     ::close(fds[0]);
     if (page != MAP_FAILED && static_cast<uroce_session_page*>(page)->magic == UROCE_ABI_MAGIC) {
       ctx->page = static_cast<uroce_session_page*>(page);
@@ -513,6 +519,7 @@ int uroce_destroy_cq(uroce_cq* cq) {
   const int rc = call(cq->ctx, UROCE_MSG_DESTROY, &d, sizeof d, -1, nullptr, 0);
   if (rc == 0) {
     if (cq->channel) std::erase(cq->channel->cqs, cq);
+    cq->ctx->cqs.erase(cq->handle);
     ::munmap(cq->map, cq->map_len);
     delete cq;
   }
@@ -635,6 +642,7 @@ uroce_cq* uroce_create_cq(uroce_context* ctx, int cqe, void* cq_context, uroce_c
   cq->cq_context = cq_context;
   cq->channel = channel;
   if (channel) channel->cqs.push_back(cq);
+  ctx->cqs[cq->handle] = cq;
   return cq;
 }
 
@@ -682,6 +690,8 @@ uroce_qp* uroce_create_qp(uroce_pd* pd, uroce_qp_init_attr* a) {
   if (!pd || !a || !a->send_cq || !a->recv_cq) return set_error(EINVAL, "PD and both CQs are required"), nullptr;
   if (a->cap.max_send_sge > UROCE_ABI_MAX_SGE || a->cap.max_recv_sge > UROCE_ABI_MAX_SGE)
     return set_error(EINVAL, "at most 4 SGEs"), nullptr;
+  if (a->cap.max_inline_data > UROCE_ABI_MAX_INLINE) return set_error(EINVAL, "max_inline_data is at most 64"), nullptr;
+  a->cap.max_inline_data = UROCE_ABI_MAX_INLINE;
   uroce_create_qp_msg m{pd->handle,
                         a->send_cq->handle,
                         a->recv_cq->handle,
@@ -706,6 +716,7 @@ uroce_qp* uroce_create_qp(uroce_pd* pd, uroce_qp_init_attr* a) {
     delete qp;
     return set_error(EPROTO, "bad QP rings from uroced"), nullptr;
   }
+  pd->ctx->qps[qp->handle] = qp;
   return qp;
 }
 
@@ -773,6 +784,7 @@ int uroce_destroy_qp(uroce_qp* qp) {
   uroce_destroy_msg d{UROCE_OBJ_QP, qp->handle};
   const int rc = call(qp->ctx, UROCE_MSG_DESTROY, &d, sizeof d, -1, nullptr, 0);
   if (rc == 0) {
+    qp->ctx->qps.erase(qp->handle);
     ::munmap(qp->map, qp->map_len);
     delete qp;
   }
@@ -781,9 +793,9 @@ int uroce_destroy_qp(uroce_qp* qp) {
 
 int uroce_post_send(uroce_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
   for (; wr; wr = wr->next) {
-    if (wr->num_sge < 0 || wr->num_sge > UROCE_ABI_MAX_SGE || (wr->send_flags & IBV_SEND_INLINE)) {
+    if (wr->num_sge < 0 || wr->num_sge > UROCE_ABI_MAX_SGE) {
       if (bad) *bad = wr;
-      return set_error(EINVAL, "too many SGEs, or inline data (not offered yet)");
+      return set_error(EINVAL, "too many SGEs");
     }
     uroce_send_entry e{};
     e.wr_id = wr->wr_id;
@@ -801,8 +813,27 @@ int uroce_post_send(uroce_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
       e.remote_addr = wr->wr.rdma.remote_addr;
       e.rkey = wr->wr.rdma.rkey;
     }
-    for (int i = 0; i < wr->num_sge; ++i)
-      e.sg_list[i] = {wr->sg_list[i].addr, wr->sg_list[i].length, wr->sg_list[i].lkey};
+    if (wr->send_flags & IBV_SEND_INLINE) {
+      // The bytes go in the entry, in place of its SGEs: the buffers may be
+      // reused as soon as this returns, and need no MR.
+      std::size_t len = 0;
+      for (int i = 0; i < wr->num_sge; ++i) len += wr->sg_list[i].length;
+      if (len > UROCE_ABI_MAX_INLINE) {
+        if (bad) *bad = wr;
+        qp->ctx->kick();
+        return set_error(EINVAL, "inline data over 64 bytes (max_inline_data)");
+      }
+      auto* out = reinterpret_cast<std::uint8_t*>(e.sg_list);
+      for (int i = 0; i < wr->num_sge; ++i) {
+        std::memcpy(out, reinterpret_cast<const void*>(wr->sg_list[i].addr), wr->sg_list[i].length);
+        out += wr->sg_list[i].length;
+      }
+      e.num_sge = 0;
+      e.inline_len = static_cast<std::uint32_t>(len);
+    } else {
+      for (int i = 0; i < wr->num_sge; ++i)
+        e.sg_list[i] = {wr->sg_list[i].addr, wr->sg_list[i].length, wr->sg_list[i].lkey};
+    }
     if (!qp->sq.push(e)) {
       if (bad) *bad = wr;
       qp->ctx->kick();  // what was posted before this one
@@ -901,21 +932,35 @@ int uroce_poll_cq_wait(uroce_cq* cq, int num, ibv_wc* wc, int spin_us, int timeo
   }
 }
 
+int uroce_async_fd(const uroce_context* ctx) { return ctx ? ctx->bell : -1; }
+
+int uroce_get_async_event(uroce_context* ctx, uroce_async_event* ev) {
+  if (!ctx || !ev) return set_error(EINVAL, "no context or event");
+  if (ctx->bell < 0) return set_error(EOPNOTSUPP, "this uroced sends no async events (ABI minor < 5)");
+  for (;;) {
+    uroce_async_msg m{};
+    const ssize_t n = ::recv(ctx->bell, &m, sizeof m, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EAGAIN) {
+      // The descriptor is non-blocking (it is also the doorbell): wait for it.
+      pollfd p{ctx->bell, POLLIN, 0};
+      if (::poll(&p, 1, -1) < 0 && errno != EINTR) return set_error(errno, "poll on the async event socket");
+      continue;
+    }
+    if (n < 0) return set_error(errno, "reading the async event socket");
+    if (n != sizeof m) continue;  // not an event (nothing else is sent this way)
+    *ev = uroce_async_event{};
+    ev->event_type = static_cast<ibv_event_type>(m.event_type);
+    if (auto c = ctx->cqs.find(m.handle); m.event_type == IBV_EVENT_CQ_ERR && c != ctx->cqs.end()) ev->cq = c->second;
+    if (auto q = ctx->qps.find(m.handle); m.event_type != IBV_EVENT_CQ_ERR && q != ctx->qps.end()) ev->qp = q->second;
+    return 0;
+  }
+}
+
 int uroce_poll_cq(uroce_cq* cq, int num, ibv_wc* wc) {
   int n = 0;
   uroce_cq_entry e;
-  while (n < num && cq->ring.pop(e)) {
-    ibv_wc& w = wc[n++];
-    w = ibv_wc{};
-    w.wr_id = e.wr_id;
-    w.status = static_cast<ibv_wc_status>(e.status);
-    w.opcode = static_cast<ibv_wc_opcode>(e.opcode);
-    w.byte_len = e.byte_len;
-    w.imm_data = e.imm_or_inv;
-    w.qp_num = e.qp_num;
-    w.src_qp = e.src_qp;
-    w.wc_flags = e.wc_flags;
-  }
+  while (n < num && cq->ring.pop(e)) wc[n++] = abi::to_wc(e);
   return n;
 }
 

@@ -153,6 +153,19 @@ int uroce_post_srq_recv(struct uroce_srq* srq, struct ibv_recv_wr* wr, struct ib
 int uroce_post_send(struct uroce_qp* qp, struct ibv_send_wr* wr, struct ibv_send_wr** bad_wr);
 int uroce_post_recv(struct uroce_qp* qp, struct ibv_recv_wr* wr, struct ibv_recv_wr** bad_wr);
 int uroce_poll_cq(struct uroce_cq* cq, int num_entries, struct ibv_wc* wc);
+
+/* Async events, as ibv_get_async_event: IBV_EVENT_CQ_ERR names a CQ that
+ * overflowed (completions were lost, and are counted by uroced), and
+ * IBV_EVENT_QP_FATAL each QP that completes into it, which uroced moved to
+ * ERR. uroce_get_async_event blocks until one comes; uroce_async_fd is a
+ * descriptor that is readable when one is waiting (for poll/epoll). */
+struct uroce_async_event {
+  enum ibv_event_type event_type;
+  struct uroce_cq* cq; /* IBV_EVENT_CQ_ERR */
+  struct uroce_qp* qp; /* IBV_EVENT_QP_FATAL */
+};
+int uroce_get_async_event(struct uroce_context* ctx, struct uroce_async_event* event);
+int uroce_async_fd(const struct uroce_context* ctx);
 /* Waits for completions without holding a core: polls; if there is none,
  * polls for spin_us more, then arms the CQ and blocks on its completion
  * channel (the CQ needs one) until a completion arrives or timeout_ms pass

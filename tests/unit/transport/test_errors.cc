@@ -899,7 +899,7 @@ TEST_F(Errors, PostInWrongState) {
   EXPECT_EQ(p.A().post_send(qp, w), EINVAL);
   EXPECT_EQ(p.A().post_recv(qp, r), 0);
   EXPECT_EQ(qp->sq.size(), 0u);
-  EXPECT_EQ(qp->rq.size(), 2u);
+  EXPECT_EQ(qp->rq.depth(), 2u);
   p.poll(0, wa);
   EXPECT_TRUE(wa.empty());
 

@@ -596,7 +596,7 @@ TEST_F(QpState, ResetClearsQueuesWithoutCompletions) {
   ASSERT_TRUE(p.A().modify_qp(q.a, state_attr(IBV_QPS_RESET), IBV_QP_STATE));
   ASSERT_TRUE(p.B().modify_qp(q.b, state_attr(IBV_QPS_RESET), IBV_QP_STATE));
   EXPECT_EQ(q.a->sq.size(), 0u);
-  EXPECT_EQ(q.b->rq.size(), 0u);
+  EXPECT_EQ(q.b->rq.depth(), 0u);
   std::vector<ibv_wc> wa, wb;
   p.wire.run_until(
       [&] {

@@ -59,9 +59,9 @@ TEST(Sge, TooManySgesAreRefusedAtPost) {
 TEST(Inline, DataIsCopiedAtPostTime) {
   Pair p;
   const QpPair q = p.connect();
-  std::uint8_t local[200];  // not in any MR: inline needs no lkey
-  for (int i = 0; i < 200; ++i) local[i] = static_cast<std::uint8_t>(0xa0 + i);
-  Sge s{reinterpret_cast<std::uint64_t>(local), 200, 0};
+  std::uint8_t local[kMaxInline];  // not in any MR: inline needs no lkey
+  for (std::uint32_t i = 0; i < kMaxInline; ++i) local[i] = static_cast<std::uint8_t>(0xa0 + i);
+  Sge s{reinterpret_cast<std::uint64_t>(local), kMaxInline, 0};
   SendWr wr;
   wr.opcode = IBV_WR_RDMA_WRITE;
   wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
@@ -69,13 +69,13 @@ TEST(Inline, DataIsCopiedAtPostTime) {
   wr.remote_addr = p.addr(1, 4096);
   wr.rkey = p.rkey(1);
   ASSERT_EQ(p.A().post_send(q.a, wr), 0);
-  std::uint8_t expect[200];
-  std::memcpy(expect, local, 200);
+  std::uint8_t expect[kMaxInline];
+  std::memcpy(expect, local, kMaxInline);
   std::memset(local, 0, sizeof local);  // the caller may reuse the buffer at once
   std::vector<ibv_wc> wa;
   ASSERT_TRUE(run_until_wcs(p, 0, 1, wa));
   ASSERT_EQ(wa[0].status, IBV_WC_SUCCESS);
-  EXPECT_EQ(0, std::memcmp(&p.node[1].mem[4096], expect, 200));
+  EXPECT_EQ(0, std::memcmp(&p.node[1].mem[4096], expect, kMaxInline));
   // Over the QP's inline limit: refused.
   std::vector<std::uint8_t> big(kMaxInline + 1);
   Sge b{reinterpret_cast<std::uint64_t>(big.data()), static_cast<std::uint32_t>(big.size()), 0};

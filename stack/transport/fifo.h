@@ -1,4 +1,6 @@
-// A fixed-capacity FIFO, sized once at creation and never reallocated.
+// A fixed-capacity FIFO, sized once at creation and never reallocated: the
+// engine's private queues (TX frames, responses, the SQ's shadow). Queues an
+// application shares are abi::Ring (stack/abi/ring.h).
 #pragma once
 
 #include <bit>
@@ -8,10 +10,10 @@
 namespace uroce::transport {
 
 template <typename T>
-class Ring {
+class Fifo {
  public:
-  Ring() = default;
-  explicit Ring(std::uint32_t capacity)
+  Fifo() = default;
+  explicit Fifo(std::uint32_t capacity)
       : slots_(std::bit_ceil(capacity < 1 ? 1u : capacity)), mask_(static_cast<std::uint32_t>(slots_.size() - 1)),
         limit_(capacity) {}
 
@@ -39,6 +41,9 @@ class Ring {
   T& front() { return slots_[head_ & mask_]; }
   void pop() { ++head_; }
   void clear() { head_ = tail_ = 0; }
+  /// Empties it, the next slot taking absolute index i (a shadow's indices
+  /// follow its shared ring's).
+  void reset_to(std::uint32_t i) { head_ = tail_ = i; }
 
  private:
   std::vector<T> slots_;
