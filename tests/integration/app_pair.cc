@@ -7,6 +7,8 @@
 //   app_pair crash SOCK_A           create resources, then die without cleaning up
 //   app_pair srq SOCK_A SOCK_B      two QPs receiving from one shared receive queue
 //   app_pair devices N              the device list ($UROCE_RUN_DIR, $UROCE_DEVICES) has N devices, all usable
+//   app_pair rings SOCK_A SOCK_B    a raw session corrupts its own rings; a victim pair checks its bytes
+//   app_pair cqoverflow SOCK_A SOCK_B  an overflowed CQ: async events, its QP in ERR
 //   app_pair cm SOCK_A SOCK_B       RDMA CM: listen, connect, accept with private data, data, reject,
 //                                   no listener, disconnect, a client that dies connected
 //
@@ -15,6 +17,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sched.h>
 #include <sys/wait.h>
 #include <sys/socket.h>
@@ -220,7 +223,7 @@ int ops(const char* sa, const char* sb) {
 }
 
 /// A raw session, to send what liburoce never would.
-int raw_session(const char* sock, std::uint16_t major) {
+int raw_session(const char* sock, std::uint16_t major, std::uint16_t minor = 0) {
   const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
   sockaddr_un a{};
   a.sun_family = AF_UNIX;
@@ -228,7 +231,7 @@ int raw_session(const char* sock, std::uint16_t major) {
   if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return -1;
   std::uint8_t out[64];
   uroce_msg_hdr h{UROCE_MSG_MAGIC, major, UROCE_MSG_HELLO, sizeof(uroce_hello_msg), 1};
-  uroce_hello_msg hello{major, 0, 1};
+  uroce_hello_msg hello{major, minor, 1};
   std::memcpy(out, &h, sizeof h);
   std::memcpy(out + sizeof h, &hello, sizeof hello);
   (void)::send(fd, out, sizeof h + sizeof hello, 0);
@@ -1063,6 +1066,223 @@ int wakes(const char* sock, long n, long bound_ms) {
   return g_fail == 0 ? 0 : 1;
 }
 
+/// One WRITE of fresh bytes from a to b, checked byte for byte at b: the
+/// well-behaved application that must not notice a hostile neighbour.
+bool victim_round(End& a, End& b, std::uint32_t round) {
+  for (std::size_t i = 0; i < 4096; ++i) a.buf[i] = static_cast<std::uint8_t>(i * 7 + round);
+  ibv_sge ss{reinterpret_cast<std::uint64_t>(a.buf), 4096, uroce_mr_lkey(a.mr)};
+  ibv_send_wr w = wr_to(b, round, IBV_WR_RDMA_WRITE, &ss, 8192);
+  ibv_wc wc{};
+  return uroce_post_send(a.qp, &w, nullptr) == 0 && wait_wc(a, wc) && wc.status == IBV_WC_SUCCESS &&
+         wc.wr_id == round && std::memcmp(a.buf, b.buf + 8192, 4096) == 0;
+}
+
+/// Hostile rings (one queue per verbs queue): a raw session writes its own
+/// shared rings as no library would -- malformed entries, entries rewritten
+/// after they were published, indices and ring headers out of range -- while
+/// a well-behaved pair of applications on the same daemons writes and checks
+/// its bytes after every step. The daemon copies an entry once and checks
+/// the copy, and trusts no index of the application's, so only the hostile
+/// session's own QP suffers (LOC_QP_OP_ERR, then ERR).
+int rings(const char* sa, const char* sb) {
+  End a, b;
+  check(open_end(a, sa, false) && open_end(b, sb, false) && connect(a, b) && connect(b, a), "the victim pair is up");
+  std::uint32_t round = 1;
+  check(victim_round(a, b, round++), "victim: a WRITE, every byte checked");
+  int s = raw_session(sa, UROCE_ABI_MAJOR, UROCE_ABI_MINOR);
+  int hfd[2] = {-1, -1};
+  {
+    std::uint8_t in[UROCE_MSG_MAX];
+    int k = 0;
+    const ssize_t n = uroce::abi::recv_with_fds(s, in, sizeof in, 0, [&](int fd) {
+      if (k < 2) hfd[k++] = fd;
+      else ::close(fd);
+    });
+    check(n > 0 && hfd[0] >= 0 && hfd[1] >= 0, "a raw session says hello and gets its page and doorbell");
+  }
+  auto* page = hfd[0] >= 0 ? static_cast<uroce_session_page*>(::mmap(nullptr, UROCE_SESSION_PAGE_BYTES,
+                                                                      PROT_READ | PROT_WRITE, MAP_SHARED, hfd[0], 0))
+                           : nullptr;
+  auto posted = [&] {  // what liburoce does after a post: the posts word, and the doorbell if the daemon sleeps
+    if (page && page != MAP_FAILED) __atomic_fetch_add(&page->posts, 1, __ATOMIC_SEQ_CST);
+    const char byte = 1;
+    (void)::send(hfd[1], &byte, 1, MSG_DONTWAIT);
+  };
+  check(raw_call(s, UROCE_MSG_ALLOC_PD, 2, nullptr, 0, -1) == 0, "ALLOC_PD");
+  uroce_create_cq_msg cm{64};
+  int cfd = -1;
+  check(raw_call(s, UROCE_MSG_CREATE_CQ, 3, &cm, sizeof cm, -1, &cfd) == 0 && cfd >= 0, "CREATE_CQ");
+  uroce_create_qp_msg qm{};
+  qm.pd = 1;
+  qm.send_cq = qm.recv_cq = 2;
+  qm.qp_type = IBV_QPT_RC;
+  qm.max_send_wr = qm.max_recv_wr = 16;
+  int qfd = -1;
+  check(raw_call(s, UROCE_MSG_CREATE_QP, 4, &qm, sizeof qm, -1, &qfd) == 0 && qfd >= 0, "CREATE_QP");
+  struct stat st {};
+  const std::size_t qlen = qfd >= 0 && ::fstat(qfd, &st) == 0 ? static_cast<std::size_t>(st.st_size) : 0;
+  const std::size_t clen = cfd >= 0 && ::fstat(cfd, &st) == 0 ? static_cast<std::size_t>(st.st_size) : 0;
+  auto* q = static_cast<std::uint8_t*>(qlen ? ::mmap(nullptr, qlen, PROT_READ | PROT_WRITE, MAP_SHARED, qfd, 0) : MAP_FAILED);
+  auto* c = static_cast<std::uint8_t*>(clen ? ::mmap(nullptr, clen, PROT_READ | PROT_WRITE, MAP_SHARED, cfd, 0) : MAP_FAILED);
+  check(q != MAP_FAILED && c != MAP_FAILED, "the hostile session maps its own rings");
+  if (q == MAP_FAILED || c == MAP_FAILED) return 1;
+  // To RTS, aimed at a QPN nobody has on daemon B, with one retry: sends are
+  // taken into the daemon's shadow and go out (and fail), as real work would.
+  const std::uint32_t states[3] = {IBV_QPS_INIT, IBV_QPS_RTR, IBV_QPS_RTS};
+  for (std::uint32_t k = 0; k < 3; ++k) {
+    uroce_modify_qp_msg m{};
+    m.qp = 3;
+    m.port_num = 1;
+    m.qp_state = states[k];
+    m.mask = IBV_QP_STATE;
+    if (k == 0) m.mask |= IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX | IBV_QP_PORT;
+    if (k == 1) {
+      m.mask |= IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+                IBV_QP_MIN_RNR_TIMER;
+      m.path_mtu = IBV_MTU_1024;
+      m.dest_qp_num = 0xfff0;
+      std::memcpy(m.dgid, b.gid.raw, 16);
+      m.max_dest_rd_atomic = 1;
+      m.min_rnr_timer = 12;
+    }
+    if (k == 2) {
+      m.mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC;
+      m.timeout = 8;
+      m.retry_cnt = 1;
+      m.rnr_retry = 1;
+      m.max_rd_atomic = 1;
+    }
+    const int rc = raw_call(s, UROCE_MSG_MODIFY_QP, 5 + k, &m, sizeof m, -1);
+    check(rc == 0, "the hostile QP to state " + std::to_string(states[k]) + ": " + std::to_string(rc));
+  }
+  auto* sqh = reinterpret_cast<uroce_ring_header*>(q);
+  auto* sqe = reinterpret_cast<uroce_send_entry*>(q + sizeof(uroce_ring_header));
+  // 1. Malformed entries: an unknown opcode, 200 SGEs, 4 KiB of "inline" data.
+  for (std::uint32_t i = 0; i < 3; ++i) {
+    uroce_send_entry e{};
+    e.wr_id = 100 + i;
+    e.opcode = i == 0 ? 200 : IBV_WR_SEND;
+    e.num_sge = i == 1 ? 200 : 1;
+    e.send_flags = i == 2 ? IBV_SEND_INLINE | IBV_SEND_SIGNALED : IBV_SEND_SIGNALED;
+    e.inline_len = i == 2 ? 4096 : 0;
+    e.sg_list[0] = {0xdead0000, 0xffffffff, 0x1234};
+    sqe[i] = e;
+    __atomic_store_n(&sqe[i].seq, i + 1, __ATOMIC_RELEASE);
+  }
+  __atomic_store_n(&sqh->prod, 3u, __ATOMIC_RELEASE);
+  posted();
+  usleep(100000);
+  auto* cqh = reinterpret_cast<uroce_ring_header*>(c);
+  auto* cqe = reinterpret_cast<uroce_cq_entry*>(c + sizeof(uroce_ring_header));
+  const bool first_refused = __atomic_load_n(&cqe[0].seq, __ATOMIC_ACQUIRE) == 1 && cqe[0].wr_id == 100 &&
+                             cqe[0].status == IBV_WC_LOC_QP_OP_ERR;
+  check(first_refused, "a malformed entry completes with LOC_QP_OP_ERR on the hostile QP's own CQ");
+  check(victim_round(a, b, round++), "victim unaffected by malformed entries");
+  // 2. An entry rewritten after it was published: the daemon took its copy.
+  for (std::uint32_t i = 3; i < 11; ++i) {
+    uroce_send_entry e{};
+    e.wr_id = 200 + i;
+    e.opcode = IBV_WR_RDMA_WRITE;
+    e.num_sge = 1;
+    e.sg_list[0] = {0x1000, 64, 0};
+    sqe[i & 15] = e;
+    __atomic_store_n(&sqe[i & 15].seq, i + 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&sqh->prod, i + 1, __ATOMIC_RELEASE);
+    posted();
+    for (int r = 0; r < 2000; ++r) {  // rewrite it while the daemon may be reading it
+      sqe[i & 15].num_sge = static_cast<std::uint8_t>(r * 37);
+      sqe[i & 15].opcode = static_cast<std::uint8_t>(r);
+      sqe[i & 15].sg_list[0].length = static_cast<std::uint32_t>(r) << 20;
+    }
+  }
+  check(victim_round(a, b, round++), "victim unaffected by entries rewritten after posting");
+  // 3. Indices and headers out of range, in every ring: the daemon keeps its own.
+  auto* rqh = reinterpret_cast<uroce_ring_header*>(q + (qlen - uroce_ring_bytes(16, sizeof(uroce_recv_entry))));
+  for (uroce_ring_header* h : {sqh, rqh, cqh}) {
+    h->entries = 0xffffffffu;
+    h->entry_size = 1;
+    h->magic = 0;
+    __atomic_store_n(&h->prod, 0x7ffffff0u, __ATOMIC_RELEASE);
+    __atomic_store_n(&h->cons, 0x80000123u, __ATOMIC_RELEASE);
+    __atomic_store_n(&h->arm, 0xffffffffu, __ATOMIC_RELEASE);
+  }
+  // Every slot claims to be the next one, whichever index the daemon is at.
+  for (std::uint32_t k = 0; k < 16; ++k) {
+    sqe[k].seq = 0x7ffffff0u + k;
+    sqe[k].num_sge = 1;
+    sqe[k].opcode = IBV_WR_SEND;
+  }
+  std::memset(reinterpret_cast<std::uint8_t*>(rqh) + sizeof(uroce_ring_header), 0xff,
+              16 * sizeof(uroce_recv_entry));
+  std::memset(cqe, 0xee, 64 * sizeof(uroce_cq_entry));
+  for (int k = 0; k < 50; ++k) {
+    posted();
+    usleep(2000);
+  }
+  check(victim_round(a, b, round++), "victim unaffected by ring headers and indices out of range");
+  // 4. The hostile session goes away with its rings in that state.
+  ::munmap(q, qlen);
+  ::munmap(c, clen);
+  if (page && page != MAP_FAILED) ::munmap(page, UROCE_SESSION_PAGE_BYTES);
+  for (int fd : {qfd, cfd, hfd[0], hfd[1], s})
+    if (fd >= 0) ::close(fd);
+  usleep(200000);
+  for (int k = 0; k < 20; ++k) check(victim_round(a, b, round++), "victim: WRITE " + std::to_string(round - 1) + " after the hostile session left");
+  uroce_close_device(a.ctx);
+  uroce_close_device(b.ctx);
+  std::printf("%d passed, %d failed\n", g_pass, g_fail);
+  return g_fail ? 1 : 0;
+}
+
+/// CQ overflow is never silent: a CQ of 4 entries that nobody polls, fed by
+/// 16 signalled WRITEs. The owner gets IBV_EVENT_CQ_ERR for the CQ and
+/// IBV_EVENT_QP_FATAL for the QP, which is in ERR (a later post flushes),
+/// and a second QP of the same application on another CQ still works.
+int cqoverflow(const char* sa, const char* sb) {
+  End a, b;
+  check(open_end(a, sa, false) && open_end(b, sb, false) && connect(a, b) && connect(b, a), "set up");
+  End a2 = a, b2 = b;
+  a2.cq = uroce_create_cq(a.ctx, 4, nullptr, nullptr, 0);
+  uroce_qp_init_attr ia{};
+  ia.send_cq = ia.recv_cq = a2.cq;
+  ia.qp_type = IBV_QPT_RC;
+  ia.cap.max_send_wr = ia.cap.max_recv_wr = 16;
+  a2.qp = a2.cq ? uroce_create_qp(a.pd, &ia) : nullptr;
+  ia.send_cq = ia.recv_cq = b.cq;
+  b2.qp = uroce_create_qp(b.pd, &ia);
+  check(a2.qp && b2.qp && connect(a2, b2) && connect(b2, a2), "a second pair, A's side on a CQ of 4");
+  ibv_sge ss{reinterpret_cast<std::uint64_t>(a.buf), 64, uroce_mr_lkey(a.mr)};
+  int posted = 0;
+  for (int i = 0; i < 16; ++i) {
+    ibv_send_wr w = wr_to(b2, static_cast<std::uint64_t>(i), IBV_WR_RDMA_WRITE, &ss, 0);
+    if (uroce_post_send(a2.qp, &w, nullptr) == 0) ++posted;
+  }
+  check(posted == 16, "16 signalled WRITEs posted");
+  bool cq_err = false, qp_fatal = false;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while ((!cq_err || !qp_fatal) && std::chrono::steady_clock::now() < until) {
+    pollfd p{uroce_async_fd(a.ctx), POLLIN, 0};
+    if (::poll(&p, 1, 100) <= 0) continue;
+    uroce_async_event ev{};
+    if (uroce_get_async_event(a.ctx, &ev) != 0) break;
+    if (ev.event_type == IBV_EVENT_CQ_ERR && ev.cq == a2.cq) cq_err = true;
+    if (ev.event_type == IBV_EVENT_QP_FATAL && ev.qp == a2.qp) qp_fatal = true;
+  }
+  check(cq_err, "IBV_EVENT_CQ_ERR names the CQ that overflowed");
+  check(qp_fatal, "IBV_EVENT_QP_FATAL names the QP that completes into it");
+  ibv_qp_attr qa{};
+  uroce_qp_init_attr qi{};
+  check(uroce_query_qp(a2.qp, &qa, IBV_QP_STATE, &qi) == 0 && qa.qp_state == IBV_QPS_ERR, "and that QP is in ERR");
+  ibv_wc wc[8];
+  const int n = uroce_poll_cq(a2.cq, 8, wc);
+  check(n == 4, "the CQ holds the 4 completions that fitted (" + std::to_string(n) + ")");
+  check(victim_round(a, b, 1), "the application's other QP, on another CQ, still works");
+  uroce_close_device(a.ctx);
+  uroce_close_device(b.ctx);
+  std::printf("%d passed, %d failed\n", g_pass, g_fail);
+  return g_fail ? 1 : 0;
+}
+
 int main(int argc, char** argv) {
   alarm(60);  // a blocking call that never returns is a failure, not a hang
   if (argc >= 4 && std::string(argv[1]) == "ops") return ops(argv[2], argv[3]);
@@ -1084,8 +1304,10 @@ int main(int argc, char** argv) {
   if (argc >= 4 && std::string(argv[1]) == "rtrflood") return rtrflood(argv[2], std::atol(argv[3]));
   if (argc >= 4 && std::string(argv[1]) == "seams") return seams(argv[2], std::atoi(argv[3]));
   if (argc >= 4 && std::string(argv[1]) == "sqfull") return sqfull(argv[2], argv[3]);
+  if (argc >= 4 && std::string(argv[1]) == "rings") return rings(argv[2], argv[3]);
+  if (argc >= 4 && std::string(argv[1]) == "cqoverflow") return cqoverflow(argv[2], argv[3]);
   if (argc >= 5 && std::string(argv[1]) == "rnr") return rnr(argv[2], argv[3], std::atol(argv[4]));
   if (argc >= 5 && std::string(argv[1]) == "wakes") return wakes(argv[2], std::atol(argv[3]), std::atol(argv[4]));
-  std::fprintf(stderr, "usage: app_pair ops|hostile|events|srq SOCK_A SOCK_B | crash SOCK_A | oob SOCK_A SOCK_B PORT | devices N | wakes SOCK N BOUND_MS | rnr SOCK_A SOCK_B N | sqfull SOCK_A SOCK_B | seams SOCK DAEMON_PID | rtrflood SOCK N\n");
+  std::fprintf(stderr, "usage: app_pair ops|hostile|events|srq SOCK_A SOCK_B | crash SOCK_A | oob SOCK_A SOCK_B PORT | devices N | wakes SOCK N BOUND_MS | rnr SOCK_A SOCK_B N | sqfull|rings|cqoverflow SOCK_A SOCK_B | seams SOCK DAEMON_PID | rtrflood SOCK N\n");
   return 2;
 }

@@ -100,6 +100,28 @@ check "rtrflood: bounded parking, every request answered" \
 check "rtrflood: one resolution per destination on a backoff (<= 8 ARPs in ~3 s, not one per request)" \
   "[ $((n1 - n0)) -ge 1 ] && [ $((n1 - n0)) -le 8 ]"
 
+echo "== hostile rings: malformed, rewritten and out-of-range entries and indices in a session's own rings"
+w0=$(jget "$(ctl "$TMP/a.ctl" status)" port.bad_wqe)
+"$APP" rings "$TMP/a.app" "$TMP/b.app" > "$TMP/rings.out" 2>&1; rc=$?
+w1=$(jget "$(ctl "$TMP/a.ctl" status)" port.bad_wqe)
+grep FAIL "$TMP/rings.out" | head -5 | sed 's/^/  /'; tail -1 "$TMP/rings.out" | sed 's/^/  /'
+echo "  work requests refused as malformed: $((w1 - w0))"
+check "rings: only the hostile session's QP suffers; the victim pair checks every byte throughout" \
+  "[ $rc -eq 0 ] && grep -qE '^[1-9][0-9]* passed, 0 failed' '$TMP/rings.out'"
+check "rings: the malformed entries are counted (port.bad_wqe)" "[ $((w1 - w0)) -ge 1 ]"
+check "daemon A is alive after the hostile rings" "kill -0 $A_PID"
+
+echo "== CQ overflow: an async event, its QP to ERR, counted"
+o0=$(jget "$(ctl "$TMP/a.ctl" status)" port.cq_overflows)
+"$APP" cqoverflow "$TMP/a.app" "$TMP/b.app" > "$TMP/cqo.out" 2>&1; rc=$?
+o1=$(jget "$(ctl "$TMP/a.ctl" status)" port.cq_overflows)
+d1=$(jget "$(ctl "$TMP/a.ctl" status)" port.cqe_dropped)
+grep FAIL "$TMP/cqo.out" | head -5 | sed 's/^/  /'; tail -1 "$TMP/cqo.out" | sed 's/^/  /'
+echo "  CQs overflowed: $((o1 - o0)); completions dropped in all: $d1"
+check "cqoverflow: IBV_EVENT_CQ_ERR and IBV_EVENT_QP_FATAL reach the owner, the QP is in ERR, its other QP works" \
+  "[ $rc -eq 0 ] && grep -qE '^[1-9][0-9]* passed, 0 failed' '$TMP/cqo.out'"
+check "cqoverflow: counted (port.cq_overflows +1, port.cqe_dropped > 0)" "[ $((o1 - o0)) -eq 1 ] && [ ${d1:-0} -ge 1 ]"
+
 echo "== afterwards: the daemon is alive and a well-behaved application passes every operation"
 check "daemon A is alive" "kill -0 $A_PID"
 "$APP" ops "$TMP/a.app" "$TMP/b.app" > "$TMP/ops.out" 2>&1; rc=$?

@@ -1,0 +1,293 @@
+// One queue per verbs queue: the engine reads an application's shared rings
+// itself and writes completions straight into its shared CQ ring. These tests
+// place the rings in memory the test holds, as uroced places them in a memfd,
+// and play the application on the other side of each ring -- well-behaved,
+// then hostile.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "stack/abi/ring.h"
+#include "tests/support/pair.h"
+
+namespace uroce::testing {
+namespace {
+
+using abi::AttachError;
+
+/// Memory for one ring, and the application's view of it (attached as a
+/// real application attaches).
+template <typename E>
+struct SharedRing {
+  SharedRing(std::uint32_t entries, uroce_ring_kind kind)
+      : mem(uroce_ring_bytes(entries, sizeof(E)) / 8 + 8), kind(kind) {
+    daemon = abi::Ring<E>::create(mem.data(), entries, kind, 1);
+    EXPECT_EQ(abi::Ring<E>::attach(mem.data(), bytes(), kind, app), AttachError::kOk);
+  }
+  std::size_t bytes() const { return mem.size() * 8; }
+  uroce_ring_header* header() { return reinterpret_cast<uroce_ring_header*>(mem.data()); }
+  E* slot(std::uint32_t i) { return reinterpret_cast<E*>(header() + 1) + (i & (header_entries - 1)); }
+  std::vector<std::uint64_t> mem;
+  uroce_ring_kind kind;
+  abi::Ring<E> daemon, app;
+  std::uint32_t header_entries = 16;
+};
+
+/// A pair whose node-0 QP has shared SQ and RQ rings and a shared CQ.
+struct Shared : ::testing::Test {
+  Pair p{11, 1 << 20};
+  SharedRing<uroce_send_entry> sq{16, UROCE_RING_SEND};
+  SharedRing<uroce_recv_entry> rq{16, UROCE_RING_RECV};
+  SharedRing<uroce_cq_entry> cqr{64, UROCE_RING_CQ};
+  Cq* cq = nullptr;
+  Qp* a = nullptr;
+  Qp* b = nullptr;
+
+  void SetUp() override {
+    cqr.header_entries = 64;
+    cq = p.A().create_cq(64, &cqr.daemon);
+    ASSERT_NE(cq, nullptr);
+    // Bring up a shared-ring QP on A and a heap one on B, connected.
+    QpInitAttr ia;
+    ia.send_cq = ia.recv_cq = cq;
+    ia.cap.max_send_wr = ia.cap.max_recv_wr = 16;
+    ia.sq_ring = &sq.daemon;
+    ia.rq_ring = &rq.daemon;
+    a = p.A().create_qp(p.node[0].pd, ia);
+    QpInitAttr ib;
+    ib.send_cq = ib.recv_cq = p.node[1].cq;
+    b = p.B().create_qp(p.node[1].pd, ib);
+    ASSERT_TRUE(a && b);
+    bring_up(p.A(), a, b->qpn, p.B().config().ip);
+    bring_up(p.B(), b, a->qpn, p.A().config().ip);
+  }
+  static void bring_up(Engine& e, Qp* q, std::uint32_t dqpn, const wire::IpAddr& dip) {
+    ibv_qp_attr x{};
+    x.qp_state = IBV_QPS_INIT;
+    x.port_num = 1;
+    x.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+    Pair::must(e.modify_qp(q, x, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS));
+    x = ibv_qp_attr{};
+    x.qp_state = IBV_QPS_RTR;
+    x.path_mtu = IBV_MTU_1024;
+    x.dest_qp_num = dqpn;
+    x.max_dest_rd_atomic = 1;
+    x.min_rnr_timer = 1;
+    x.ah_attr.is_global = 1;
+    std::memcpy(x.ah_attr.grh.dgid.raw, dip.b.data(), 16);
+    Pair::must(e.modify_qp(q, x, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                                     IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER));
+    x = ibv_qp_attr{};
+    x.qp_state = IBV_QPS_RTS;
+    x.timeout = 8;
+    x.retry_cnt = 7;
+    x.rnr_retry = 7;
+    x.max_rd_atomic = 1;
+    Pair::must(e.modify_qp(q, x, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+                                     IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC));
+  }
+  uroce_send_entry write_entry(std::uint64_t id, std::uint64_t loff, std::uint64_t roff, std::uint32_t len) {
+    uroce_send_entry e{};
+    e.wr_id = id;
+    e.opcode = IBV_WR_RDMA_WRITE;
+    e.send_flags = IBV_SEND_SIGNALED;
+    e.num_sge = 1;
+    e.sg_list[0] = {p.addr(0, loff), len, p.node[0].mr->lkey};
+    e.remote_addr = p.addr(1, roff);
+    e.rkey = p.rkey(1);
+    return e;
+  }
+  /// Runs the wire until the application's CQ ring holds n entries (it pops them into out).
+  bool wait_cqes(std::size_t n, std::vector<uroce_cq_entry>& out) {
+    return p.wire.run_until(
+        [&] {
+          uroce_cq_entry e;
+          while (cqr.app.pop(e)) out.push_back(e);
+          return out.size() >= n;
+        },
+        100'000'000);
+  }
+};
+
+TEST_F(Shared, WorkPostedInTheRingRunsAndCompletesIntoTheSharedCq) {
+  for (std::uint32_t i = 0; i < 512; ++i) p.node[0].mem[i] = static_cast<std::uint8_t>(i * 3 + 1);
+  ASSERT_TRUE(sq.app.push(write_entry(7, 0, 4096, 512)));
+  EXPECT_EQ(p.A().kick(a), 1u) << "the engine takes the published entry itself";
+  std::vector<uroce_cq_entry> got;
+  ASSERT_TRUE(wait_cqes(1, got));
+  EXPECT_EQ(got[0].wr_id, 7u);
+  EXPECT_EQ(got[0].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(got[0].opcode, IBV_WC_RDMA_WRITE);
+  EXPECT_EQ(0, std::memcmp(&p.node[1].mem[4096], &p.node[0].mem[0], 512));
+  EXPECT_EQ(cq->depth(), 0u) << "the application consumed it from the shared ring";
+}
+
+TEST_F(Shared, TheRingIsTheWholeSendQueueSoAFullRingIsBackPressure) {
+  // Nothing reaches B: WQEs stay outstanding, and their slots stay taken.
+  sim::Impairments imp;
+  imp.loss = 1.0;
+  p.wire.set_impairments(imp);
+  std::uint32_t pushed = 0;
+  while (pushed < 40 && sq.app.push(write_entry(pushed, 0, 0, 64))) {
+    ++pushed;
+    p.A().kick(a);
+  }
+  EXPECT_EQ(pushed, 16u) << "a slot returns to the producer only when its WQE completes";
+  EXPECT_EQ(a->sq.size(), 16u);
+  p.wire.set_impairments({});
+  std::vector<uroce_cq_entry> got;
+  ASSERT_TRUE(wait_cqes(16, got));
+  EXPECT_TRUE(sq.app.push(write_entry(99, 0, 0, 64))) << "completed slots are free again";
+}
+
+TEST_F(Shared, AnEntryRewrittenAfterItWasTakenChangesNothing) {
+  for (std::uint32_t i = 0; i < 256; ++i) p.node[0].mem[i] = static_cast<std::uint8_t>(0x40 + i);
+  ASSERT_TRUE(sq.app.push(write_entry(1, 0, 8192, 256)));
+  ASSERT_EQ(p.A().kick(a), 1u);
+  // The hostile application rewrites the published slot: another address,
+  // a huge length, another opcode. The engine checked its own copy.
+  uroce_send_entry* s = sq.slot(0);
+  s->remote_addr = p.addr(1, 0);
+  s->sg_list[0].length = 0xffffffff;
+  s->num_sge = 200;
+  s->opcode = IBV_WR_RDMA_READ;
+  std::vector<uroce_cq_entry> got;
+  ASSERT_TRUE(wait_cqes(1, got));
+  EXPECT_EQ(got[0].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(got[0].opcode, IBV_WC_RDMA_WRITE);
+  EXPECT_EQ(0, std::memcmp(&p.node[1].mem[8192], &p.node[0].mem[0], 256));
+  EXPECT_EQ(p.node[1].mem[0], 0u) << "nothing was written where the rewritten entry pointed";
+}
+
+TEST_F(Shared, AMalformedEntryCompletesWithLocQpOpErrAndTheQpGoesToErr) {
+  uroce_send_entry bad = write_entry(5, 0, 0, 64);
+  bad.opcode = 200;
+  ASSERT_TRUE(sq.app.push(bad));
+  ASSERT_TRUE(sq.app.push(write_entry(6, 0, 0, 64)));
+  p.A().kick(a);
+  std::vector<uroce_cq_entry> got;
+  ASSERT_TRUE(wait_cqes(2, got));
+  EXPECT_EQ(got[0].wr_id, 5u);
+  EXPECT_EQ(got[0].status, IBV_WC_LOC_QP_OP_ERR);
+  EXPECT_EQ(got[1].wr_id, 6u);
+  EXPECT_EQ(got[1].status, IBV_WC_WR_FLUSH_ERR);
+  EXPECT_EQ(a->state, IBV_QPS_ERR);
+  EXPECT_EQ(p.A().counters()[PortCounter::bad_wqe], 1u);
+}
+
+TEST_F(Shared, HeaderAndIndicesOutOfRangeAreNotTrusted) {
+  // The application scribbles over every header field it can reach.
+  for (uroce_ring_header* h : {sq.header(), rq.header(), cqr.header()}) {
+    h->entries = 0xffffffffu;
+    h->entry_size = 3;
+    h->magic = 0;
+    h->prod = 0x7ffffff0u;
+    h->cons = 0x80000123u;
+  }
+  // And claims every SQ slot holds the entry at some far index.
+  for (std::uint32_t k = 0; k < 16; ++k) sq.slot(k)->seq = 0x7ffffff0u + k;
+  EXPECT_EQ(p.A().kick(a), 0u) << "no slot holds the entry at the engine's own index";
+  // A receive slot with a valid seq at the engine's index but 200 SGEs.
+  uroce_recv_entry* r = rq.slot(0);
+  std::memset(r, 0, sizeof *r);
+  r->wr_id = 77;
+  r->num_sge = 200;
+  __atomic_store_n(&r->seq, 1u, __ATOMIC_RELEASE);
+  // B sends a SEND: A's responder takes that malformed receive.
+  Sge s = p.sge(1, 0, 32);
+  SendWr w;
+  w.wr_id = 1;
+  w.send_flags = IBV_SEND_SIGNALED;
+  w.sg_list = {&s, 1};
+  ASSERT_EQ(p.B().post_send(b, w), 0);
+  p.wire.run_until([&] { return p.A().counters()[PortCounter::bad_wqe] >= 1; }, 10'000'000);
+  EXPECT_EQ(p.A().counters()[PortCounter::bad_wqe], 1u) << "the malformed receive is counted, not used";
+  // Its LOC_QP_OP_ERR completion meets a CQ whose consumer index is out of
+  // range: that reads as a full CQ, so the CQ overflows (counted, and its
+  // QP goes to ERR), and nothing is written anywhere in the ring.
+  p.A().poll(p.wire.now());
+  EXPECT_EQ(p.A().counters()[PortCounter::cq_overflows], 1u);
+  EXPECT_EQ(a->state, IBV_QPS_ERR);
+  const uroce_cq_entry* c = reinterpret_cast<uroce_cq_entry*>(cqr.header() + 1);
+  for (int k = 0; k < 64; ++k) EXPECT_EQ(c[k].seq, 0u) << "slot " << k;
+}
+
+TEST_F(Shared, ACqConsumerIndexOutOfRangeHurtsOnlyThatCq) {
+  // The same, with the engine's producer index where the application says:
+  // entries land at the engine's own index, within the ring.
+  cqr.header()->entries = 0xffffffffu;
+  cqr.header()->prod = 0x12345678u;
+  ASSERT_TRUE(sq.app.push(write_entry(3, 0, 0, 64)));
+  p.A().kick(a);
+  std::vector<uroce_cq_entry> got;
+  ASSERT_TRUE(wait_cqes(1, got));
+  EXPECT_EQ(got[0].wr_id, 3u);
+  EXPECT_EQ(got[0].status, IBV_WC_SUCCESS);
+}
+
+struct Hooks {
+  int notified = 0;
+  std::vector<std::pair<ibv_event_type, void*>> events;
+  static void notify(void* ctx, Cq&) { ++static_cast<Hooks*>(ctx)->notified; }
+  static void event(void* ctx, ibv_event_type t, Cq* cq, Qp* qp) {
+    static_cast<Hooks*>(ctx)->events.emplace_back(t, cq ? static_cast<void*>(cq) : static_cast<void*>(qp));
+  }
+};
+
+TEST_F(Shared, AnArmedCqIsNotifiedOncePerArm) {
+  Hooks h;
+  p.A().set_hooks(&Hooks::notify, &Hooks::event, &h);
+  cq->want_notify(true);
+  std::vector<uroce_cq_entry> got;
+  ASSERT_TRUE(sq.app.push(write_entry(1, 0, 0, 64)));
+  p.A().kick(a);
+  ASSERT_TRUE(wait_cqes(1, got));
+  EXPECT_EQ(h.notified, 0) << "not armed: no notification";
+  cqr.app.arm_notify();
+  for (std::uint64_t i = 2; i < 5; ++i) {
+    ASSERT_TRUE(sq.app.push(write_entry(i, 0, 0, 64)));
+    p.A().kick(a);
+  }
+  ASSERT_TRUE(wait_cqes(4, got));
+  EXPECT_EQ(h.notified, 1) << "armed once: notified once, however many completions came";
+}
+
+TEST(CqOverflow, RaisesCqErrMovesItsQpsToErrAndIsCounted) {
+  Pair p{3, 1 << 16};
+  Hooks h;
+  p.A().set_hooks(&Hooks::notify, &Hooks::event, &h);
+  Cq* small = p.A().create_cq(4);
+  QpInitAttr ia;
+  ia.send_cq = ia.recv_cq = small;
+  ia.cap.max_send_wr = 16;
+  Qp* a = p.A().create_qp(p.node[0].pd, ia);
+  QpInitAttr ib;
+  ib.send_cq = ib.recv_cq = p.node[1].cq;
+  Qp* b = p.B().create_qp(p.node[1].pd, ib);
+  ASSERT_TRUE(small && a && b);
+  Shared::bring_up(p.A(), a, b->qpn, p.B().config().ip);
+  Shared::bring_up(p.B(), b, a->qpn, p.A().config().ip);
+  // A second QP on a CQ of its own is untouched.
+  const QpPair other = p.connect();
+  Sge s = p.sge(0, 0, 64);
+  for (std::uint64_t i = 0; i < 8; ++i) ASSERT_EQ(p.A().post_send(a, p.write_to(1, s, 0, i)), 0);
+  p.wire.run_until([&] { return a->state == IBV_QPS_ERR; }, 100'000'000);
+  EXPECT_EQ(a->state, IBV_QPS_ERR) << "the QP that completes into the overflowed CQ";
+  ASSERT_EQ(h.events.size(), 2u);
+  EXPECT_EQ(h.events[0], std::make_pair(IBV_EVENT_CQ_ERR, static_cast<void*>(small)));
+  EXPECT_EQ(h.events[1], std::make_pair(IBV_EVENT_QP_FATAL, static_cast<void*>(a)));
+  EXPECT_EQ(p.A().counters()[PortCounter::cq_overflows], 1u);
+  EXPECT_EQ(p.A().counters()[PortCounter::cqe_dropped], 4u) << "8 completions, 4 fitted";
+  EXPECT_TRUE(small->overflowed());
+  EXPECT_EQ(small->depth(), 4u);
+  EXPECT_EQ(other.a->state, IBV_QPS_RTS);
+  std::vector<ibv_wc> wa;
+  ASSERT_EQ(p.A().post_send(other.a, p.write_to(1, s, 0, 42)), 0);
+  ASSERT_TRUE(p.wire.run_until([&] { return p.poll(0, wa) > 0 || !wa.empty(); }, 100'000'000));
+  EXPECT_EQ(wa[0].wr_id, 42u);
+  EXPECT_EQ(wa[0].status, IBV_WC_SUCCESS);
+}
+
+}  // namespace
+}  // namespace uroce::testing
