@@ -15,6 +15,10 @@
 
 namespace uroce::control {
 
+namespace {
+constexpr unsigned kAccess = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+}  // namespace
+
 using namespace transport;
 
 namespace {
@@ -144,30 +148,19 @@ bool TrafficApp::exchange() {
 }
 
 bool TrafficApp::connect_qp() {
-  ibv_qp_attr a{};
-  a.qp_state = IBV_QPS_RTR;
-  a.path_mtu = o_.mtu;
-  a.dest_qp_num = peer_.qpn;
-  a.rq_psn = peer_.psn;
-  a.max_dest_rd_atomic = 16;
-  a.min_rnr_timer = 12;
-  a.ah_attr.is_global = 1;
-  std::memcpy(a.ah_attr.grh.dgid.raw, peer_.gid.b.data(), 16);
-  auto r = eng_.modify_qp(qp_, a,
-                          IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                              IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
-  if (!r) return fail(std::string("RTR: ") + r.why), false;
-  a = ibv_qp_attr{};
-  a.qp_state = IBV_QPS_RTS;
-  a.sq_psn = psn_;
-  a.timeout = o_.timeout;
-  a.retry_cnt = o_.retry_cnt;
-  a.rnr_retry = o_.rnr_retry;
-  a.max_rd_atomic = 16;
-  r = eng_.modify_qp(qp_, a,
-                     IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                         IBV_QP_MAX_QP_RD_ATOMIC);
-  if (!r) return fail(std::string("RTS: ") + r.why), false;
+  abi::Connect k;
+  k.access = kAccess;
+  k.path_mtu = o_.mtu;
+  k.dest_qp_num = peer_.qpn;
+  k.rq_psn = peer_.psn;
+  k.sq_psn = psn_;
+  std::memcpy(k.dgid.raw, peer_.gid.b.data(), 16);
+  k.max_rd_atomic = k.max_dest_rd_atomic = 16;
+  k.timeout = o_.timeout;
+  k.retry_cnt = o_.retry_cnt;
+  k.rnr_retry = o_.rnr_retry;
+  const ModifyResult r = eng_.bring_up(qp_, k);  // from INIT, where the exchange left it
+  if (!r) return fail(std::string("RTR/RTS: ") + r.why), false;
   return true;
 }
 
@@ -219,12 +212,10 @@ std::size_t TrafficApp::step(std::uint64_t now) {
       ia.cap.max_recv_wr = o_.depth + 8;
       qp_ = eng_.create_qp(pd_, ia);
       if (!qp_) return fail("cannot create a QP"), 0;
-      ibv_qp_attr a{};
-      a.qp_state = IBV_QPS_INIT;
-      a.port_num = 1;
-      a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
-      if (!eng_.modify_qp(qp_, a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
-        return fail("INIT failed"), 0;
+      abi::Connect k;
+      k.access = kAccess;
+      const abi::Step init = abi::bring_up_steps(k)[0];  // the first step of the one bring-up
+      if (!eng_.modify_qp(qp_, init.attr, init.mask)) return fail("INIT failed"), 0;
       if (!exchange()) return 0;
       if (o_.role == AppOptions::Role::kServer) post_recvs();
       state_ = State::kResolve;

@@ -14,6 +14,7 @@
 
 #include "stack/abi/doorbell.h"
 #include "stack/abi/fd_msg.h"
+#include "stack/abi/qp_attr.h"
 
 namespace uroce::control {
 
@@ -465,28 +466,11 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
       if (!take(m)) return;
       auto q = s.qps.find(m.qp);
       if (q == s.qps.end()) return fail(EINVAL, "no such QP in this session");
-      if (m.qp_state > IBV_QPS_ERR || (m.path_mtu != 0 && (m.path_mtu < IBV_MTU_256 || m.path_mtu > IBV_MTU_4096)))
-        return fail(EINVAL, "bad qp_state or path_mtu value");
-      ibv_qp_attr a{};
-      a.qp_state = static_cast<ibv_qp_state>(m.qp_state);
-      a.path_mtu = m.path_mtu ? static_cast<ibv_mtu>(m.path_mtu) : IBV_MTU_1024;
-      a.qkey = m.qkey;
-      a.rq_psn = m.rq_psn;
-      a.sq_psn = m.sq_psn;
-      a.dest_qp_num = m.dest_qp_num;
-      a.qp_access_flags = m.qp_access_flags;
-      a.ah_attr.is_global = 1;
-      std::memcpy(a.ah_attr.grh.dgid.raw, m.dgid, 16);
-      a.ah_attr.grh.traffic_class = m.traffic_class;
-      a.max_rd_atomic = m.max_rd_atomic;
-      a.max_dest_rd_atomic = m.max_dest_rd_atomic;
-      a.min_rnr_timer = m.min_rnr_timer;
-      a.port_num = m.port_num;
-      a.timeout = m.timeout;
-      a.retry_cnt = m.retry_cnt;
-      a.rnr_retry = m.rnr_retry;
-      a.pkey_index = m.pkey_index;
-      const ModifyResult res = eng_.modify_qp(q->second.qp, a, m.mask);
+      // The one codec (stack/abi/qp_attr.h); the engine checks every value
+      // the mask names, so nothing is defaulted or forced here.
+      int mask = 0;
+      const ibv_qp_attr a = abi::from_msg(m, mask);
+      const ModifyResult res = eng_.modify_qp(q->second.qp, a, mask);
       if (res.err == EHOSTUNREACH && resolve_ != nullptr) {
         // Resolve the peer (ARP or ND) and answer when it is known, as a
         // kernel RDMA stack does while it resolves the address.
@@ -504,7 +488,7 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
         // 1 s, as the kernel's neighbour code retries.
         auto [r, fresh] = resolving_.try_emplace(dgid, Resolution{t + 100, 100});
         if (fresh) resolve_(resolve_ctx_, dgid);
-        pending_.push_back({s.id, m.qp, h, a, m.mask, dgid, t + 3000});
+        pending_.push_back({s.id, m.qp, h, a, mask, dgid, t + 3000});
         return;
       }
       return send_reply(sock, h, res.err, res.err ? res.why : "", nullptr, 0);
@@ -648,25 +632,7 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
         if (q == s.qps.end()) return fail(EINVAL, "no such QP in this session");
         ibv_qp_attr a{};
         if (const int rc = eng_.query_qp(q->second.qp, a); rc != 0) return fail(rc, "cannot query the QP");
-        uroce_modify_qp_msg r{};
-        r.qp = m.handle;
-        r.qp_state = a.qp_state;
-        r.path_mtu = a.path_mtu;
-        r.qkey = a.qkey;
-        r.rq_psn = a.rq_psn;
-        r.sq_psn = a.sq_psn;
-        r.dest_qp_num = a.dest_qp_num;
-        r.qp_access_flags = a.qp_access_flags;
-        std::memcpy(r.dgid, a.ah_attr.grh.dgid.raw, 16);
-        r.traffic_class = a.ah_attr.grh.traffic_class;
-        r.max_rd_atomic = a.max_rd_atomic;
-        r.max_dest_rd_atomic = a.max_dest_rd_atomic;
-        r.min_rnr_timer = a.min_rnr_timer;
-        r.port_num = 1;
-        r.timeout = a.timeout;
-        r.retry_cnt = a.retry_cnt;
-        r.rnr_retry = a.rnr_retry;
-        r.pkey_index = a.pkey_index;
+        const uroce_modify_qp_msg r = abi::to_msg(a, 0, m.handle);
         return send_reply(sock, h, 0, "", &r, sizeof r);
       }
       return fail(EINVAL, "only the device and QPs can be queried");

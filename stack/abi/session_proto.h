@@ -116,7 +116,10 @@ struct uroce_modify_qp_msg {
   uint32_t qp_state, path_mtu, qkey, rq_psn, sq_psn, dest_qp_num, qp_access_flags;
   uint8_t dgid[16];
   uint8_t traffic_class, max_rd_atomic, max_dest_rd_atomic, min_rnr_timer, port_num, timeout, retry_cnt, rnr_retry;
-  uint16_t pkey_index, pad;
+  uint16_t pkey_index;
+  uint8_t hop_limit, sl; /* minor 5: the GRH hop limit and the service level (were `pad`) */
+  /* Minor 5, appended: the GRH flow label and cur_qp_state (IBV_QP_CUR_STATE). */
+  uint32_t flow_label, cur_qp_state;
 };
 
 enum uroce_object { UROCE_OBJ_QP = 1, UROCE_OBJ_CQ = 2, UROCE_OBJ_MR = 3, UROCE_OBJ_PD = 4, UROCE_OBJ_DEVICE = 5, UROCE_OBJ_SRQ = 6 };
@@ -174,7 +177,7 @@ UROCE_STATIC_ASSERT(sizeof(struct uroce_cm_msg) == 88, "cm is 88 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_cm_event_msg) == 96, "cm_event is 96 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_create_srq_msg) == 12, "create_srq is 12 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_create_qp_reply) == 24, "create_qp reply is 24 bytes");
-UROCE_STATIC_ASSERT(sizeof(struct uroce_modify_qp_msg) == 64, "modify_qp is 64 bytes");
+UROCE_STATIC_ASSERT(sizeof(struct uroce_modify_qp_msg) == 72, "modify_qp is 72 bytes (64 before minor 5)");
 
 #ifdef __cplusplus
 }

@@ -185,42 +185,34 @@ void CmAgent::event(const Conn& c, CmEvent::Type t, std::uint16_t reason, wire::
 
 int CmAgent::bring_up(Qp* qp, const Conn& c, std::uint8_t max_rd_atomic, std::uint8_t max_dest_rd_atomic) {
   if (!qp) return EINVAL;
-  ibv_qp_attr a{};
-  if (qp->state == IBV_QPS_RESET) {
-    a.qp_state = IBV_QPS_INIT;
-    a.port_num = 1;
-    a.qp_access_flags = kAccess;
-    if (auto r = eng_.modify_qp(qp, a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS); !r)
-      return r.err;
-  }
-  a = {};
-  a.qp_state = IBV_QPS_RTR;
-  a.path_mtu = c.mtu;
-  a.dest_qp_num = c.peer_qpn;
-  a.rq_psn = c.rq_psn;
-  a.max_dest_rd_atomic = max_dest_rd_atomic;
-  a.min_rnr_timer = 12;
-  a.ah_attr.is_global = 1;
-  a.ah_attr.port_num = 1;
-  a.ah_attr.grh.hop_limit = 64;
-  std::memcpy(a.ah_attr.grh.dgid.raw, c.peer.b.data(), 16);
-  if (auto r = eng_.modify_qp(qp, a,
-                              IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                                  IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
-      !r)
-    return r.err;
-  a = {};
-  a.qp_state = IBV_QPS_RTS;
-  a.sq_psn = c.sq_psn;
-  a.timeout = c.ack_timeout;
-  a.retry_cnt = c.retry_cnt;
-  a.rnr_retry = c.rnr_retry;
-  a.max_rd_atomic = max_rd_atomic;
-  return eng_
-      .modify_qp(qp, a,
-                 IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                     IBV_QP_MAX_QP_RD_ATOMIC)
-      .err;
+  return eng_.bring_up(qp, connect_params(c, max_rd_atomic, max_dest_rd_atomic)).err;
+}
+
+abi::Connect CmAgent::connect_params(const Conn& c, std::uint8_t max_rd_atomic, std::uint8_t max_dest_rd_atomic) {
+  abi::Connect k;
+  k.type = IBV_QPT_RC;
+  k.access = kAccess;
+  k.path_mtu = c.mtu;
+  k.dest_qp_num = c.peer_qpn;
+  k.rq_psn = c.rq_psn;
+  k.sq_psn = c.sq_psn;
+  std::memcpy(k.dgid.raw, c.peer.b.data(), 16);
+  k.hop_limit = 64;
+  k.min_rnr_timer = 12;
+  k.timeout = c.ack_timeout;
+  k.retry_cnt = c.retry_cnt;
+  k.rnr_retry = c.rnr_retry;
+  k.max_rd_atomic = max_rd_atomic;
+  k.max_dest_rd_atomic = max_dest_rd_atomic;
+  return k;
+}
+
+int CmAgent::to_init(Qp* qp) {
+  // The first step of the one bring-up: the CM's peer is not known yet.
+  abi::Connect k;
+  k.access = kAccess;
+  const abi::Step init = abi::bring_up_steps(k)[0];
+  return eng_.modify_qp(qp, init.attr, init.mask).err;
 }
 
 void CmAgent::qp_to_error(const Conn& c) {
@@ -253,12 +245,7 @@ int CmAgent::connect(Qp* qp, const wire::IpAddr& dst, std::uint16_t port, wire::
   if (qp->state != IBV_QPS_RESET && qp->state != IBV_QPS_INIT) return EINVAL;
   if (priv.size() > kReqUserPrivate || transport::mtu_bytes(p.mtu) == 0) return EINVAL;
   if (qp->state == IBV_QPS_RESET) {
-    ibv_qp_attr a{};
-    a.qp_state = IBV_QPS_INIT;
-    a.port_num = 1;
-    a.qp_access_flags = kAccess;
-    if (auto r = eng_.modify_qp(qp, a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS); !r)
-      return r.err;
+    if (const int err = to_init(qp)) return err;
   }
   Conn c;
   c.local_id = next_comm_id();

@@ -175,6 +175,8 @@ class CmAgent {
   Conn* find(std::uint32_t local_id, const wire::IpAddr& src);
   /// RESET/INIT -> RTR -> RTS with what the handshake agreed.
   int bring_up(transport::Qp* qp, const Conn& c, std::uint8_t max_rd_atomic, std::uint8_t max_dest_rd_atomic);
+  static abi::Connect connect_params(const Conn& c, std::uint8_t max_rd_atomic, std::uint8_t max_dest_rd_atomic);
+  int to_init(transport::Qp* qp);
   void qp_to_error(const Conn& c);
   void send(const wire::IpAddr& dst, const Mad& m, std::uint64_t now);
   void send_conn(Conn& c, const Mad& m, std::uint64_t now);  // and arm the resend timer

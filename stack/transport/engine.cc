@@ -389,6 +389,9 @@ ModifyResult Engine::modify_qp(Qp* qp, const ibv_qp_attr& a, int mask) {
     qp->remote_ip = dip;
     qp->remote_mac = mac;
     qp->traffic_class = a.ah_attr.grh.traffic_class;
+    qp->hop_limit = a.ah_attr.grh.hop_limit;
+    qp->flow_label = a.ah_attr.grh.flow_label & 0xfffff;
+    qp->sl = a.ah_attr.sl;
   }
   if (mask & IBV_QP_RQ_PSN) {
     qp->rq_psn = Psn(a.rq_psn);
@@ -433,6 +436,19 @@ ModifyResult Engine::modify_qp(Qp* qp, const ibv_qp_attr& a, int mask) {
   return {};
 }
 
+ModifyResult Engine::bring_up(Qp* qp, const abi::Connect& c) {
+  if (qp == nullptr) return {EINVAL, "no such QP"};
+  ModifyResult res;
+  abi::bring_up(
+      c,
+      [&](const ibv_qp_attr& a, int mask) {
+        res = modify_qp(qp, a, mask);
+        return res.err;
+      },
+      nullptr, qp->state == IBV_QPS_INIT);
+  return res;
+}
+
 int Engine::query_qp(const Qp* qp, ibv_qp_attr& a) const {
   if (qp == nullptr) return EINVAL;
   a = ibv_qp_attr{};
@@ -450,6 +466,12 @@ int Engine::query_qp(const Qp* qp, ibv_qp_attr& a) const {
   a.cap.max_inline_data = qp->cap.max_inline_data;
   a.ah_attr.is_global = 1;
   std::memcpy(a.ah_attr.grh.dgid.raw, qp->remote_ip.b.data(), 16);
+  a.ah_attr.grh.traffic_class = qp->traffic_class;
+  a.ah_attr.grh.hop_limit = qp->hop_limit;
+  a.ah_attr.grh.flow_label = qp->flow_label;
+  a.ah_attr.sl = qp->sl;
+  a.ah_attr.port_num = qp->port_num;
+  a.pkey_index = qp->pkey_index;
   a.max_rd_atomic = qp->max_rd_atomic;
   a.max_dest_rd_atomic = qp->max_dest_rd_atomic;
   a.min_rnr_timer = qp->min_rnr_timer;
@@ -831,6 +853,8 @@ wire::FrameSpec Engine::spec_for(const Qp& qp, std::uint8_t opcode, Psn psn) con
   s.ecn = cfg_.ecn;
   s.ipv4_checksum = !cfg_.ipv4_checksum_offload;
   s.udp_sport = qp.udp_sport;
+  if (qp.hop_limit != 0) s.ttl = qp.hop_limit;  // 0: the default (64)
+  s.flow_label = qp.flow_label;
   s.opcode = opcode;
   s.destqp = qp.dest_qp_num;
   s.psn = psn;

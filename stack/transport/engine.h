@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "stack/abi/qp_attr.h"
 #include "stack/transport/counters.h"
 #include "stack/transport/objects.h"
 #include "stack/transport/qp.h"
@@ -111,6 +112,9 @@ class Engine {
   int destroy_qp(Qp* qp);
   ModifyResult modify_qp(Qp* qp, const ibv_qp_attr& attr, int mask);
   int query_qp(const Qp* qp, ibv_qp_attr& attr) const;
+  /// RESET (or INIT) -> INIT -> RTR -> RTS with abi::bring_up_steps, the
+  /// one bring-up sequence every caller uses.
+  ModifyResult bring_up(Qp* qp, const abi::Connect& c);
   /// Static neighbour entry, used to resolve the peer's MAC at RTR and for UD.
   void set_neighbor(const wire::IpAddr& ip, const wire::MacAddr& mac);
   /// The neighbour entry for ip, if there is one.

@@ -159,6 +159,9 @@ class Qp {
   wire::IpAddr remote_ip{};
   wire::MacAddr remote_mac{};
   std::uint8_t traffic_class = 0;
+  std::uint8_t hop_limit = 0;  // 0: the default TTL (64)
+  std::uint8_t sl = 0;
+  std::uint32_t flow_label = 0;
   std::uint16_t udp_sport = 0;
 
   /// The send queue: the ring the application posts to (or a heap ring that

@@ -24,6 +24,7 @@
 #include "stack/abi/codec.h"
 #include "stack/abi/doorbell.h"
 #include "stack/abi/fd_msg.h"
+#include "stack/abi/qp_attr.h"
 #include "stack/abi/ring.h"
 #include "stack/abi/session_proto.h"
 #include "stack/abi/wc_status.h"
@@ -573,25 +574,14 @@ int uroce_query_qp(uroce_qp* qp, ibv_qp_attr* attr, int attr_mask, uroce_qp_init
   uroce_query_msg q{UROCE_OBJ_QP, qp->handle};
   uroce_modify_qp_msg r{};
   if (int rc = call(qp->ctx, UROCE_MSG_QUERY, &q, sizeof q, -1, &r, sizeof r)) return rc;
-  *attr = ibv_qp_attr{};
-  attr->qp_state = attr->cur_qp_state = static_cast<ibv_qp_state>(r.qp_state);
-  attr->path_mtu = static_cast<ibv_mtu>(r.path_mtu);
-  attr->qkey = r.qkey;
-  attr->rq_psn = r.rq_psn;
-  attr->sq_psn = r.sq_psn;
-  attr->dest_qp_num = r.dest_qp_num;
-  attr->qp_access_flags = r.qp_access_flags;
-  std::memcpy(attr->ah_attr.grh.dgid.raw, r.dgid, 16);
-  attr->ah_attr.is_global = 1;
-  attr->ah_attr.grh.traffic_class = r.traffic_class;
-  attr->max_rd_atomic = r.max_rd_atomic;
-  attr->max_dest_rd_atomic = r.max_dest_rd_atomic;
-  attr->min_rnr_timer = r.min_rnr_timer;
-  attr->port_num = r.port_num;
-  attr->timeout = r.timeout;
-  attr->retry_cnt = r.retry_cnt;
-  attr->rnr_retry = r.rnr_retry;
-  attr->pkey_index = r.pkey_index;
+  int mask = 0;
+  *attr = abi::from_msg(r, mask);
+  attr->cur_qp_state = attr->qp_state;
+  attr->cap.max_send_wr = qp->init.cap.max_send_wr;
+  attr->cap.max_recv_wr = qp->init.cap.max_recv_wr;
+  attr->cap.max_send_sge = qp->init.cap.max_send_sge;
+  attr->cap.max_recv_sge = qp->init.cap.max_recv_sge;
+  attr->cap.max_inline_data = qp->init.cap.max_inline_data;
   if (init_attr) *init_attr = qp->init;
   return 0;
 }
@@ -724,59 +714,31 @@ std::uint32_t uroce_qp_num(const uroce_qp* qp) { return qp->qpn; }
 
 int uroce_modify_qp(uroce_qp* qp, ibv_qp_attr* a, int mask) {
   if (!qp || !a) return set_error(EINVAL, "no QP or attributes");
-  uroce_modify_qp_msg m{};
-  m.qp = qp->handle;
-  m.mask = mask;
-  m.qp_state = a->qp_state;
-  m.path_mtu = (mask & IBV_QP_PATH_MTU) ? a->path_mtu : 0;
-  m.qkey = a->qkey;
-  m.rq_psn = a->rq_psn;
-  m.sq_psn = a->sq_psn;
-  m.dest_qp_num = a->dest_qp_num;
-  m.qp_access_flags = a->qp_access_flags;
-  std::memcpy(m.dgid, a->ah_attr.grh.dgid.raw, 16);
-  m.traffic_class = a->ah_attr.grh.traffic_class;
-  m.max_rd_atomic = a->max_rd_atomic;
-  m.max_dest_rd_atomic = a->max_dest_rd_atomic;
-  m.min_rnr_timer = a->min_rnr_timer;
-  m.port_num = a->port_num;
-  m.timeout = a->timeout;
-  m.retry_cnt = a->retry_cnt;
-  m.rnr_retry = a->rnr_retry;
-  m.pkey_index = a->pkey_index;
+  const uroce_modify_qp_msg m = abi::to_msg(*a, mask, qp->handle);
   return call(qp->ctx, UROCE_MSG_MODIFY_QP, &m, sizeof m, -1, nullptr, 0);
 }
 
 int uroce_connect_qp(uroce_qp* qp, const uroce_rc_conn* c) {
   if (!qp || !c) return set_error(EINVAL, "connect_qp: no QP or no connection parameters");
   const auto pick = [](std::uint8_t v, std::uint8_t dflt) { return v != 0 ? v : dflt; };
-  ibv_qp_attr a{};
-  a.qp_state = IBV_QPS_INIT;
-  a.port_num = 1;
-  a.qp_access_flags = static_cast<unsigned>(c->access);
-  if (int rc = uroce_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
-    return rc;
-  a = ibv_qp_attr{};
-  a.qp_state = IBV_QPS_RTR;
-  a.path_mtu = c->path_mtu != 0 ? c->path_mtu : IBV_MTU_1024;
-  a.dest_qp_num = c->dest_qp_num;
-  a.rq_psn = c->rq_psn;
-  a.max_dest_rd_atomic = pick(c->max_dest_rd_atomic, pick(c->max_rd_atomic, 4));
-  a.min_rnr_timer = pick(c->min_rnr_timer, 12);
-  a.ah_attr.is_global = 1;
-  a.ah_attr.grh.dgid = c->dgid;
-  if (int rc = uroce_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                                           IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-    return rc;
-  a = ibv_qp_attr{};
-  a.qp_state = IBV_QPS_RTS;
-  a.sq_psn = c->sq_psn;
-  a.timeout = pick(c->timeout, 14);
-  a.retry_cnt = pick(c->retry_cnt, 7);
-  a.rnr_retry = pick(c->rnr_retry, 7);
-  a.max_rd_atomic = pick(c->max_rd_atomic, 4);
-  return uroce_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                                     IBV_QP_MAX_QP_RD_ATOMIC);
+  abi::Connect k;
+  k.type = qp->init.qp_type;
+  k.dest_qp_num = c->dest_qp_num;
+  k.dgid = c->dgid;
+  k.rq_psn = c->rq_psn;
+  k.sq_psn = c->sq_psn;
+  k.path_mtu = c->path_mtu != 0 ? c->path_mtu : IBV_MTU_1024;
+  k.access = static_cast<unsigned>(c->access);
+  k.timeout = pick(c->timeout, 14);
+  k.retry_cnt = pick(c->retry_cnt, 7);
+  k.rnr_retry = pick(c->rnr_retry, 7);
+  k.min_rnr_timer = pick(c->min_rnr_timer, 12);
+  k.max_rd_atomic = pick(c->max_rd_atomic, 4);
+  k.max_dest_rd_atomic = pick(c->max_dest_rd_atomic, k.max_rd_atomic);
+  return abi::bring_up(k, [&](const ibv_qp_attr& a, int mask) {
+    ibv_qp_attr copy = a;
+    return uroce_modify_qp(qp, &copy, mask);
+  });
 }
 
 int uroce_destroy_qp(uroce_qp* qp) {

@@ -452,42 +452,21 @@ void Runner::cmd_qp(const Line& l) {
   Qp* q = eng_->create_qp(pd_, ia);
   if (q == nullptr) fail("create_qp failed");
 
-  const bool ud = type == IBV_QPT_UD, rc = type == IBV_QPT_RC;
-  auto must = [&](const ModifyResult& r, const char* step) {
-    if (!r) fail(format("modify_qp to %s failed: %s", step, r.why));
-  };
-  ibv_qp_attr a{};
-  a.qp_state = IBV_QPS_INIT;
-  a.port_num = 1;
-  a.qp_access_flags = static_cast<unsigned>(num(l, "access", all));
-  a.qkey = static_cast<std::uint32_t>(num(l, "qkey", 0x11111111));
-  must(eng_->modify_qp(q, a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | (ud ? IBV_QP_QKEY : IBV_QP_ACCESS_FLAGS)),
-       "INIT");
-  a = ibv_qp_attr{};
-  a.qp_state = IBV_QPS_RTR;
-  int mask = IBV_QP_STATE;
-  if (!ud) {
-    a.path_mtu = mtu_enum(num(l, "mtu", 1024));
-    a.dest_qp_num = peer_qpn_;
-    a.rq_psn = static_cast<std::uint32_t>(num(l, "rq_psn", 0x200));
-    a.max_dest_rd_atomic = static_cast<std::uint8_t>(num(l, "rd_atomic", 4));
-    a.min_rnr_timer = static_cast<std::uint8_t>(num(l, "min_rnr_timer", 1));
-    a.ah_attr.is_global = 1;
-    std::memcpy(a.ah_attr.grh.dgid.raw, kPeerIp.b.data(), 16);
-    mask |= IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
-    if (rc) mask |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
-  }
-  must(eng_->modify_qp(q, a, mask), "RTR");
-  a = ibv_qp_attr{};
-  a.qp_state = IBV_QPS_RTS;
-  a.sq_psn = static_cast<std::uint32_t>(num(l, "sq_psn", 0x100));
-  a.timeout = static_cast<std::uint8_t>(num(l, "timeout", 8));
-  a.retry_cnt = static_cast<std::uint8_t>(num(l, "retry_cnt", 7));
-  a.rnr_retry = static_cast<std::uint8_t>(num(l, "rnr_retry", 7));
-  a.max_rd_atomic = static_cast<std::uint8_t>(num(l, "rd_atomic", 4));
-  mask = IBV_QP_STATE | IBV_QP_SQ_PSN;
-  if (rc) mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
-  must(eng_->modify_qp(q, a, mask), "RTS");
+  abi::Connect k;
+  k.type = type;
+  k.access = static_cast<unsigned>(num(l, "access", all));
+  k.qkey = static_cast<std::uint32_t>(num(l, "qkey", 0x11111111));
+  k.path_mtu = mtu_enum(num(l, "mtu", 1024));
+  k.dest_qp_num = peer_qpn_;
+  k.rq_psn = static_cast<std::uint32_t>(num(l, "rq_psn", 0x200));
+  k.sq_psn = static_cast<std::uint32_t>(num(l, "sq_psn", 0x100));
+  k.max_rd_atomic = k.max_dest_rd_atomic = static_cast<std::uint8_t>(num(l, "rd_atomic", 4));
+  k.min_rnr_timer = static_cast<std::uint8_t>(num(l, "min_rnr_timer", 1));
+  k.timeout = static_cast<std::uint8_t>(num(l, "timeout", 8));
+  k.retry_cnt = static_cast<std::uint8_t>(num(l, "retry_cnt", 7));
+  k.rnr_retry = static_cast<std::uint8_t>(num(l, "rnr_retry", 7));
+  std::memcpy(k.dgid.raw, kPeerIp.b.data(), 16);
+  if (const ModifyResult r = eng_->bring_up(q, k); !r) fail(format("bringing the QP up failed: %s", r.why));
   qp_ = q;
 }
 

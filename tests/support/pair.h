@@ -88,40 +88,21 @@ class Pair {
       q[i] = node[i].eng->create_qp(node[i].pd, ia);
     }
     for (int i = 0; i < 2; ++i) {
-      Engine& e = *node[i].eng;
-      const bool ud = o.type == IBV_QPT_UD;
-      ibv_qp_attr a{};
-      a.qp_state = IBV_QPS_INIT;
-      a.port_num = 1;
-      a.qp_access_flags = o.access;
-      a.qkey = o.qkey;
-      must(e.modify_qp(q[i], a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
-                                    (ud ? IBV_QP_QKEY : IBV_QP_ACCESS_FLAGS)));
-      a = ibv_qp_attr{};
-      a.qp_state = IBV_QPS_RTR;
-      int mask = IBV_QP_STATE;
-      if (!ud) {
-        a.path_mtu = o.mtu;
-        a.dest_qp_num = q[1 - i]->qpn;
-        a.rq_psn = i == 0 ? o.psn_b : o.psn_a;
-        a.max_dest_rd_atomic = o.rd_atomic;
-        a.min_rnr_timer = o.min_rnr_timer;
-        a.ah_attr.is_global = 1;
-        std::memcpy(a.ah_attr.grh.dgid.raw, node[1 - i].eng->config().ip.b.data(), 16);
-        mask |= IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
-        if (o.type == IBV_QPT_RC) mask |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
-      }
-      must(e.modify_qp(q[i], a, mask));
-      a = ibv_qp_attr{};
-      a.qp_state = IBV_QPS_RTS;
-      a.sq_psn = i == 0 ? o.psn_a : o.psn_b;
-      a.timeout = o.timeout;
-      a.retry_cnt = o.retry_cnt;
-      a.rnr_retry = o.rnr_retry;
-      a.max_rd_atomic = o.rd_atomic;
-      mask = IBV_QP_STATE | IBV_QP_SQ_PSN;
-      if (o.type == IBV_QPT_RC) mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
-      must(e.modify_qp(q[i], a, mask));
+      abi::Connect k;
+      k.type = o.type;
+      k.access = o.access;
+      k.qkey = o.qkey;
+      k.path_mtu = o.mtu;
+      k.dest_qp_num = q[1 - i]->qpn;
+      k.rq_psn = i == 0 ? o.psn_b : o.psn_a;
+      k.sq_psn = i == 0 ? o.psn_a : o.psn_b;
+      std::memcpy(k.dgid.raw, node[1 - i].eng->config().ip.b.data(), 16);
+      k.max_rd_atomic = k.max_dest_rd_atomic = o.rd_atomic;
+      k.min_rnr_timer = o.min_rnr_timer;
+      k.timeout = o.timeout;
+      k.retry_cnt = o.retry_cnt;
+      k.rnr_retry = o.rnr_retry;
+      must(node[i].eng->bring_up(q[i], k));
     }
     p.a = q[0];
     p.b = q[1];

@@ -60,30 +60,14 @@ class Loopback {
       if (!q[i]) return {nullptr, nullptr};
     }
     for (int i = 0; i < 2; ++i) {
-      Engine& e = *side[i].eng;
-      ibv_qp_attr a{};
-      a.qp_state = IBV_QPS_INIT;
-      a.port_num = 1;
-      a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
-      e.modify_qp(q[i], a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
-      a = ibv_qp_attr{};
-      a.qp_state = IBV_QPS_RTR;
-      a.path_mtu = mtu_;
-      a.dest_qp_num = q[1 - i]->qpn;
-      a.max_dest_rd_atomic = 16;
-      a.min_rnr_timer = 1;
-      a.ah_attr.is_global = 1;
-      std::memcpy(a.ah_attr.grh.dgid.raw, side[1 - i].eng->config().ip.b.data(), 16);
-      e.modify_qp(q[i], a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                               IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
-      a = ibv_qp_attr{};
-      a.qp_state = IBV_QPS_RTS;
-      a.timeout = 14;
-      a.retry_cnt = 7;
-      a.rnr_retry = 7;
-      a.max_rd_atomic = 16;
-      e.modify_qp(q[i], a, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                               IBV_QP_MAX_QP_RD_ATOMIC);
+      abi::Connect k;
+      k.access = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+      k.path_mtu = mtu_;
+      k.dest_qp_num = q[1 - i]->qpn;
+      std::memcpy(k.dgid.raw, side[1 - i].eng->config().ip.b.data(), 16);
+      k.min_rnr_timer = 1;
+      k.max_rd_atomic = k.max_dest_rd_atomic = 16;
+      side[i].eng->bring_up(q[i], k);
     }
     return {q[0], q[1]};
   }

@@ -284,27 +284,11 @@ TEST(Dataplane, TwoPipelinesResolveEachOtherAndCarryRcTraffic) {
   ASSERT_TRUE(h[0].neigh->lookup(IpAddr::from_v4(10, 0, 0, 2)).has_value());
   ASSERT_TRUE(h[1].neigh->lookup(IpAddr::from_v4(10, 0, 0, 1)).has_value());
   for (int i = 0; i < 2; ++i) {
-    Engine& e = *h[i].eng;
-    ibv_qp_attr a{};
-    a.qp_state = IBV_QPS_INIT;
-    a.port_num = 1;
-    a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE;
-    ASSERT_TRUE(e.modify_qp(h[i].qp, a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS));
-    a = ibv_qp_attr{};
-    a.qp_state = IBV_QPS_RTR;
-    a.path_mtu = IBV_MTU_1024;
-    a.dest_qp_num = h[1 - i].qp->qpn;
-    a.ah_attr.is_global = 1;
-    std::memcpy(a.ah_attr.grh.dgid.raw, h[1 - i].eng->config().ip.b.data(), 16);
-    ASSERT_TRUE(e.modify_qp(h[i].qp, a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                                             IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER));
-    a = ibv_qp_attr{};
-    a.qp_state = IBV_QPS_RTS;
-    a.timeout = 14;
-    a.retry_cnt = 7;
-    a.rnr_retry = 7;
-    ASSERT_TRUE(e.modify_qp(h[i].qp, a, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-                                             IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC));
+    abi::Connect k;
+    k.access = IBV_ACCESS_REMOTE_WRITE;
+    k.dest_qp_num = h[1 - i].qp->qpn;
+    std::memcpy(k.dgid.raw, h[1 - i].eng->config().ip.b.data(), 16);
+    ASSERT_TRUE(h[i].eng->bring_up(h[i].qp, k));
   }
   for (std::size_t i = 0; i < 5000; ++i) h[0].mem[i] = static_cast<std::uint8_t>(i * 3);
   Sge s{reinterpret_cast<std::uint64_t>(h[0].mem.data()), 5000, h[0].mr->lkey};

@@ -781,5 +781,47 @@ TEST_F(QpState, StaleLkeyIsRefusedLocally) {
   EXPECT_EQ(q.a->state, IBV_QPS_ERR);
 }
 
+TEST(QpAttributes, TheGrhFieldsOfTheAvAreKeptQueriedAndUsed) {
+  Pair p;
+  QpInitAttr ia;
+  ia.send_cq = ia.recv_cq = p.node[0].cq;
+  Qp* a = p.A().create_qp(p.node[0].pd, ia);
+  ia.send_cq = ia.recv_cq = p.node[1].cq;
+  Qp* b = p.B().create_qp(p.node[1].pd, ia);
+  ASSERT_TRUE(a && b);
+  abi::Connect k;
+  k.access = IBV_ACCESS_REMOTE_WRITE;
+  k.dest_qp_num = b->qpn;
+  std::memcpy(k.dgid.raw, p.B().config().ip.b.data(), 16);
+  k.hop_limit = 17;
+  k.traffic_class = 0x20;
+  ASSERT_TRUE(p.A().bring_up(a, k));
+  k.dest_qp_num = a->qpn;
+  k.hop_limit = 0;
+  std::memcpy(k.dgid.raw, p.A().config().ip.b.data(), 16);
+  ASSERT_TRUE(p.B().bring_up(b, k));
+  ibv_qp_attr q{};
+  ASSERT_EQ(p.A().query_qp(a, q), 0);
+  EXPECT_EQ(q.ah_attr.grh.hop_limit, 17);
+  EXPECT_EQ(q.ah_attr.grh.traffic_class, 0x20);
+  EXPECT_EQ(q.port_num, 1);
+  // The hop limit is the IPv4 TTL of what A sends; B, given none, sends 64.
+  std::vector<std::uint8_t> ttls_a, ttls_b;
+  sim::Impairments imp;
+  imp.filter = [&](const TxFrame& f) {
+    (f.hdr[11] == p.A().config().mac[5] ? ttls_a : ttls_b).push_back(f.hdr[14 + 8]);  // by source MAC
+    return false;
+  };
+  p.wire.set_impairments(imp);
+  Sge s = p.sge(0, 0, 64);
+  ASSERT_EQ(p.A().post_send(a, p.write_to(1, s, 0)), 0);
+  std::vector<ibv_wc> wa;
+  ASSERT_TRUE(p.wire.run_until([&] { return p.poll(0, wa) > 0 || !wa.empty(); }, 100'000'000));
+  ASSERT_FALSE(ttls_a.empty());
+  ASSERT_FALSE(ttls_b.empty());
+  EXPECT_EQ(ttls_a[0], 17);
+  EXPECT_EQ(ttls_b[0], 64);
+}
+
 }  // namespace
 }  // namespace uroce::testing

@@ -63,29 +63,14 @@ struct Shared : ::testing::Test {
     bring_up(p.B(), b, a->qpn, p.A().config().ip);
   }
   static void bring_up(Engine& e, Qp* q, std::uint32_t dqpn, const wire::IpAddr& dip) {
-    ibv_qp_attr x{};
-    x.qp_state = IBV_QPS_INIT;
-    x.port_num = 1;
-    x.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
-    Pair::must(e.modify_qp(q, x, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS));
-    x = ibv_qp_attr{};
-    x.qp_state = IBV_QPS_RTR;
-    x.path_mtu = IBV_MTU_1024;
-    x.dest_qp_num = dqpn;
-    x.max_dest_rd_atomic = 1;
-    x.min_rnr_timer = 1;
-    x.ah_attr.is_global = 1;
-    std::memcpy(x.ah_attr.grh.dgid.raw, dip.b.data(), 16);
-    Pair::must(e.modify_qp(q, x, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                                     IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER));
-    x = ibv_qp_attr{};
-    x.qp_state = IBV_QPS_RTS;
-    x.timeout = 8;
-    x.retry_cnt = 7;
-    x.rnr_retry = 7;
-    x.max_rd_atomic = 1;
-    Pair::must(e.modify_qp(q, x, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-                                     IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC));
+    abi::Connect k;
+    k.access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+    k.dest_qp_num = dqpn;
+    std::memcpy(k.dgid.raw, dip.b.data(), 16);
+    k.min_rnr_timer = 1;
+    k.timeout = 8;
+    k.max_rd_atomic = k.max_dest_rd_atomic = 1;
+    Pair::must(e.bring_up(q, k));
   }
   uroce_send_entry write_entry(std::uint64_t id, std::uint64_t loff, std::uint64_t roff, std::uint32_t len) {
     uroce_send_entry e{};

@@ -185,33 +185,16 @@ TEST_P(RxeReplay, OurRepliesMatchTheCapture) {
   Qp* qp = nullptr;
   for (int i = 0; i < 64 && (qp == nullptr || qp->qpn != *our_qpn); ++i) qp = eng.create_qp(pd, ia);
   ASSERT_TRUE(qp != nullptr && qp->qpn == *our_qpn) << "cannot make QPN " << *our_qpn;
-  ibv_qp_attr a{};
-  a.qp_state = IBV_QPS_INIT;
-  a.port_num = 1;
-  a.qp_access_flags = all;
-  ASSERT_TRUE(eng.modify_qp(qp, a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS));
-  a = ibv_qp_attr{};
-  a.qp_state = IBV_QPS_RTR;
-  a.path_mtu = mtu == 4096 ? IBV_MTU_4096 : mtu == 2048 ? IBV_MTU_2048 : mtu == 512 ? IBV_MTU_512 : IBV_MTU_1024;
-  a.dest_qp_num = *their_qpn;
-  a.rq_psn = they_request ? first_req_psn->value() : 0;
-  a.max_dest_rd_atomic = kMaxRdAtomic;
-  a.min_rnr_timer = 12;
-  a.ah_attr.is_global = 1;
-  std::memcpy(a.ah_attr.grh.dgid.raw, their_ip.b.data(), 16);
-  ASSERT_TRUE(eng.modify_qp(qp, a,
-                            IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                                IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER));
-  a = ibv_qp_attr{};
-  a.qp_state = IBV_QPS_RTS;
-  a.sq_psn = we_request ? first_req_psn->value() : 0;
-  a.timeout = fx.timeout;
-  a.retry_cnt = 7;
-  a.rnr_retry = 7;
-  a.max_rd_atomic = kMaxRdAtomic;
-  ASSERT_TRUE(eng.modify_qp(qp, a,
-                            IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                                IBV_QP_MAX_QP_RD_ATOMIC));
+  abi::Connect k;
+  k.access = all;
+  k.path_mtu = mtu == 4096 ? IBV_MTU_4096 : mtu == 2048 ? IBV_MTU_2048 : mtu == 512 ? IBV_MTU_512 : IBV_MTU_1024;
+  k.dest_qp_num = *their_qpn;
+  k.rq_psn = they_request ? first_req_psn->value() : 0;
+  k.sq_psn = we_request ? first_req_psn->value() : 0;
+  std::memcpy(k.dgid.raw, their_ip.b.data(), 16);
+  k.max_rd_atomic = k.max_dest_rd_atomic = kMaxRdAtomic;
+  k.timeout = fx.timeout;
+  ASSERT_TRUE(eng.bring_up(qp, k));
 
   if (they_request)
     for (Cap& c : caps)
