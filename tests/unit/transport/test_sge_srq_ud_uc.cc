@@ -106,25 +106,11 @@ TEST(Srq, TwoQpsShareOneReceiveQueue) {
     ASSERT_NE(b[i], nullptr);
   }
   auto bring_up = [&](Engine& e, Qp* me, Qp* peer, const wire::IpAddr& peer_ip) {
-    ibv_qp_attr x{};
-    x.qp_state = IBV_QPS_INIT;
-    x.port_num = 1;
-    ASSERT_TRUE(e.modify_qp(me, x, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS));
-    x = ibv_qp_attr{};
-    x.qp_state = IBV_QPS_RTR;
-    x.path_mtu = IBV_MTU_1024;
-    x.dest_qp_num = peer->qpn;
-    x.ah_attr.is_global = 1;
-    std::memcpy(x.ah_attr.grh.dgid.raw, peer_ip.b.data(), 16);
-    ASSERT_TRUE(e.modify_qp(me, x, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                                       IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER));
-    x = ibv_qp_attr{};
-    x.qp_state = IBV_QPS_RTS;
-    x.timeout = 8;
-    x.retry_cnt = 7;
-    x.rnr_retry = 7;
-    ASSERT_TRUE(e.modify_qp(me, x, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-                                       IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC));
+    abi::Connect k;
+    k.dest_qp_num = peer->qpn;
+    std::memcpy(k.dgid.raw, peer_ip.b.data(), 16);
+    k.timeout = 8;
+    ASSERT_TRUE(e.bring_up(me, k));
   };
   for (int i = 0; i < 2; ++i) {
     bring_up(p.A(), a[i], b[i], p.B().config().ip);
