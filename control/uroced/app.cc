@@ -223,7 +223,7 @@ std::size_t TrafficApp::step(std::uint64_t now) {
       return 1;
     }
     case State::kResolve: {
-      if (!neigh_.lookup(peer_.gid)) {
+      if (!eng_.neighbors().lookup(peer_.gid)) {
         const auto t = std::chrono::steady_clock::now();
         if (t > deadline_) return fail("no ARP/ND answer for " + peer_.gid.to_string()), 0;
         if (t - last_resolve_ > std::chrono::milliseconds(100)) {

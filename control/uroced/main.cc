@@ -341,8 +341,7 @@ void capture_cb(void* ctx, wire::ConstBytes frame, bool /*tx*/, std::uint64_t /*
 std::size_t app_cb(void* ctx, std::uint64_t now) { return static_cast<control::TrafficApp*>(ctx)->step(now); }
 std::size_t sessions_cb(void* ctx, std::uint64_t) { return static_cast<control::SessionServer*>(ctx)->step(); }
 
-void learn_cb(void* ctx, const wire::IpAddr& ip, const wire::MacAddr& mac) {
-  static_cast<transport::Engine*>(ctx)->set_neighbor(ip, mac);
+void learn_cb(void*, const wire::IpAddr& ip, const wire::MacAddr& mac) {
   char m[24];
   std::snprintf(m, sizeof m, "%02x:%02x:%02x:%02x:%02x:%02x", mac[0], mac[1], mac[2], mac[3], mac[4], mac[5]);
   log(1, "neighbour learned", "ip=" + ip.to_string() + " mac=" + m);
@@ -628,14 +627,10 @@ int main(int argc, char** argv) {
       ec.qpn_stride = shards;
       ec.qpn_offset = sh;
       p->eng = std::make_unique<transport::Engine>(ec);
-      p->neigh = std::make_unique<engine::Neighbors>(ec.mac, ec.ip, ec.vlan_tci);
+      p->neigh = std::make_unique<engine::Neighbors>(p->eng->neighbors(), ec.mac, ec.ip, ec.vlan_tci);
       p->neigh->answer = sh == 0;  // every shard learns; one answers
       p->neigh->on_learn = learn_cb;
-      p->neigh->on_learn_ctx = p->eng.get();
-      for (const auto& [nip, nmac] : statics) {
-        p->neigh->add_static(nip, nmac);
-        p->eng->set_neighbor(nip, nmac);
-      }
+      for (const auto& [nip, nmac] : statics) p->eng->set_neighbor(nip, nmac);
       engine::PortIo& pio =
           shards > 1 ? port->shard(static_cast<std::uint16_t>(sh)) : static_cast<engine::PortIo&>(*port);
       p->dp = std::make_unique<engine::Dataplane>(*p->eng, pio, *p->neigh, ec.seed);

@@ -82,17 +82,8 @@ std::size_t Neighbors::put_eth(wire::Bytes out, const MacAddr& dst, std::uint16_
   return sizeof(wire::EthHdr) + sizeof(wire::VlanTag);
 }
 
-std::optional<MacAddr> Neighbors::lookup(const IpAddr& ip) const {
-  auto it = table_.find(ip);
-  if (it == table_.end()) return std::nullopt;
-  return it->second.mac;
-}
-
 void Neighbors::learn(const IpAddr& ip, const MacAddr& mac) {
-  auto it = table_.find(ip);
-  if (it != table_.end() && (it->second.is_static || it->second.mac == mac)) return;
-  table_[ip] = {mac, false};
-  if (on_learn) on_learn(on_learn_ctx, ip, mac);
+  if (table_.learn(ip, mac) && on_learn) on_learn(on_learn_ctx, ip, mac);
 }
 
 Neighbors::Verdict Neighbors::handle(ConstBytes f, wire::Bytes reply, std::size_t& len) {
@@ -123,7 +114,7 @@ Neighbors::Verdict Neighbors::arp(ConstBytes f, std::size_t l3, wire::Bytes repl
   const IpAddr target = IpAddr::from_v4_bytes(a->tpa.data());
   const bool for_us = ip_.is_v4_mapped() && target == ip_;
   // Learn the sender when the ARP is for us (request or reply), RFC 826's merge rule.
-  if (for_us || table_.count(sender)) learn(sender, a->sha);
+  if (for_us || table_.contains(sender)) learn(sender, a->sha);
   if (a->oper.get() != 1 || !for_us || !answer) return Verdict::kHandled;
   if (reply.size() < sizeof(wire::EthHdr) + 4 + sizeof(ArpHdr)) return Verdict::kHandled;
   std::size_t n = put_eth(reply, a->sha, wire::kEtherTypeArp);

@@ -1,13 +1,15 @@
 // Neighbour resolution and the non-RoCE frames a host must answer: ARP
 // (RFC 826) requests and replies, ICMP echo to our IPv4 address, and IPv6
-// Neighbor Solicitation/Advertisement (RFC 4861). Static entries come from
-// the configuration; learned ones from ARP/NA traffic.
+// Neighbor Solicitation/Advertisement (RFC 4861). What it learns goes into
+// the engine's one neighbour table (transport::NeighborTable), which it
+// does not own.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <optional>
 
+#include "stack/transport/neighbor_table.h"
 #include "stack/wire/addr.h"
 #include "stack/wire/be.h"
 #include "stack/wire/headers.h"
@@ -16,8 +18,9 @@ namespace uroce::engine {
 
 class Neighbors {
  public:
-  Neighbors(const wire::MacAddr& mac, const wire::IpAddr& ip, std::uint16_t vlan_tci = 0)
-      : mac_(mac), ip_(ip), vlan_tci_(vlan_tci) {}
+  Neighbors(transport::NeighborTable& table, const wire::MacAddr& mac, const wire::IpAddr& ip,
+            std::uint16_t vlan_tci = 0)
+      : mac_(mac), ip_(ip), vlan_tci_(vlan_tci), table_(table) {}
 
   enum class Verdict : std::uint8_t {
     kNotMine,  // not ARP/ICMP/ND for us: the caller decides
@@ -30,9 +33,7 @@ class Neighbors {
   /// Builds a broadcast ARP request, or an IPv6 Neighbor Solicitation, for `ip`.
   std::size_t build_request(const wire::IpAddr& ip, wire::Bytes out) const;
 
-  void add_static(const wire::IpAddr& ip, const wire::MacAddr& mac) { table_[ip] = {mac, true}; }
-  [[nodiscard]] std::optional<wire::MacAddr> lookup(const wire::IpAddr& ip) const;
-  /// Called when a new entry is learned (the engine needs it for RTR and UD).
+  /// Called when an entry is learned or changes (for the log; the table is the engine's).
   void (*on_learn)(void* ctx, const wire::IpAddr& ip, const wire::MacAddr& mac) = nullptr;
   void* on_learn_ctx = nullptr;
   /// Whether to answer ARP/NS/echo. When a port is sharded over several
@@ -41,13 +42,8 @@ class Neighbors {
 
   [[nodiscard]] const wire::IpAddr& ip() const { return ip_; }
   [[nodiscard]] const wire::MacAddr& mac() const { return mac_; }
-  [[nodiscard]] std::size_t size() const { return table_.size(); }
 
  private:
-  struct Entry {
-    wire::MacAddr mac;
-    bool is_static;
-  };
   void learn(const wire::IpAddr& ip, const wire::MacAddr& mac);
   Verdict arp(wire::ConstBytes f, std::size_t l3, wire::Bytes reply, std::size_t& len);
   Verdict icmp4(wire::ConstBytes f, std::size_t l3, wire::Bytes reply, std::size_t& len);
@@ -59,7 +55,7 @@ class Neighbors {
   wire::MacAddr mac_;
   wire::IpAddr ip_;
   std::uint16_t vlan_tci_;
-  std::map<wire::IpAddr, Entry> table_;
+  transport::NeighborTable& table_;
 };
 
 /// RFC 1071 one's-complement sum, continued from `sum`, unfolded.

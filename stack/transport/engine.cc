@@ -239,12 +239,6 @@ void Engine::release(Qp& qp) {
   qps_[(qp.qpn - kFirstQpn - cfg_.qpn_offset) / cfg_.qpn_stride].reset();
 }
 
-bool Engine::neighbor(const wire::IpAddr& ip, wire::MacAddr& mac) const {
-  auto it = neighbors_.find(ip);
-  if (it == neighbors_.end()) return false;
-  mac = it->second;
-  return true;
-}
 
 Qp* Engine::find_qp(std::uint32_t qpn) const {
   Qp* qp = slot_qp(qpn);
@@ -266,7 +260,6 @@ std::uint64_t Engine::qp_counter_total(QpCounter c) const {
   return n;
 }
 
-void Engine::set_neighbor(const wire::IpAddr& ip, const wire::MacAddr& mac) { neighbors_[ip] = mac; }
 
 // ------------------------------------------------------- QP state machine
 
@@ -367,9 +360,9 @@ ModifyResult Engine::modify_qp(Qp* qp, const ibv_qp_attr& a, int mask) {
   if (mask & IBV_QP_AV) {
     if (!a.ah_attr.is_global) return {EINVAL, "RoCE needs a global address (ah_attr.is_global)"};
     std::memcpy(dip.b.data(), a.ah_attr.grh.dgid.raw, 16);
-    auto it = neighbors_.find(dip);
-    if (it == neighbors_.end()) return {EHOSTUNREACH, "no neighbour entry for the destination GID"};
-    mac = it->second;
+    const auto found = neighbors_.lookup(dip);
+    if (!found) return {EHOSTUNREACH, "no neighbour entry for the destination GID"};
+    mac = *found;
   }
 
   if (mask & IBV_QP_PATH_MTU) {
@@ -943,7 +936,7 @@ void Engine::rx(wire::ConstBytes frame, std::uint64_t now) {
   }
   // A CM peer reaches QP1 before anything else: learn its MAC from the frame
   // (ARP-style gleaning), so the REP and the QP's RTR need no resolution.
-  if (qp == gsi_.get() && neighbors_.find(pkt.src) == neighbors_.end()) neighbors_[pkt.src] = pkt.eth_src;
+  if (qp == gsi_.get() && !neighbors_.contains(pkt.src)) neighbors_.learn(pkt.src, pkt.eth_src);
   qp->ctr.inc(QpCounter::rcvd_pkts);
   if (pkt.info->has(wire::kOpRequest)) {
     on_request(*qp, pkt, now);

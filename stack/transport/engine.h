@@ -24,6 +24,7 @@
 #include "stack/transport/objects.h"
 #include "stack/transport/qp.h"
 #include "stack/transport/fifo.h"
+#include "stack/transport/neighbor_table.h"
 #include "stack/transport/verbs.h"
 #include "stack/wire/builder.h"
 #include "stack/wire/parser.h"
@@ -115,10 +116,17 @@ class Engine {
   /// RESET (or INIT) -> INIT -> RTR -> RTS with abi::bring_up_steps, the
   /// one bring-up sequence every caller uses.
   ModifyResult bring_up(Qp* qp, const abi::Connect& c);
-  /// Static neighbour entry, used to resolve the peer's MAC at RTR and for UD.
-  void set_neighbor(const wire::IpAddr& ip, const wire::MacAddr& mac);
-  /// The neighbour entry for ip, if there is one.
-  bool neighbor(const wire::IpAddr& ip, wire::MacAddr& mac) const;
+  /// The port's one neighbour table (the ARP/ND handler writes it; RTR and
+  /// UD read it).
+  NeighborTable& neighbors() { return neighbors_; }
+  /// A static entry in it (configuration, tests).
+  void set_neighbor(const wire::IpAddr& ip, const wire::MacAddr& mac) { neighbors_.add_static(ip, mac); }
+  /// The entry for ip, if there is one.
+  bool neighbor(const wire::IpAddr& ip, wire::MacAddr& mac) const {
+    const auto m = neighbors_.lookup(ip);
+    if (m) mac = *m;
+    return m.has_value();
+  }
 
   // ---- Data path ----
   // Every verbs queue is one abi::Ring (stack/abi/ring.h), shared with an
@@ -257,7 +265,7 @@ class Engine {
   std::size_t qps_live_ = 0;
   std::vector<Qp*> active_;       // QPs with work or timers; fixed capacity
   std::vector<Qp*> ack_waiters_;  // QPs with a coalesced ACK pending
-  std::map<wire::IpAddr, wire::MacAddr> neighbors_;
+  NeighborTable neighbors_;
   Fifo<TxFrame> tx_;
   PortCounters port_ctr_;
   QpCounters dead_qp_ctr_;  // counters of destroyed QPs, kept for totals

@@ -24,14 +24,16 @@ const MacAddr kMacB = {0x02, 0, 0, 0, 0, 0x0b};
 
 std::vector<std::uint8_t> arp_request(const MacAddr& from, const IpAddr& sender, const IpAddr& target,
                                       std::uint16_t vlan = 0) {
-  Neighbors n(from, sender, vlan);
+  transport::NeighborTable t;
+  Neighbors n(t, from, sender, vlan);
   std::vector<std::uint8_t> f(128);
   f.resize(n.build_request(target, f));
   return f;
 }
 
 TEST(Neighbors, AnswersArpForOurAddressAndLearnsTheSender) {
-  Neighbors n(kMacA, IpAddr::from_v4(10, 0, 0, 1));
+  transport::NeighborTable t;
+  Neighbors n(t, kMacA, IpAddr::from_v4(10, 0, 0, 1));
   const auto req = arp_request(kMacB, IpAddr::from_v4(10, 0, 0, 2), IpAddr::from_v4(10, 0, 0, 1));
   ASSERT_EQ(req.size(), 60u);
   std::uint8_t reply[128];
@@ -42,16 +44,17 @@ TEST(Neighbors, AnswersArpForOurAddressAndLearnsTheSender) {
   EXPECT_EQ(0, std::memcmp(reply + 6, kMacA.data(), 6));   // from us
   EXPECT_EQ(reply[14 + 7], 2);                             // ARP reply
   EXPECT_EQ(0, std::memcmp(reply + 14 + 8, kMacA.data(), 6));  // sender hw = us
-  ASSERT_TRUE(n.lookup(IpAddr::from_v4(10, 0, 0, 2)).has_value());
-  EXPECT_EQ(*n.lookup(IpAddr::from_v4(10, 0, 0, 2)), kMacB);
+  ASSERT_TRUE(t.lookup(IpAddr::from_v4(10, 0, 0, 2)).has_value());
+  EXPECT_EQ(*t.lookup(IpAddr::from_v4(10, 0, 0, 2)), kMacB);
   // Not for us: no reply, nothing learned about strangers.
   const auto other = arp_request(kMacB, IpAddr::from_v4(10, 0, 0, 3), IpAddr::from_v4(10, 0, 0, 9));
   EXPECT_EQ(n.handle(other, reply, len), Neighbors::Verdict::kHandled);
-  EXPECT_FALSE(n.lookup(IpAddr::from_v4(10, 0, 0, 3)).has_value());
+  EXPECT_FALSE(t.lookup(IpAddr::from_v4(10, 0, 0, 3)).has_value());
 }
 
 TEST(Neighbors, VlanTaggedArpOnlyOnOurVlan) {
-  Neighbors n(kMacA, IpAddr::from_v4(10, 0, 0, 1), 0x6064);  // PCP 3, VID 100
+  transport::NeighborTable t;
+  Neighbors n(t, kMacA, IpAddr::from_v4(10, 0, 0, 1), 0x6064);  // PCP 3, VID 100
   std::uint8_t reply[128];
   std::size_t len = 0;
   const auto tagged = arp_request(kMacB, IpAddr::from_v4(10, 0, 0, 2), IpAddr::from_v4(10, 0, 0, 1), 0x0064);
@@ -65,7 +68,8 @@ TEST(Neighbors, VlanTaggedArpOnlyOnOurVlan) {
 }
 
 TEST(Neighbors, AnswersIcmpEchoWithValidChecksums) {
-  Neighbors n(kMacA, IpAddr::from_v4(10, 0, 0, 1));
+  transport::NeighborTable t;
+  Neighbors n(t, kMacA, IpAddr::from_v4(10, 0, 0, 1));
   std::vector<std::uint8_t> f(14 + 20 + 8 + 4, 0);
   std::memcpy(f.data(), kMacA.data(), 6);
   std::memcpy(f.data() + 6, kMacB.data(), 6);
@@ -95,14 +99,15 @@ TEST(Neighbors, Ipv6SolicitationGetsAnAdvertisement) {
   IpAddr a, b;
   ASSERT_TRUE(IpAddr::parse("fd00::a", a));
   ASSERT_TRUE(IpAddr::parse("fd00::b", b));
-  Neighbors na(kMacA, a), nb(kMacB, b);
+  transport::NeighborTable ta, tb;
+  Neighbors na(ta, kMacA, a), nb(tb, kMacB, b);
   std::uint8_t ns[128], reply[128];
   const std::size_t nslen = nb.build_request(a, ns);  // B asks for A
   ASSERT_GT(nslen, 0u);
   EXPECT_EQ(ns[0], 0x33);  // solicited-node multicast MAC
   std::size_t len = 0;
   ASSERT_EQ(na.handle(wire::ConstBytes(ns, nslen), reply, len), Neighbors::Verdict::kReply);
-  EXPECT_EQ(*na.lookup(b), kMacB);  // A learned B from the source link-layer option
+  EXPECT_EQ(*ta.lookup(b), kMacB);  // A learned B from the source link-layer option
   // Both messages carry a valid ICMPv6 checksum (pseudo-header + message sums to 0).
   for (auto [frame, flen] : {std::pair<const std::uint8_t*, std::size_t>{ns, nslen}, {reply, len}}) {
     const std::uint8_t* ip6 = frame + 14;
@@ -118,8 +123,8 @@ TEST(Neighbors, Ipv6SolicitationGetsAnAdvertisement) {
   std::uint8_t dummy[128];
   std::size_t dl = 0;
   EXPECT_EQ(nb.handle(wire::ConstBytes(reply, len), dummy, dl), Neighbors::Verdict::kHandled);
-  ASSERT_TRUE(nb.lookup(a).has_value());
-  EXPECT_EQ(*nb.lookup(a), kMacA);
+  ASSERT_TRUE(tb.lookup(a).has_value());
+  EXPECT_EQ(*tb.lookup(a), kMacA);
 }
 
 std::vector<std::uint8_t> roce_frame(std::uint32_t qpn, std::uint32_t psn) {
@@ -261,11 +266,9 @@ TEST(Dataplane, TwoPipelinesResolveEachOtherAndCarryRcTraffic) {
     c.ip = IpAddr::from_v4(10, 0, 0, static_cast<std::uint8_t>(1 + i));
     c.vlan_tci = 42;
     h[i].eng = std::make_unique<Engine>(c);
-    h[i].neigh = std::make_unique<Neighbors>(c.mac, c.ip, c.vlan_tci);
-    h[i].neigh->on_learn = [](void* ctx, const IpAddr& ip, const MacAddr& mac) {
-      static_cast<Engine*>(ctx)->set_neighbor(ip, mac);
-    };
-    h[i].neigh->on_learn_ctx = h[i].eng.get();
+    h[i].neigh = std::make_unique<Neighbors>(h[i].eng->neighbors(), c.mac, c.ip, c.vlan_tci);
+    // No callback keeps a second table in step: what ARP teaches is in the
+    // engine's own table, and the RTR below finds it there.
     h[i].dp = std::make_unique<Dataplane>(*h[i].eng, *h[i].port, *h[i].neigh);
     h[i].pd = h[i].eng->alloc_pd();
     h[i].cq = h[i].eng->create_cq(64);
@@ -281,8 +284,8 @@ TEST(Dataplane, TwoPipelinesResolveEachOtherAndCarryRcTraffic) {
   std::uint64_t now = 1'000'000;
   for (int k = 0; k < 10; ++k, now += 1000)
     for (auto& x : h) x.dp->iterate(now);
-  ASSERT_TRUE(h[0].neigh->lookup(IpAddr::from_v4(10, 0, 0, 2)).has_value());
-  ASSERT_TRUE(h[1].neigh->lookup(IpAddr::from_v4(10, 0, 0, 1)).has_value());
+  ASSERT_TRUE(h[0].eng->neighbors().lookup(IpAddr::from_v4(10, 0, 0, 2)).has_value());
+  ASSERT_TRUE(h[1].eng->neighbors().lookup(IpAddr::from_v4(10, 0, 0, 1)).has_value());
   for (int i = 0; i < 2; ++i) {
     abi::Connect k;
     k.access = IBV_ACCESS_REMOTE_WRITE;
