@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "control/uroced/exchange.h"
-#include "stack/engine/dataplane.h"
-#include "stack/engine/neigh.h"
+#include "stack/pipeline/dataplane.h"
+#include "stack/pipeline/neigh.h"
 #include "stack/transport/engine.h"
 
 namespace uroce::control {
@@ -42,7 +42,7 @@ bool parse_ops(const std::string& s, std::vector<ibv_wr_opcode>& out, std::strin
 
 class TrafficApp {
  public:
-  TrafficApp(transport::Engine& eng, engine::Dataplane& dp, engine::Neighbors& neigh, const AppOptions& o);
+  TrafficApp(transport::Engine& eng, pipeline::Dataplane& dp, pipeline::Neighbors& neigh, const AppOptions& o);
   ~TrafficApp();
 
   /// The application stage: returns work done.
@@ -74,8 +74,8 @@ class TrafficApp {
   }
 
   transport::Engine& eng_;
-  engine::Dataplane& dp_;
-  engine::Neighbors& neigh_;
+  pipeline::Dataplane& dp_;
+  pipeline::Neighbors& neigh_;
   AppOptions o_;
   State state_;
   int listen_fd_ = -1;

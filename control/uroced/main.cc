@@ -36,8 +36,8 @@
 #include "control/uroced/sessions.h"
 #include "drivers/dpdk/dpdk_port.h"
 #include "drivers/pcap/pcap_io.h"
-#include "stack/engine/dataplane.h"
-#include "stack/engine/neigh.h"
+#include "stack/pipeline/dataplane.h"
+#include "stack/pipeline/neigh.h"
 #include "stack/transport/engine.h"
 
 namespace po = boost::program_options;
@@ -90,8 +90,8 @@ struct Pipeline {
   std::uint16_t shards = 1;
   unsigned lcore = 0;
   std::unique_ptr<transport::Engine> eng;
-  std::unique_ptr<engine::Neighbors> neigh;
-  std::unique_ptr<engine::Dataplane> dp;
+  std::unique_ptr<pipeline::Neighbors> neigh;
+  std::unique_ptr<pipeline::Dataplane> dp;
   std::unique_ptr<pcapio::Writer> capture;
 };
 
@@ -162,7 +162,7 @@ nlohmann::ordered_json Daemon::status() const {
   o["session_list"] = sessions ? sessions->describe() : json::array();
   o["cm"] = sessions ? sessions->cm_status() : json::object();
   if (!pipes.empty()) {
-    const engine::IdleConfig& ic = pipes[0]->dp->idle_config();
+    const pipeline::IdleConfig& ic = pipes[0]->dp->idle_config();
     o["wait"] = {{"busy_poll", ic.max_sleep_us == 0}, {"spin_us", ic.spin_us},       {"tick_us", ic.tick_us},
                  {"warm_ms", ic.warm_ms},             {"max_sleep_us", ic.max_sleep_us},
                  {"doorbells", sessions ? sessions->doorbells() : 0}};
@@ -177,8 +177,8 @@ nlohmann::ordered_json Daemon::status() const {
     json port = json::object(), dp = json::object(), totals = json::object();
     const auto& pc = p.eng->counters();
     for (std::size_t i = 0; i < transport::kPortCounterNames.size(); ++i) port[transport::kPortCounterNames[i]] = pc.v[i];
-    for (std::size_t i = 0; i < static_cast<std::size_t>(engine::DpCounter::kCount); ++i)
-      dp[engine::kDpCounterNames[i]] = p.dp->counter(static_cast<engine::DpCounter>(i));
+    for (std::size_t i = 0; i < static_cast<std::size_t>(pipeline::DpCounter::kCount); ++i)
+      dp[pipeline::kDpCounterNames[i]] = p.dp->counter(static_cast<pipeline::DpCounter>(i));
     for (std::size_t i = 0; i < transport::kQpCounterNames.size(); ++i)
       totals[transport::kQpCounterNames[i]] = p.eng->qp_counter_total(static_cast<transport::QpCounter>(i));
     o["port" + pre] = port;
@@ -196,7 +196,7 @@ nlohmann::ordered_json Daemon::status() const {
       qps.push_back(e);
     });
     o["qp_list" + pre] = qps;
-    auto fault = [&](const char* n, const engine::FaultInjector& f) {
+    auto fault = [&](const char* n, const pipeline::FaultInjector& f) {
       const auto& st = f.stats();
       o[std::string("fault_") + n + pre] = {{"config", f.config().to_string()}, {"seen", st.seen},
                                             {"dropped", st.dropped},           {"duplicated", st.duplicated},
@@ -273,9 +273,9 @@ class ControlServer {
       if (cmd == "fault") {
         std::string dir, spec, err;
         ls >> dir >> spec;
-        engine::FaultConfig c;
+        pipeline::FaultConfig c;
         if (spec == "off") spec.clear();
-        if ((dir != "rx" && dir != "tx") || !engine::FaultConfig::parse(spec, c, err))
+        if ((dir != "rx" && dir != "tx") || !pipeline::FaultConfig::parse(spec, c, err))
           return error(err.empty() ? std::string("usage: fault rx|tx SPEC|off") : err);
         // The injector's config is read by the pipeline's own lcore, so live
         // changes are taken only by a daemon with one pipeline, which this
@@ -372,7 +372,7 @@ int main(int argc, char** argv) {
       eal_extra, file_prefix, log_level;
   std::vector<std::string> vdevs, neighbors;
   bool no_huge = false, app_forever = false, tx_copy = false;
-  engine::IdleConfig idle_cfg;
+  pipeline::IdleConfig idle_cfg;
   bool busy_poll = false;
   unsigned mem_mb = 512, vlan = 0, pcp = 0, dscp = 0, ecn = 2, mtu = 1024, app_port = 18515, app_depth = 32,
            timeout = 14, retry_cnt = 7, lcore = 0;
@@ -532,10 +532,10 @@ int main(int argc, char** argv) {
     return bad("--idle-spin-us 0..1000000, --poll-tick-us 1..1000000, --idle-warm-ms 0..60000, --idle-max-us 0..1000000");
   if (busy_poll) idle_cfg.max_sleep_us = 0;
   if (retry_cnt > 7) return bad("--retry-cnt must be 0..7");
-  engine::FaultConfig frx, ftx;
+  pipeline::FaultConfig frx, ftx;
   std::string err;
-  if (!engine::FaultConfig::parse(fault_rx, frx, err)) return bad("--fault-rx: " + err);
-  if (!engine::FaultConfig::parse(fault_tx, ftx, err)) return bad("--fault-tx: " + err);
+  if (!pipeline::FaultConfig::parse(fault_rx, frx, err)) return bad("--fault-rx: " + err);
+  if (!pipeline::FaultConfig::parse(fault_tx, ftx, err)) return bad("--fault-tx: " + err);
   control::AppOptions ao;
   if (!app_role.empty()) {
     if (app_role == "server") ao.role = control::AppOptions::Role::kServer;
@@ -627,13 +627,13 @@ int main(int argc, char** argv) {
       ec.qpn_stride = shards;
       ec.qpn_offset = sh;
       p->eng = std::make_unique<transport::Engine>(ec);
-      p->neigh = std::make_unique<engine::Neighbors>(p->eng->neighbors(), ec.mac, ec.ip, ec.vlan_tci);
+      p->neigh = std::make_unique<pipeline::Neighbors>(p->eng->neighbors(), ec.mac, ec.ip, ec.vlan_tci);
       p->neigh->answer = sh == 0;  // every shard learns; one answers
       p->neigh->on_learn = learn_cb;
       for (const auto& [nip, nmac] : statics) p->eng->set_neighbor(nip, nmac);
-      engine::PortIo& pio =
-          shards > 1 ? port->shard(static_cast<std::uint16_t>(sh)) : static_cast<engine::PortIo&>(*port);
-      p->dp = std::make_unique<engine::Dataplane>(*p->eng, pio, *p->neigh, ec.seed);
+      pipeline::PortIo& pio =
+          shards > 1 ? port->shard(static_cast<std::uint16_t>(sh)) : static_cast<pipeline::PortIo&>(*port);
+      p->dp = std::make_unique<pipeline::Dataplane>(*p->eng, pio, *p->neigh, ec.seed);
       p->dp->rx_faults().configure(frx);
       p->dp->tx_faults().configure(ftx);
       p->dp->set_idle(idle_cfg);
@@ -666,7 +666,7 @@ int main(int argc, char** argv) {
     try {
       d.sessions = std::make_unique<control::SessionServer>(
           io, app_socket, app_socket_mode, *d.pipes[0]->eng, control::SessionLimits{},
-          [](void* ctx, const wire::IpAddr& ip) { static_cast<engine::Dataplane*>(ctx)->resolve(ip); },
+          [](void* ctx, const wire::IpAddr& ip) { static_cast<pipeline::Dataplane*>(ctx)->resolve(ip); },
           d.pipes[0]->dp.get());
     } catch (const std::exception& e) {
       return bad("--app-socket " + app_socket + ": " + e.what());

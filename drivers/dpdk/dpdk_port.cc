@@ -46,7 +46,7 @@ void eal_cleanup() {
 /// One pipeline's view of the port: its TX queue, and RX either from the
 /// device queue (unsharded) or from its ring (sharded). Only its own lcore
 /// touches it.
-struct Port::Queue : engine::PortIo {
+struct Port::Queue : pipeline::PortIo {
   Port::Impl* dev = nullptr;
   std::uint16_t txq = 0;
   rte_ring* ring = nullptr;    // sharded RX source; nullptr = the device's RX queue 0
@@ -61,7 +61,7 @@ struct Port::Queue : engine::PortIo {
   PortStats st;
   wire::MacAddr mac_{};
 
-  std::uint16_t rx_burst(engine::RxFrame* out, std::uint16_t max) override;
+  std::uint16_t rx_burst(pipeline::RxFrame* out, std::uint16_t max) override;
   void rx_done() override;
   bool tx(const transport::TxFrame& f) override;
   bool tx_raw(wire::ConstBytes frame) override;
@@ -213,12 +213,12 @@ Port::~Port() {
   }
 }
 
-std::uint16_t Port::rx_burst(engine::RxFrame* out, std::uint16_t max) { return impl_->queues[0]->rx_burst(out, max); }
+std::uint16_t Port::rx_burst(pipeline::RxFrame* out, std::uint16_t max) { return impl_->queues[0]->rx_burst(out, max); }
 void Port::rx_done() { impl_->queues[0]->rx_done(); }
 bool Port::tx(const transport::TxFrame& f) { return impl_->queues[0]->tx(f); }
 bool Port::tx_raw(wire::ConstBytes frame) { return impl_->queues[0]->tx_raw(frame); }
 void Port::tx_flush() { impl_->queues[0]->tx_flush(); }
-engine::PortIo& Port::shard(std::uint16_t i) { return *impl_->queues.at(i); }
+pipeline::PortIo& Port::shard(std::uint16_t i) { return *impl_->queues.at(i); }
 std::uint64_t Port::dispatch_drops() const { return impl_->dispatch_drops + impl_->funnel_drops; }
 
 std::uint16_t Port::dispatch(Owner owner) {
@@ -257,7 +257,7 @@ std::uint16_t Port::dispatch(Owner owner) {
   return static_cast<std::uint16_t>(n + nout);
 }
 
-std::uint16_t Port::Queue::rx_burst(engine::RxFrame* out, std::uint16_t max) {
+std::uint16_t Port::Queue::rx_burst(pipeline::RxFrame* out, std::uint16_t max) {
   Queue& m = *this;
   rx_done();
   m.nrx = ring ? static_cast<std::uint16_t>(rte_ring_sc_dequeue_burst(ring, reinterpret_cast<void**>(m.rxb),

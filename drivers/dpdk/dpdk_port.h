@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "stack/engine/port_io.h"
+#include "stack/pipeline/port_io.h"
 
 namespace uroce::dpdk {
 
@@ -37,13 +37,13 @@ struct PortStats {
   std::uint64_t hw_ipackets = 0, hw_opackets = 0, hw_imissed = 0, hw_ierrors = 0, hw_oerrors = 0;
 };
 
-class Port : public engine::PortIo {
+class Port : public pipeline::PortIo {
  public:
   /// Configures and starts the port; on failure returns nullptr and sets err.
   static std::unique_ptr<Port> open(const PortOptions& o, std::string& err);
   ~Port() override;
 
-  std::uint16_t rx_burst(engine::RxFrame* out, std::uint16_t max) override;
+  std::uint16_t rx_burst(pipeline::RxFrame* out, std::uint16_t max) override;
   void rx_done() override;
   bool tx(const transport::TxFrame& f) override;
   bool tx_raw(wire::ConstBytes frame) override;
@@ -57,7 +57,7 @@ class Port : public engine::PortIo {
   [[nodiscard]] std::string describe() const;
 
   /// With shards > 1: the PortIo of shard i (its own TX queue; RX from its ring).
-  engine::PortIo& shard(std::uint16_t i);
+  pipeline::PortIo& shard(std::uint16_t i);
   /// With shards > 1, run by shard 0's lcore: one RX burst from the device,
   /// each frame handed to the ring of `owner(frame)`; owner -1 means "every
   /// shard" (ARP/ND, so each learns neighbours). Returns frames moved.

@@ -877,63 +877,48 @@ void Engine::finish_frame(TxFrame& f, Qp& qp, const wire::FrameSpec& spec, std::
 
 // --------------------------------------------------------------- receive
 
-void Engine::rx(wire::ConstBytes frame, std::uint64_t now) {
+RxVerdict Engine::rx(wire::ConstBytes frame, std::uint64_t now) {
+  // Every drop is counted, and the verdict says which it was.
+  const auto drop = [this](PortCounter c, RxVerdict v) {
+    port_ctr_.inc(c);
+    return v;
+  };
   port_ctr_.inc(PortCounter::rx_frames);
   wire::Packet pkt;
   wire::ParseOptions opts;
   const wire::ParseStatus st = wire::parse_frame(frame, opts, pkt);
   if (!st.ok()) {
-    if (!st.roce) port_ctr_.inc(PortCounter::rx_not_roce);
-    else if (st.reject == wire::Reject::kBadIcrc) port_ctr_.inc(PortCounter::rx_icrc_err);
-    else port_ctr_.inc(PortCounter::rx_malformed);
-    return;
+    if (!st.roce) return drop(PortCounter::rx_not_roce, RxVerdict::kNotRoce);
+    if (st.reject == wire::Reject::kBadIcrc) return drop(PortCounter::rx_icrc_err, RxVerdict::kBadIcrc);
+    return drop(PortCounter::rx_malformed, RxVerdict::kMalformed);
   }
   // Header checks before anything reaches a QP (IBTA 9.6.1.1): the
   // destination address must be this port's, or a frame addressed to
   // another host could be executed here (and the real one then taken for
   // a duplicate).
-  if (!(pkt.dst == cfg_.ip)) {
-    port_ctr_.inc(PortCounter::rx_wrong_dst);
-    return;
-  }
-  if (pkt.info->has(wire::kOpCnp)) return;  // congestion control is not implemented yet; counted as rx_frames
+  if (!(pkt.dst == cfg_.ip)) return drop(PortCounter::rx_wrong_dst, RxVerdict::kWrongDst);
+  if (pkt.info->has(wire::kOpCnp)) return RxVerdict::kCnp;  // congestion control is not implemented yet; counted as rx_frames
   last_now_ = now;
   Qp* qp = slot_qp(pkt.destqp);
-  if (qp == nullptr) {
-    port_ctr_.inc(PortCounter::rx_unknown_qp);
-    return;
-  }
+  if (qp == nullptr) return drop(PortCounter::rx_unknown_qp, RxVerdict::kUnknownQp);
   if (qp->quarantine_until) {
     on_quarantined(*qp, pkt, now);
-    return;
+    return RxVerdict::kQuarantined;
   }
-  if (qp->state == IBV_QPS_RESET || qp->state == IBV_QPS_INIT || qp->state == IBV_QPS_ERR) {
-    port_ctr_.inc(PortCounter::rx_bad_state);
-    return;
-  }
+  if (qp->state == IBV_QPS_RESET || qp->state == IBV_QPS_INIT || qp->state == IBV_QPS_ERR)
+    return drop(PortCounter::rx_bad_state, RxVerdict::kBadState);
   // P_Key: every QP is in the default partition (0xFFFF, full member).
   // A packet matches when the low 15 bits match and one of the two is a
   // full member (IBTA 10.9.3), so 0x7FFF and 0xFFFF pass.
-  if ((pkt.pkey & 0x7fff) != (kDefaultPkey & 0x7fff) || ((pkt.pkey | kDefaultPkey) & 0x8000) == 0) {
-    port_ctr_.inc(PortCounter::rx_bad_pkey);
-    return;
-  }
+  if ((pkt.pkey & 0x7fff) != (kDefaultPkey & 0x7fff) || ((pkt.pkey | kDefaultPkey) & 0x8000) == 0)
+    return drop(PortCounter::rx_bad_pkey, RxVerdict::kBadPkey);
   const wire::Transport t = wire::transport_of(pkt.opcode);
   const bool type_ok = (t == wire::Transport::kRc && qp->type == IBV_QPT_RC) ||
                        (t == wire::Transport::kUc && qp->type == IBV_QPT_UC) ||
                        (t == wire::Transport::kUd && qp->type == IBV_QPT_UD);
-  if (!type_ok) {
-    port_ctr_.inc(PortCounter::rx_malformed);
-    return;
-  }
-  if (qp->type != IBV_QPT_UD && !(pkt.src == qp->remote_ip)) {
-    port_ctr_.inc(PortCounter::rx_wrong_peer);
-    return;
-  }
-  if (pkt.payload_len > qp->mtu) {
-    port_ctr_.inc(PortCounter::rx_malformed);
-    return;
-  }
+  if (!type_ok) return drop(PortCounter::rx_malformed, RxVerdict::kMalformed);
+  if (qp->type != IBV_QPT_UD && !(pkt.src == qp->remote_ip)) return drop(PortCounter::rx_wrong_peer, RxVerdict::kWrongPeer);
+  if (pkt.payload_len > qp->mtu) return drop(PortCounter::rx_malformed, RxVerdict::kMalformed);
   // A CM peer reaches QP1 before anything else: learn its MAC from the frame
   // (ARP-style gleaning), so the REP and the QP's RTR need no resolution.
   if (qp == gsi_.get() && !neighbors_.contains(pkt.src)) neighbors_.learn(pkt.src, pkt.eth_src);
@@ -943,6 +928,7 @@ void Engine::rx(wire::ConstBytes frame, std::uint64_t now) {
   } else {
     on_response(*qp, pkt, now);
   }
+  return RxVerdict::kToQp;
 }
 
 // ------------------------------------------------------------------ poll

@@ -81,6 +81,21 @@ struct TxFrame {
   std::size_t copy_to(wire::Bytes out) const;
 };
 
+/// What Engine::rx did with a frame.
+enum class RxVerdict : std::uint8_t {
+  kToQp,         // handed to a QP's responder or completer
+  kQuarantined,  // for a destroyed QP in quarantine (re-ACKed or dropped)
+  kCnp,          // a CNP (congestion control: not yet)
+  kNotRoce,      // not RoCEv2 at all: the caller's (rx_not_roce)
+  kMalformed,    // rx_malformed
+  kBadIcrc,      // rx_icrc_err
+  kWrongDst,     // rx_wrong_dst
+  kUnknownQp,    // rx_unknown_qp
+  kBadState,     // rx_bad_state
+  kBadPkey,      // rx_bad_pkey
+  kWrongPeer,    // rx_wrong_peer
+};
+
 struct ModifyResult {
   int err = 0;                 // 0 or an errno value
   const char* why = "";        // a clear reason when err != 0
@@ -154,8 +169,9 @@ class Engine {
     hooks_ctx_ = ctx;
   }
 
-  /// Processes one received frame.
-  void rx(wire::ConstBytes frame, std::uint64_t now);
+  /// Processes one received frame, and says what it did with it (each drop
+  /// is also counted in the port counters).
+  RxVerdict rx(wire::ConstBytes frame, std::uint64_t now);
   /// Runs the requesters, READ responders, ACK flush and timers.
   void poll(std::uint64_t now);
   /// Hands every queued frame to fn(const TxFrame&) and empties the ring.

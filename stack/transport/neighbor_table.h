@@ -1,5 +1,5 @@
 // The port's neighbour table: IP -> MAC, static entries from the
-// configuration and entries learned from ARP/ND (engine::Neighbors) and from
+// configuration and entries learned from ARP/ND (pipeline::Neighbors) and from
 // CM MADs on QP1. One table per engine, owned by it: the ARP/ND handler
 // writes it, the engine reads it at RTR and for UD. Control path only.
 #pragma once

@@ -1363,6 +1363,38 @@ namespace {
 // such an ACK.
 class HeaderChecks : public Errors {};
 
+TEST_F(HeaderChecks, RxSaysWhatItDidWithEachFrame) {
+  const QpPair q = p.connect();
+  auto frame = [&](std::uint32_t destqp, const wire::IpAddr& dst, std::uint16_t pkey) {
+    wire::FrameSpec s;
+    s.eth_src = p.node[0].eng->config().mac;
+    s.eth_dst = p.node[1].eng->config().mac;
+    s.ipver = wire::IpVersion::kV4;
+    s.src = p.node[0].eng->config().ip;
+    s.dst = dst;
+    s.pkey = pkey;
+    s.udp_sport = 0xc123;
+    s.opcode = wire::op::kRcSendOnly;
+    s.destqp = destqp;
+    s.psn = wire::Psn(0x300);  // ahead of what B expects: a sequence NAK, nothing executed
+    const std::uint8_t payload[8] = {};
+    std::vector<std::uint8_t> f(256);
+    f.resize(wire::build_frame(wire::Bytes(f.data(), f.size()), s, wire::ConstBytes(payload, 8)));
+    return f;
+  };
+  const wire::IpAddr b_ip = p.node[1].eng->config().ip;
+  auto rx = [&](const std::vector<std::uint8_t>& f) { return p.B().rx(wire::ConstBytes(f.data(), f.size()), 1000); };
+  EXPECT_EQ(rx(frame(q.b->qpn, b_ip, 0xffff)), RxVerdict::kToQp);
+  EXPECT_EQ(rx(frame(q.b->qpn, wire::IpAddr::from_v4(10, 0, 0, 99), 0xffff)), RxVerdict::kWrongDst);
+  EXPECT_EQ(rx(frame(q.b->qpn, b_ip, 0x8001)), RxVerdict::kBadPkey);
+  EXPECT_EQ(rx(frame(0x7777, b_ip, 0xffff)), RxVerdict::kUnknownQp);
+  std::vector<std::uint8_t> bad_icrc = frame(q.b->qpn, b_ip, 0xffff);
+  bad_icrc.back() ^= 1;
+  EXPECT_EQ(rx(bad_icrc), RxVerdict::kBadIcrc);
+  const std::vector<std::uint8_t> arp(60, 0);
+  EXPECT_EQ(rx(arp), RxVerdict::kNotRoce);
+}
+
 TEST_F(HeaderChecks, ResponderDropsAWriteWithAForeignPkeyOrAnotherDestination) {
   const QpPair q = p.connect();
   for (int bad = 0; bad < 2; ++bad) {

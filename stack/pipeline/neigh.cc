@@ -1,10 +1,10 @@
-#include "stack/engine/neigh.h"
+#include "stack/pipeline/neigh.h"
 
 #include <cstring>
 
 #include "stack/wire/parser.h"
 
-namespace uroce::engine {
+namespace uroce::pipeline {
 
 using wire::be16;
 using wire::be32;
@@ -242,4 +242,4 @@ std::size_t Neighbors::build_request(const IpAddr& ip, wire::Bytes out) const {
   return build_nd(out, multicast_mac(dst), dst, 135, 0, ip, 1);
 }
 
-}  // namespace uroce::engine
+}  // namespace uroce::pipeline

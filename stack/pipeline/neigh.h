@@ -14,7 +14,7 @@
 #include "stack/wire/be.h"
 #include "stack/wire/headers.h"
 
-namespace uroce::engine {
+namespace uroce::pipeline {
 
 class Neighbors {
  public:
@@ -62,4 +62,4 @@ class Neighbors {
 std::uint32_t csum_add(std::uint32_t sum, const std::uint8_t* p, std::size_t n);
 std::uint16_t csum_fold(std::uint32_t sum);
 
-}  // namespace uroce::engine
+}  // namespace uroce::pipeline

@@ -1,4 +1,4 @@
-#include "stack/engine/fault.h"
+#include "stack/pipeline/fault.h"
 
 #include <cstdlib>
 #include <cstring>
@@ -6,7 +6,7 @@
 
 #include "stack/wire/parser.h"
 
-namespace uroce::engine {
+namespace uroce::pipeline {
 
 namespace {
 
@@ -175,4 +175,4 @@ FaultInjector::Fate FaultInjector::decide(wire::ConstBytes frame, std::uint64_t 
   return dup ? Fate::kDup : Fate::kPass;
 }
 
-}  // namespace uroce::engine
+}  // namespace uroce::pipeline

@@ -8,7 +8,7 @@
 #include "stack/transport/engine.h"
 #include "stack/wire/be.h"
 
-namespace uroce::engine {
+namespace uroce::pipeline {
 
 struct RxFrame {
   const std::uint8_t* data = nullptr;
@@ -30,4 +30,4 @@ class PortIo {
   [[nodiscard]] virtual wire::MacAddr mac() const = 0;
 };
 
-}  // namespace uroce::engine
+}  // namespace uroce::pipeline

@@ -13,7 +13,7 @@
 
 #include "stack/wire/be.h"
 
-namespace uroce::engine {
+namespace uroce::pipeline {
 
 struct FaultRule {
   enum class Action : std::uint8_t { kDrop, kDup, kCorrupt, kEcn, kDelay };
@@ -113,4 +113,4 @@ void FaultInjector::release(std::uint64_t now, F&& deliver) {
   }
 }
 
-}  // namespace uroce::engine
+}  // namespace uroce::pipeline

@@ -10,12 +10,12 @@
 
 #include <cstdint>
 
-#include "stack/engine/fault.h"
-#include "stack/engine/neigh.h"
-#include "stack/engine/port_io.h"
+#include "stack/pipeline/fault.h"
+#include "stack/pipeline/neigh.h"
+#include "stack/pipeline/port_io.h"
 #include "stack/transport/engine.h"
 
-namespace uroce::engine {
+namespace uroce::pipeline {
 
 #define UROCE_DP_COUNTERS(X)                                     \
   X(rx_bursts, "non-empty receive bursts")                       \
@@ -111,4 +111,4 @@ class Dataplane {
   std::uint8_t flat_[9216];
 };
 
-}  // namespace uroce::engine
+}  // namespace uroce::pipeline

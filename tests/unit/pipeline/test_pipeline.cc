@@ -7,13 +7,13 @@
 #include <deque>
 #include <vector>
 
-#include "stack/engine/dataplane.h"
-#include "stack/engine/fault.h"
-#include "stack/engine/neigh.h"
+#include "stack/pipeline/dataplane.h"
+#include "stack/pipeline/fault.h"
+#include "stack/pipeline/neigh.h"
 #include "stack/wire/builder.h"
 #include "stack/wire/parser.h"
 
-namespace uroce::engine {
+namespace uroce::pipeline {
 namespace {
 
 using wire::IpAddr;
@@ -316,4 +316,4 @@ TEST(Dataplane, TwoPipelinesResolveEachOtherAndCarryRcTraffic) {
 }
 
 }  // namespace
-}  // namespace uroce::engine
+}  // namespace uroce::pipeline

@@ -1,11 +1,11 @@
-#include "stack/engine/dataplane.h"
+#include "stack/pipeline/dataplane.h"
 
 #include <time.h>
 
 #include <algorithm>
 #include <cstring>
 
-namespace uroce::engine {
+namespace uroce::pipeline {
 
 Dataplane::Dataplane(transport::Engine& eng, PortIo& port, Neighbors& neigh, std::uint64_t seed)
     : eng_(eng), port_(port), neigh_(neigh), rx_fault_(seed * 2 + 1), tx_fault_(seed * 2 + 2) {}
@@ -38,14 +38,8 @@ void Dataplane::dispatch(wire::ConstBytes frame, std::uint64_t now) {
   }
   // Everything else goes to the transport, which parses it, counts RoCE
   // frames it refuses by reason, and counts non-RoCE frames as rx_not_roce.
-  const std::uint64_t before = eng_.counters()[transport::PortCounter::rx_not_roce];
   if (capture_) capture_(capture_ctx_, frame, false, now);
-  eng_.rx(frame, now);
-  if (eng_.counters()[transport::PortCounter::rx_not_roce] != before) {
-    inc(DpCounter::rx_other);
-  } else {
-    inc(DpCounter::rx_roce);
-  }
+  inc(eng_.rx(frame, now) == transport::RxVerdict::kNotRoce ? DpCounter::rx_other : DpCounter::rx_roce);
 }
 
 void Dataplane::send_raw(wire::ConstBytes frame, std::uint64_t now) {
@@ -133,4 +127,4 @@ void Dataplane::idle(std::size_t work) {
   nanosleep(&ts, nullptr);
 }
 
-}  // namespace uroce::engine
+}  // namespace uroce::pipeline
