@@ -113,6 +113,16 @@ std::uint64_t Dataplane::idle_sleep_ns(std::size_t work, std::uint64_t now) {
     // Long idle: back off, doubling, so an idle daemon does not burn a core.
     sleep_ns_ = std::min(std::max(sleep_ns_, tick) * 2, std::uint64_t{idle_cfg_.max_sleep_us} * 1000);
   }
+  // Never past the engine's next timer (retransmit, RNR wait): a long idle
+  // backoff must not make a retry late.
+  const std::uint64_t deadline = eng_.next_deadline();
+  if (deadline != 0) {
+    if (deadline <= now) return 0;
+    if (deadline - now < sleep_ns_) {
+      inc(DpCounter::idle_sleeps);
+      return deadline - now;
+    }
+  }
   inc(DpCounter::idle_sleeps);
   return sleep_ns_;
 }

@@ -246,6 +246,51 @@ class MemPort : public PortIo {
   std::vector<std::vector<std::uint8_t>> cur_;
 };
 
+TEST(Dataplane, AnIdleSleepEndsAtTheEnginesNextTimer) {
+  using namespace transport;
+  MemPort port(kMacA), sink(kMacB);
+  port.peer = &sink;
+  EngineConfig c;
+  c.mac = kMacA;
+  c.ip = IpAddr::from_v4(10, 0, 0, 1);
+  Engine eng(c);
+  Neighbors neigh(eng.neighbors(), c.mac, c.ip);
+  Dataplane dp(eng, port, neigh);
+  IdleConfig ic;  // spin 5 us, tick 20 us, warm 10 ms, backing off to 2 ms
+  dp.set_idle(ic);
+  const std::uint64_t t0 = 1'000'000'000;
+  // Long idle with nothing armed: the backoff reaches its 2 ms ceiling.
+  std::uint64_t t = t0, sleep = 0;
+  EXPECT_EQ(dp.idle_sleep_ns(0, t), 0u) << "just gone idle: spin";
+  for (int k = 0; k < 40; ++k) sleep = dp.idle_sleep_ns(0, t += 1'000'000);
+  EXPECT_EQ(sleep, 2'000'000u);
+  // A WRITE to a peer that never answers arms the QP's retransmit timer.
+  Pd* pd = eng.alloc_pd();
+  Cq* cq = eng.create_cq(16);
+  std::vector<std::uint8_t> mem(64);
+  Mr* mr = eng.reg_mr(pd, mem.data(), mem.size(), IBV_ACCESS_LOCAL_WRITE);
+  QpInitAttr ia;
+  ia.send_cq = ia.recv_cq = cq;
+  Qp* qp = eng.create_qp(pd, ia);
+  eng.set_neighbor(IpAddr::from_v4(10, 0, 0, 2), kMacB);
+  abi::Connect k;
+  k.dest_qp_num = 0x33;
+  k.timeout = 8;  // 4.096 us * 2^8 = 1.05 ms: sooner than the 2 ms sleep
+  std::memcpy(k.dgid.raw, IpAddr::from_v4(10, 0, 0, 2).b.data(), 16);
+  ASSERT_TRUE(eng.bring_up(qp, k));
+  Sge s{reinterpret_cast<std::uint64_t>(mem.data()), 8, mr->lkey};
+  SendWr w;
+  w.opcode = IBV_WR_RDMA_WRITE;
+  w.sg_list = {&s, 1};
+  ASSERT_EQ(eng.post_send(qp, w), 0);
+  dp.iterate(t);
+  const std::uint64_t deadline = eng.next_deadline();
+  ASSERT_GT(deadline, t);
+  sleep = dp.idle_sleep_ns(0, t + 100'000);
+  EXPECT_EQ(sleep, deadline - (t + 100'000)) << "the sleep ends when the retransmit is due, not 2 ms on";
+  EXPECT_EQ(dp.idle_sleep_ns(0, deadline), 0u) << "due now: no sleep";
+}
+
 TEST(Dataplane, TwoPipelinesResolveEachOtherAndCarryRcTraffic) {
   using namespace transport;
   struct Host {
