@@ -132,7 +132,7 @@ class Qp {
   Cq* send_cq = nullptr;
   Cq* recv_cq = nullptr;
   Srq* srq = nullptr;
-  void* owner = nullptr;  // the control plane's tag (the session's ring), handed to the receive refill
+  void* owner = nullptr;  // the control plane's tag (its record of the QP), handed back in async events
   /// Nonzero once destroyed: until then (ns) the QPN is held back, and a
   /// retry of a message it already took is ACKed again (QPN quarantine).
   std::uint64_t quarantine_until = 0;
