@@ -109,6 +109,7 @@ struct SessionServer::Session {
   /// are looked at on every step.
   std::uint32_t posts_seen = 0;
   bool legacy = false;
+  bool kick_again = false;
   std::vector<std::uint8_t> in;  // bytes received, not yet a whole message
   std::vector<int> in_fds;
 };
@@ -463,7 +464,7 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
     }
     case UROCE_MSG_MODIFY_QP: {
       uroce_modify_qp_msg m;
-      if (!take(m)) return;
+      if (!take(m, offsetof(uroce_modify_qp_msg, flow_label))) return;  // minor 4 sends 64 bytes
       auto q = s.qps.find(m.qp);
       if (q == s.qps.end()) return fail(EINVAL, "no such QP in this session");
       // The one codec (stack/abi/qp_attr.h); the engine checks every value
@@ -784,9 +785,11 @@ std::size_t SessionServer::step() {
     Session& s = *sp;
     if (!s.page) continue;
     const std::uint32_t posts = std::atomic_ref<std::uint32_t>(s.page->posts).load(std::memory_order_acquire);
-    if (posts == s.posts_seen && !s.legacy) continue;
+    if (posts == s.posts_seen && !s.legacy && !s.kick_again) continue;
     s.posts_seen = posts;
-    for (auto& qp_entry : s.qps) work += eng_.kick(qp_entry.second.qp);
+    bool more = false;
+    for (auto& qp_entry : s.qps) work += eng_.kick(qp_entry.second.qp, &more);
+    s.kick_again = more;  // a ring's worth was taken: look again next pass
   }
   return work;
 }

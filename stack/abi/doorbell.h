@@ -43,7 +43,9 @@ inline bool is_unix_dgram(int fd) {
 /// Returns whether it rang.
 inline bool kick(uroce_session_page* page, int doorbell) {
   if (!page) return false;
-  std::atomic_ref<std::uint32_t>(page->posts).fetch_add(1, std::memory_order_relaxed);
+  // Release: a consumer that sees the new count (acquire) sees the entries
+  // published before it, even while it is awake and fences nothing.
+  std::atomic_ref<std::uint32_t>(page->posts).fetch_add(1, std::memory_order_release);
   std::atomic_thread_fence(std::memory_order_seq_cst);
   if (doorbell < 0) return false;
   if (sleeping_word(page).load(std::memory_order_relaxed) == 0) return false;

@@ -11,6 +11,14 @@
 
 namespace uroce::transport {
 
+namespace {
+bool can_post_send(ibv_qp_state s) {
+  // Verbs: a send WR may be posted in RTS, SQD and SQE; in ERR it is flushed.
+  return s == IBV_QPS_RTS || s == IBV_QPS_SQD || s == IBV_QPS_SQE || s == IBV_QPS_ERR;
+}
+}  // namespace
+
+
 using wire::Psn;
 
 const char* to_string(ibv_qp_state s) {
@@ -131,6 +139,8 @@ int Engine::destroy_srq(Srq* srq) {
 
 Qp* Engine::create_qp(Pd* pd, const QpInitAttr& attr) {
   if (pd == nullptr || attr.send_cq == nullptr || attr.recv_cq == nullptr) return nullptr;
+  // An overflowed CQ has lost completions for good: no new QP reports into it.
+  if (attr.send_cq->overflowed() || attr.recv_cq->overflowed()) return nullptr;
   if (attr.qp_type != IBV_QPT_RC && attr.qp_type != IBV_QPT_UC && attr.qp_type != IBV_QPT_UD) return nullptr;
   const QpCap& c = attr.cap;
   if (c.max_send_wr == 0 || c.max_send_wr > (1u << 15) || c.max_recv_wr > (1u << 15) || c.max_send_sge > kMaxSge ||
@@ -401,14 +411,16 @@ ModifyResult Engine::modify_qp(Qp* qp, const ibv_qp_attr& a, int mask) {
     std::erase(ack_waiters_, qp);
     qp->active = false;
     // What was posted is dropped: the shadow, and whatever is still in the rings.
+    // At most one ring's worth each: a producer refilling as fast as this
+    // drains must not keep the engine here.
     std::uint32_t i = qp->sq.tail();
     uroce_send_entry e;
-    while (qp->sq_ring.peek(i, e)) ++i;
+    for (std::uint32_t n = 0; n < qp->sq_ring.capacity() && qp->sq_ring.peek(i, e); ++n) ++i;
     qp->sq.reset_to(i);
     qp->sq_ring.release(i);
     RecvWqe r;
     bool bad;
-    while (qp->rq.take(r, bad)) {
+    for (std::uint32_t n = 0; n < qp->rq.capacity() && qp->rq.take(r, bad); ++n) {
     }
     qp->req = Requester{};
     qp->req.cursor = qp->sq.head();  // the shadow's indices go on from the ring's
@@ -420,12 +432,12 @@ ModifyResult Engine::modify_qp(Qp* qp, const ibv_qp_attr& a, int mask) {
     qp->udp_sport = wire::udp_sport_for(qp->qpn, qp->dest_qp_num);
   }
   if (to == IBV_QPS_RTR && qp->type == IBV_QPT_UD) qp->udp_sport = wire::udp_sport_for(qp->qpn, qp->qpn);
+  // Sends an application published before RTS are refused now, in the old
+  // state, whether or not a kick came first: they never run.
+  if (to == IBV_QPS_RTS && !can_post_send(from)) kick(qp);
   qp->state = to;
   if (to == IBV_QPS_ERR && from != IBV_QPS_ERR) flush(*qp);
-  if (to == IBV_QPS_RTS) {
-    fetch_sends(*qp);  // what was posted before RTS
-    activate(*qp);
-  }
+  if (to == IBV_QPS_RTS) activate(*qp);
   return {};
 }
 
@@ -519,11 +531,6 @@ bool send_entry_ok(const Qp& qp, const uroce_send_entry& e) {
     if (e.num_sge != 1 || e.sg_list[0].length != 8) return false;
   }
   return true;
-}
-
-bool can_post_send(ibv_qp_state s) {
-  // Verbs: a send WR may be posted in RTS, SQD and SQE; in ERR it is flushed.
-  return s == IBV_QPS_RTS || s == IBV_QPS_SQD || s == IBV_QPS_SQE || s == IBV_QPS_ERR;
 }
 
 }  // namespace
@@ -624,15 +631,18 @@ std::size_t Engine::fetch_sends(Qp& qp) {
   return n;
 }
 
-std::size_t Engine::kick(Qp* qp) {
+std::size_t Engine::kick(Qp* qp, bool* more) {
   if (qp == nullptr || qp->quarantine_until) return 0;
   if (!can_post_send(qp->state) || qp->state == IBV_QPS_RESET) {
     // Posted where verbs refuses a post (sends before RTS, receives in
     // RESET): the application hears of each as a LOC_QP_OP_ERR completion,
-    // in order, and nothing touches the wire.
+    // in order, and nothing touches the wire. One ring's worth per call, so
+    // a producer that refills as fast as this refuses cannot keep the
+    // engine here; `more` tells the caller to kick again.
     std::size_t n = 0;
     uroce_send_entry e;
-    while (!can_post_send(qp->state) && qp->sq_ring.valid() && qp->sq_ring.peek(qp->sq.tail(), e)) {
+    const std::uint32_t cap = qp->sq_ring.valid() ? qp->sq_ring.capacity() : 0;
+    while (n < cap && !can_post_send(qp->state) && qp->sq_ring.peek(qp->sq.tail(), e)) {
       SendWqe* w = qp->sq.emplace();
       *w = SendWqe{};
       w->wr_id = e.wr_id;
@@ -640,18 +650,24 @@ std::size_t Engine::kick(Qp* qp) {
       complete_send(*qp, IBV_WC_LOC_QP_OP_ERR);
       ++n;
     }
+    if (more && n >= cap && cap != 0) *more = true;
     RecvWqe r;
     bool bad;
-    while (qp->state == IBV_QPS_RESET && !qp->srq && qp->rq.take(r, bad)) {
+    std::uint32_t k = 0;
+    for (; k < qp->rq.capacity() && qp->state == IBV_QPS_RESET && !qp->srq && qp->rq.take(r, bad); ++k) {
       port_ctr_.inc(PortCounter::bad_wqe);
       complete_recv(*qp, r, IBV_WC_LOC_QP_OP_ERR, IBV_WC_RECV, 0);
       ++n;
     }
+    if (more && k != 0 && k >= qp->rq.capacity()) *more = true;
     return n;
   }
   const std::size_t n = fetch_sends(*qp);
   if (qp->state == IBV_QPS_ERR) {
     flush(*qp);  // and what was posted to the RQ meanwhile
+    // flush takes one ring's worth of each; what a refilling producer
+    // published meanwhile is looked at again on the next pass.
+    if (more && (qp->rq.depth() > 0 || qp->sq_ring.pending() > 0)) *more = true;
   } else if (n) {
     activate(*qp);
   }
@@ -685,7 +701,10 @@ bool Engine::take_recv(Qp& qp, RecvWqe& out) {
   // Straight from the ring the application posts to: a receive posted an
   // instant before the SEND arrived is found, not answered with an RNR NAK.
   bool bad = false;
-  while (qp.srq ? qp.srq->take(out, bad) : qp.rq.take(out, bad)) {
+  // Past one ring's worth of malformed entries: no receive now (RNR), so a
+  // producer refilling garbage cannot keep the responder here.
+  const std::uint32_t cap = qp.srq ? qp.srq->capacity() : qp.rq.capacity();
+  for (std::uint32_t n = 0; n < cap && (qp.srq ? qp.srq->take(out, bad) : qp.rq.take(out, bad)); ++n) {
     if (!bad) return true;
     port_ctr_.inc(PortCounter::bad_wqe);
     complete_recv(qp, out, IBV_WC_LOC_QP_OP_ERR, IBV_WC_RECV, 0);
@@ -765,12 +784,7 @@ void Engine::push_cqe(Cq& cq, const ibv_wc& wc) {
 }
 
 void Engine::cq_events() {
-  for (Cq* cq : cq_noted_) {
-    cq->noted_ = false;
-    if (cq_notify_ && cq->ring_.take_notify()) cq_notify_(hooks_ctx_, *cq);
-  }
-  cq_noted_.clear();
-  if (cq_overflowed_.empty()) return;
+  // Overflows first: the flush completions they cause are then notified below.
   // IBTA 11.6.2: a CQ overrun is an affiliated asynchronous error; the QPs
   // that complete into it can no longer report, so they go to ERR.
   for (std::size_t k = 0; k < cq_overflowed_.size(); ++k) {
@@ -783,6 +797,11 @@ void Engine::cq_events() {
     }
   }
   cq_overflowed_.clear();
+  for (Cq* cq : cq_noted_) {
+    cq->noted_ = false;
+    if (cq_notify_ && cq->ring_.take_notify()) cq_notify_(hooks_ctx_, *cq);
+  }
+  cq_noted_.clear();
 }
 
 void Engine::set_error(Qp& qp) {
@@ -806,7 +825,8 @@ void Engine::flush(Qp& qp) {
   if (!qp.srq) {
     RecvWqe r;
     bool bad;
-    while (qp.rq.take(r, bad)) complete_recv(qp, r, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV, 0);
+    for (std::uint32_t n = 0; n < qp.rq.capacity() && qp.rq.take(r, bad); ++n)
+      complete_recv(qp, r, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV, 0);
   }
   qp.resp.out.clear();
   qp.resp.ack_pending = false;

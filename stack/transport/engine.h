@@ -155,8 +155,10 @@ class Engine {
   /// The QP's producer has published entries: the engine takes the new send
   /// entries (validating each into its shadow) and starts them, or flushes
   /// them in ERR. Receive entries need no kick: the responder reads the
-  /// ring when a request needs one. Returns the entries taken.
-  std::size_t kick(Qp* qp);
+  /// ring when a request needs one. Returns the entries taken. Takes at
+  /// most one ring's worth; `more` is set when the producer may have
+  /// published more meanwhile (kick again on the next pass).
+  std::size_t kick(Qp* qp, bool* more = nullptr);
   /// Hooks for the owner of shared CQs. notify(ctx, cq): entries landed in a
   /// CQ made with want_notify(true) whose consumer had armed it (once per
   /// arm; abi::Ring::take_notify). event(ctx, type, cq, qp): an async event

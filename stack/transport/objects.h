@@ -137,6 +137,9 @@ class RecvQueue {
   /// Receives waiting (for a shared ring, as its producer's index says).
   [[nodiscard]] std::uint32_t depth() const { return ring_.valid() ? ring_.pending() : 0; }
   [[nodiscard]] std::uint32_t max_sge() const { return max_sge_; }
+  /// Slots in the ring: the most entries one pass may take (a producer that
+  /// refills as fast as entries are taken must not keep the engine looping).
+  [[nodiscard]] std::uint32_t capacity() const { return ring_.valid() ? ring_.capacity() : 0; }
 
  private:
   abi::HeapRing<uroce_recv_entry> heap_;
@@ -155,6 +158,7 @@ class Srq {
   [[nodiscard]] Pd* pd() const { return pd_; }
   [[nodiscard]] std::uint32_t max_sge() const { return rq_.max_sge(); }
   [[nodiscard]] std::uint32_t depth() const { return rq_.depth(); }
+  [[nodiscard]] std::uint32_t capacity() const { return rq_.capacity(); }
   std::uint32_t handle = 0;
   void* owner = nullptr;  // the control plane's tag
 

@@ -5,7 +5,10 @@
 // then hostile.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "stack/abi/ring.h"
@@ -211,6 +214,79 @@ TEST_F(Shared, ACqConsumerIndexOutOfRangeHurtsOnlyThatCq) {
   EXPECT_EQ(got[0].status, IBV_WC_SUCCESS);
 }
 
+TEST(SharedHostile, AProducerThatRefillsAsFastAsTheEngineRefusesCannotHoldIt) {
+  // A QP left in INIT, whose application republishes the next slot as soon
+  // as the engine gives the last one back: each kick takes one ring's worth
+  // at most, and says there may be more.
+  Pair p{5, 1 << 16};
+  SharedRing<uroce_send_entry> sq{16, UROCE_RING_SEND};
+  QpInitAttr ia;
+  ia.send_cq = ia.recv_cq = p.node[0].cq;
+  ia.cap.max_send_wr = 16;
+  ia.sq_ring = &sq.daemon;
+  Qp* q = p.A().create_qp(p.node[0].pd, ia);
+  ASSERT_NE(q, nullptr);
+  ibv_qp_attr x{};
+  x.qp_state = IBV_QPS_INIT;
+  x.port_num = 1;
+  Pair::must(p.A().modify_qp(q, x, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS));
+  std::atomic<bool> stop{false};
+  std::thread hostile([&] {
+    std::uint32_t next = 0;
+    while (!stop.load(std::memory_order_relaxed)) {
+      const std::uint32_t cons = __atomic_load_n(&sq.header()->cons, __ATOMIC_ACQUIRE);
+      while (next - cons < 16) {  // keep the ring full, whatever the engine takes
+        uroce_send_entry* e = sq.slot(next);
+        e->wr_id = next;
+        __atomic_store_n(&e->seq, next + 1, __ATOMIC_RELEASE);
+        ++next;
+      }
+    }
+  });
+  std::size_t worst = 0;
+  bool always_more = true;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+  while (std::chrono::steady_clock::now() < until) {
+    bool more = false;
+    const std::size_t n = p.A().kick(q, &more);
+    worst = std::max(worst, n);
+    if (n >= 16 && !more) always_more = false;
+  }
+  stop = true;
+  hostile.join();
+  EXPECT_LE(worst, 16u) << "one kick took more than one ring's worth: the producer held the engine";
+  EXPECT_GT(worst, 0u);
+  EXPECT_TRUE(always_more) << "a pass that took a whole ring's worth must ask to be called again";
+}
+
+TEST_F(Shared, SendsPostedBeforeRtsAreRefusedWhetherOrNotAKickCameFirst) {
+  // A fresh shared-ring QP brought to RTR, a WRITE published, no kick, then RTS.
+  SharedRing<uroce_send_entry> sq2{16, UROCE_RING_SEND};
+  SharedRing<uroce_recv_entry> rq2{16, UROCE_RING_RECV};
+  QpInitAttr ia;
+  ia.send_cq = ia.recv_cq = cq;
+  ia.cap.max_send_wr = ia.cap.max_recv_wr = 16;
+  ia.sq_ring = &sq2.daemon;
+  ia.rq_ring = &rq2.daemon;
+  Qp* q = p.A().create_qp(p.node[0].pd, ia);
+  ASSERT_NE(q, nullptr);
+  abi::Connect k;
+  k.dest_qp_num = b->qpn;
+  std::memcpy(k.dgid.raw, p.B().config().ip.b.data(), 16);
+  const auto steps = abi::bring_up_steps(k);
+  Pair::must(p.A().modify_qp(q, steps[0].attr, steps[0].mask));
+  Pair::must(p.A().modify_qp(q, steps[1].attr, steps[1].mask));
+  p.node[1].mem[100] = 0;
+  p.node[0].mem[0] = 0x5a;
+  ASSERT_TRUE(sq2.app.push(write_entry(31, 0, 100, 1)));
+  Pair::must(p.A().modify_qp(q, steps[2].attr, steps[2].mask));
+  std::vector<uroce_cq_entry> got;
+  ASSERT_TRUE(wait_cqes(1, got));
+  EXPECT_EQ(got[0].wr_id, 31u);
+  EXPECT_EQ(got[0].status, IBV_WC_LOC_QP_OP_ERR);
+  EXPECT_EQ(p.node[1].mem[100], 0) << "a send posted in RTR ran";
+}
+
 struct Hooks {
   int notified = 0;
   std::vector<std::pair<ibv_event_type, void*>> events;
@@ -266,6 +342,9 @@ TEST(CqOverflow, RaisesCqErrMovesItsQpsToErrAndIsCounted) {
   EXPECT_EQ(p.A().counters()[PortCounter::cqe_dropped], 4u) << "8 completions, 4 fitted";
   EXPECT_TRUE(small->overflowed());
   EXPECT_EQ(small->depth(), 4u);
+  QpInitAttr again;
+  again.send_cq = again.recv_cq = small;
+  EXPECT_EQ(p.A().create_qp(p.node[0].pd, again), nullptr) << "no new QP reports into a CQ that lost completions";
   EXPECT_EQ(other.a->state, IBV_QPS_RTS);
   std::vector<ibv_wc> wa;
   ASSERT_EQ(p.A().post_send(other.a, p.write_to(1, s, 0, 42)), 0);
