@@ -207,6 +207,11 @@ abi::Connect CmAgent::connect_params(const Conn& c, std::uint8_t max_rd_atomic, 
   return k;
 }
 
+Qp* CmAgent::qp_of(const Conn& c) const {
+  Qp* qp = eng_.find_qp(c.qpn);
+  return qp && qp->handle == c.qp_handle ? qp : nullptr;
+}
+
 int CmAgent::to_init(Qp* qp) {
   // The first step of the one bring-up: the CM's peer is not known yet.
   abi::Connect k;
@@ -216,7 +221,7 @@ int CmAgent::to_init(Qp* qp) {
 }
 
 void CmAgent::qp_to_error(const Conn& c) {
-  Qp* qp = eng_.find_qp(c.qpn);
+  Qp* qp = qp_of(c);
   if (!qp || qp->state == IBV_QPS_RESET || qp->state == IBV_QPS_ERR) return;
   ibv_qp_attr a{};
   a.qp_state = IBV_QPS_ERR;
@@ -254,6 +259,7 @@ int CmAgent::connect(Qp* qp, const wire::IpAddr& dst, std::uint16_t port, wire::
   c.active = true;
   c.state = State::kReqSent;
   c.qpn = qp->qpn;
+  c.qp_handle = qp->handle;
   c.peer = dst;
   c.peer_port = port;
   c.local_port = next_src_port();
@@ -306,6 +312,7 @@ int CmAgent::accept(std::uint32_t id, Qp* qp, wire::ConstBytes priv, std::uint32
   if (priv.size() > sizeof(Rep::private_data)) return EINVAL;
   Conn& c = it->second;
   c.qpn = qp->qpn;
+  c.qp_handle = qp->handle;
   c.rq_psn = next_psn() & 0xffffff;
   // Our READ depth is bounded by what the peer accepts, and we accept what it issues.
   const std::uint8_t our_depth = std::min<std::uint8_t>(c.responder_resources, transport::kMaxRdAtomic);
@@ -460,7 +467,7 @@ void CmAgent::on_rep(const Mad& m, const wire::IpAddr& src, std::uint64_t now) {
   c->peer_qpn = r.local_qpn.get();
   c->sq_psn = r.starting_psn.get();
   const std::uint8_t our_depth = std::min(r.responder_resources, c->initiator_depth);
-  const int err = bring_up(eng_.find_qp(c->qpn), *c, our_depth, c->responder_resources);
+  const int err = bring_up(qp_of(*c), *c, our_depth, c->responder_resources);
   if (err != 0) {
     send_rej(c->peer, c->tid, c->local_id, c->remote_id, kMsgRep, kRejNoResources, {}, now);
     qp_to_error(*c);
@@ -569,7 +576,7 @@ void CmAgent::on_timer(Conn& c, std::uint64_t now, bool& erase) {
     case State::kRepSent: {
       // Traffic on the QP means the RTU was lost but the peer is up (IBTA
       // 12.9.6: communication established).
-      const Qp* qp = eng_.find_qp(c.qpn);
+      const Qp* qp = qp_of(c);
       if (qp && qp->ctr[transport::QpCounter::rcvd_pkts] > c.qp_rx_at_rep) {
         c.state = State::kEstablished;
         c.deadline = 0;

@@ -139,6 +139,10 @@ class CmAgent {
     State state = State::kReqSent;
     bool active = false;
     std::uint32_t qpn = 0;
+    /// The engine's handle of that QP: a QPN can belong to another QP
+    /// later (destroyed in INIT, a QPN is free at once), so the QP is found
+    /// by both.
+    std::uint64_t qp_handle = 0;
     wire::IpAddr peer{};
     std::uint16_t local_port = 0, peer_port = 0;
     std::uint32_t peer_qpn = 0;
@@ -177,6 +181,8 @@ class CmAgent {
   int bring_up(transport::Qp* qp, const Conn& c, std::uint8_t max_rd_atomic, std::uint8_t max_dest_rd_atomic);
   static abi::Connect connect_params(const Conn& c, std::uint8_t max_rd_atomic, std::uint8_t max_dest_rd_atomic);
   int to_init(transport::Qp* qp);
+  /// The connection's QP, if it is still the one it was made with.
+  transport::Qp* qp_of(const Conn& c) const;
   void qp_to_error(const Conn& c);
   void send(const wire::IpAddr& dst, const Mad& m, std::uint64_t now);
   void send_conn(Conn& c, const Mad& m, std::uint64_t now);  // and arm the resend timer

@@ -242,6 +242,28 @@ TEST_F(CmPair, AnOwnerThatGoesAwayDisconnectsItsPeers) {
   EXPECT_EQ(a->listen(kPort, kOwnerB), 0);  // its listen is gone too
 }
 
+TEST_F(CmPair, AReplyForADestroyedQpDoesNotBringUpTheQpThatTookItsNumber) {
+  // B connects, then destroys its QP (still in INIT, so its number is free
+  // at once) and makes another, which gets the same QPN. A's REP names the
+  // old connection: it must not bring the new QP up.
+  ASSERT_EQ(a->listen(kPort, kOwnerA), 0);
+  Qp* qb = new_qp(1);
+  const std::uint32_t qpn = qb->qpn;
+  std::uint32_t idb = 0;
+  ASSERT_EQ(b->connect(qb, p.A().config().ip, kPort, {}, kOwnerB, ConnParams{}, p.wire.now(), idb), 0);
+  CmEvent e;
+  ASSERT_TRUE(event(*a, kOwnerA, e));
+  ASSERT_EQ(e.type, CmEvent::Type::kConnectRequest);
+  ASSERT_EQ(p.B().destroy_qp(qb), 0);
+  Qp* other = new_qp(1);
+  ASSERT_NE(other, nullptr);
+  ASSERT_EQ(other->qpn, qpn) << "the test needs the number reused";
+  Qp* qa = new_qp(0);
+  ASSERT_EQ(a->accept(e.id, qa, {}, kOwnerA, p.wire.now()), 0);
+  run([&] { return false; }, 50'000'000);
+  EXPECT_EQ(other->state, IBV_QPS_RESET) << "another QP was connected by a reply that was not its own";
+}
+
 TEST_F(CmPair, UnansweredRequestIsResentThenUnreachable) {
   Qp* qb = new_qp(1);
   std::uint32_t id;
