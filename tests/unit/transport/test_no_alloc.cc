@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <new>
 
 #include "tests/support/pair.h"
@@ -110,6 +111,113 @@ TEST(NoAlloc, DataPathAllocatesNothingAfterWarmUp) {
   EXPECT_EQ(d.done_a, d.posted);
   EXPECT_GT(q.a->ctr[transport::QpCounter::retransmitted_pkts], 0u);  // the recovery paths ran
   EXPECT_EQ(g_allocs.load(), 0u) << "allocations on the data path";
+}
+
+// The same through rings an application shares: A's QP and CQ are placed in
+// memory the test holds, the test is the application (it publishes send
+// entries, kicks, and consumes completions from the CQ ring), under the same
+// loss. Nothing on the engine's side of a shared ring allocates either.
+TEST(NoAlloc, SharedRingsAllocateNothingAfterWarmUp) {
+  Pair p(9, 4u << 20);
+  std::vector<std::uint64_t> sq_mem(uroce_ring_bytes(64, sizeof(uroce_send_entry)) / 8 + 8),
+      rq_mem(uroce_ring_bytes(64, sizeof(uroce_recv_entry)) / 8 + 8),
+      cq_mem(uroce_ring_bytes(256, sizeof(uroce_cq_entry)) / 8 + 8);
+  const auto sq = abi::Ring<uroce_send_entry>::create(sq_mem.data(), 64, UROCE_RING_SEND, 1);
+  const auto rq = abi::Ring<uroce_recv_entry>::create(rq_mem.data(), 64, UROCE_RING_RECV, 1);
+  const auto cqr = abi::Ring<uroce_cq_entry>::create(cq_mem.data(), 256, UROCE_RING_CQ, 1);
+  abi::Ring<uroce_send_entry> app_sq;
+  abi::Ring<uroce_cq_entry> app_cq;
+  ASSERT_EQ(abi::Ring<uroce_send_entry>::attach(sq_mem.data(), sq_mem.size() * 8, UROCE_RING_SEND, app_sq),
+            abi::AttachError::kOk);
+  ASSERT_EQ(abi::Ring<uroce_cq_entry>::attach(cq_mem.data(), cq_mem.size() * 8, UROCE_RING_CQ, app_cq),
+            abi::AttachError::kOk);
+  transport::Cq* cq = p.A().create_cq(256, &cqr);
+  transport::QpInitAttr ia;
+  ia.send_cq = ia.recv_cq = cq;
+  ia.cap.max_send_wr = ia.cap.max_recv_wr = 64;
+  ia.sq_ring = &sq;
+  ia.rq_ring = &rq;
+  transport::Qp* a = p.A().create_qp(p.node[0].pd, ia);
+  transport::QpInitAttr ib;
+  ib.send_cq = ib.recv_cq = p.node[1].cq;
+  transport::Qp* b = p.B().create_qp(p.node[1].pd, ib);
+  ASSERT_TRUE(cq && a && b);
+  abi::Connect k;
+  k.access = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+  k.timeout = 8;
+  k.min_rnr_timer = 1;
+  k.dest_qp_num = b->qpn;
+  std::memcpy(k.dgid.raw, p.B().config().ip.b.data(), 16);
+  Pair::must(p.A().bring_up(a, k));
+  k.dest_qp_num = a->qpn;
+  std::memcpy(k.dgid.raw, p.A().config().ip.b.data(), 16);
+  Pair::must(p.B().bring_up(b, k));
+  sim::Impairments imp;
+  imp.loss = 0.02;
+  imp.reorder = 0.02;
+  p.wire.set_impairments(imp);
+  std::uint64_t posted = 0, done_a = 0, done_b = 0;
+  int failures = 0;
+  auto batch = [&] {
+    static const std::uint8_t kOps[] = {IBV_WR_SEND, IBV_WR_RDMA_WRITE, IBV_WR_RDMA_READ, IBV_WR_ATOMIC_FETCH_AND_ADD};
+    const std::uint64_t want_a = posted + 32;
+    std::uint64_t want_b = done_b;
+    for (int i = 0; i < 32; ++i) {
+      const std::uint8_t op = kOps[posted % 4];
+      const bool atomic = op == IBV_WR_ATOMIC_FETCH_AND_ADD;
+      uroce_send_entry e{};
+      e.wr_id = posted++;
+      e.opcode = op;
+      e.send_flags = IBV_SEND_SIGNALED;
+      e.num_sge = 1;
+      e.sg_list[0] = {p.addr(0, 65536 * static_cast<std::uint64_t>(i % 16)),
+                      atomic ? 8u : static_cast<std::uint32_t>((posted * 977) % 5000), p.node[0].mr->lkey};
+      e.remote_addr = atomic ? p.addr(1, 2u << 20) : p.addr(1, 65536 * static_cast<std::uint64_t>(i % 16));
+      e.rkey = p.rkey(1);
+      e.compare_add = 3;
+      if (op == IBV_WR_SEND) {
+        Sge r = p.sge(1, (1u << 20) + 8192 * static_cast<std::uint64_t>(i % 16), 8192);
+        if (p.B().post_recv(b, RecvWr{e.wr_id, {&r, 1}}) != 0) ++failures;
+        ++want_b;
+      }
+      if (!app_sq.push(e)) ++failures;
+      p.A().kick(a);
+    }
+    // One pointer in the predicate, as above: it fits std::function's
+    // small buffer, so any allocation counted is the stack's own.
+    struct Poll {
+      Pair& p;
+      abi::Ring<uroce_cq_entry>& app_cq;
+      std::uint64_t &done_a, &done_b, want_a, want_b;
+      int& failures;
+    } st{p, app_cq, done_a, done_b, want_a, want_b, failures};
+    Poll* ps = &st;
+    const bool ok = p.wire.run_until(
+        [ps] {
+          uroce_cq_entry c;
+          while (ps->app_cq.pop(c)) {
+            ps->failures += c.status != IBV_WC_SUCCESS;
+            ++ps->done_a;
+          }
+          ibv_wc wc[16];
+          const int n = ps->p.B().poll_cq(ps->p.node[1].cq, wc);
+          for (int j = 0; j < n; ++j) ps->failures += wc[j].status != IBV_WC_SUCCESS;
+          ps->done_b += static_cast<std::uint64_t>(n);
+          return ps->done_a == ps->want_a && ps->done_b == ps->want_b;
+        },
+        10'000'000'000);
+    if (!ok) ++failures;
+  };
+  for (int i = 0; i < 10; ++i) batch();  // warm-up
+  ASSERT_EQ(failures, 0);
+  g_allocs = 0;
+  g_counting = true;
+  for (int i = 0; i < 100; ++i) batch();
+  g_counting = false;
+  EXPECT_EQ(failures, 0);
+  EXPECT_EQ(done_a, posted);
+  EXPECT_GT(a->ctr[transport::QpCounter::retransmitted_pkts], 0u);  // the recovery paths ran
+  EXPECT_EQ(g_allocs.load(), 0u) << "allocations on the data path of a shared ring";
 }
 
 // The counter itself works: an allocation while counting is seen.
