@@ -106,8 +106,6 @@ class Ring {
     const std::uint32_t n = load(&h_->prod, std::memory_order_acquire) - cons_;
     return n < entries_ ? n : entries_;
   }
-  /// The consumer's own index: the next entry it will take.
-  [[nodiscard]] std::uint32_t consumed() const { return cons_; }
 
   /// The entry count fixed when this side attached (never re-read from the
   /// shared header, which the other side could rewrite).

@@ -74,7 +74,6 @@ bool MrTable::invalidate(std::uint32_t rkey, const Pd* pd) {
 Cq::Cq(std::uint32_t cqe, const abi::Ring<uroce_cq_entry>* shared) {
   if (shared) {
     ring_ = *shared;
-    shared_ = true;
   } else {
     heap_ = abi::HeapRing<uroce_cq_entry>(std::bit_ceil(cqe), UROCE_RING_CQ, 0);
     ring_ = heap_.ring();

@@ -76,8 +76,7 @@ class Cq {
   /// completion is dropped and counted (the engine raises IBV_EVENT_CQ_ERR).
   bool push(const ibv_wc& wc) {
     if (overflowed_ || !ring_.push(abi::to_cqe(wc))) {
-      overflowed_ = true;
-      ++dropped_;
+      overflowed_ = true;  // what is dropped is counted by the engine (cqe_dropped)
       return false;
     }
     return true;
@@ -87,8 +86,6 @@ class Cq {
   /// Completions produced and not yet consumed.
   [[nodiscard]] std::uint32_t depth() const { return ring_.used(); }
   [[nodiscard]] bool overflowed() const { return overflowed_; }
-  [[nodiscard]] std::uint64_t dropped() const { return dropped_; }
-  [[nodiscard]] bool shared() const { return shared_; }
   abi::Ring<uroce_cq_entry>& ring() { return ring_; }
   std::uint32_t handle = 0;
   void* owner = nullptr;  // the control plane's tag, handed to the notify and event hooks
@@ -99,12 +96,10 @@ class Cq {
   friend class Engine;
   abi::HeapRing<uroce_cq_entry> heap_;
   abi::Ring<uroce_cq_entry> ring_;
-  bool shared_ = false;
   bool overflowed_ = false;
   bool overflow_noted_ = false;
   bool notify_ = false;
   bool noted_ = false;  // pushed to since the engine last looked at notifications
-  std::uint64_t dropped_ = 0;
 };
 
 struct RecvWqe {
