@@ -2,12 +2,14 @@
 // rings. See uroce_verbs.h for the API and stack/abi for the contract.
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,6 +20,8 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <mutex>
+#include <atomic>
 #include <string>
 #include <vector>
 
@@ -28,6 +32,7 @@
 #include "stack/abi/ring.h"
 #include "stack/abi/session_proto.h"
 #include "stack/abi/wc_status.h"
+#include "stack/verbs/embedded.h"
 #include "stack/verbs/uroce_verbs.h"
 
 namespace uroce::verbs_detail {
@@ -53,10 +58,120 @@ struct Buf {
   int fd;
 };
 
+/// Embedded mode: the process's one node, in the plugin (embedded.h). Every
+/// liburoce call that posts, polls or waits turns its loop, whichever
+/// context it is made on: progress is the process's, as in libfabric's
+/// FI_PROGRESS_MANUAL. Opening and closing take the mutex; the data path
+/// reads `node` only.
+struct EmbeddedNode {
+  std::mutex mu;
+  void* lib = nullptr;
+  const uroce_embedded_ops* ops = nullptr;
+  std::atomic<void*> node{nullptr};
+  std::string options, sock;
+  int refs = 0;
+  bool ended = false;  // started once and stopped: the EAL cannot start again
+};
+EmbeddedNode g_emb;
+
+/// One turn of the embedded node's loop, if this process runs one.
+inline std::size_t embedded_progress() {
+  void* n = g_emb.node.load(std::memory_order_acquire);
+  return n ? g_emb.ops->progress(n) : 0;
+}
+
+/// Waits for `fd` to be readable (1), `timeout_ms` to pass (0; -1 without
+/// end) or an error (-1, errno). With an embedded node the wait turns its
+/// loop (nothing else would); otherwise it is poll(2).
+int wait_fd(int fd, int timeout_ms) {
+  if (void* n = g_emb.node.load(std::memory_order_acquire)) return g_emb.ops->wait(n, fd, timeout_ms);
+  if (fd < 0) {
+    (void)::sched_yield();  // nothing to wait on: the core to whoever makes the event
+    return 0;
+  }
+  pollfd p{fd, POLLIN, 0};
+  const int r = ::poll(&p, 1, timeout_ms);
+  return r < 0 ? (errno == EINTR ? 0 : -1) : r > 0 ? 1 : 0;
+}
+
+/// Starts the embedded node (or shares the one running with the same
+/// options) and gives the session socket to attach to; false and why.
+bool embedded_attach(const std::string& options, std::string& sock, std::string& why) {
+  std::lock_guard<std::mutex> lk(g_emb.mu);
+  if (g_emb.node.load()) {
+    if (options != g_emb.options) {
+      why = "an embedded node with other options already runs in this process (one per process)";
+      return false;
+    }
+    ++g_emb.refs;
+    sock = g_emb.sock;
+    return true;
+  }
+  if (g_emb.ended) {
+    why = "the embedded node of this process was stopped, and DPDK's EAL cannot start twice in one process";
+    return false;
+  }
+  if (!g_emb.lib) {
+    const char* env = std::getenv("UROCE_EMBEDDED_PLUGIN");
+    const char* name = env && *env ? env : "liburoce-embedded.so";
+    g_emb.lib = ::dlopen(name, RTLD_NOW | RTLD_LOCAL);
+    if (!g_emb.lib) {
+      const char* e = ::dlerror();
+      why = std::string("cannot load the embedded-mode plugin (") + name + "): " + (e ? e : "?");
+      return false;
+    }
+    auto entry = reinterpret_cast<uroce_embedded_entry_fn>(::dlsym(g_emb.lib, UROCE_EMBEDDED_ENTRY));
+    g_emb.ops = entry ? entry() : nullptr;
+    if (!g_emb.ops || g_emb.ops->version != UROCE_EMBEDDED_VERSION) {
+      why = std::string("the embedded-mode plugin ") + name + " is not of this liburoce's version";
+      g_emb.ops = nullptr;
+      ::dlclose(g_emb.lib);
+      g_emb.lib = nullptr;
+      return false;
+    }
+  }
+  char path[256] = {}, err[1024] = {};
+  int spent = 0;
+  void* n = g_emb.ops->start(options.c_str(), path, sizeof path, err, sizeof err, &spent);
+  if (!n) {
+    why = std::string("embedded mode: ") + err;
+    g_emb.ended = spent != 0;  // a failure once the EAL was tried: it cannot be tried again
+    return false;
+  }
+  g_emb.options = options;
+  g_emb.sock = sock = path;
+  g_emb.refs = 1;
+  g_emb.node.store(n, std::memory_order_release);
+  return true;
+}
+
+void embedded_detach() {
+  std::lock_guard<std::mutex> lk(g_emb.mu);
+  if (--g_emb.refs > 0) return;
+  void* n = g_emb.node.exchange(nullptr);
+  g_emb.ops->stop(n);
+  g_emb.ended = true;
+}
+
+/// The options of embedded mode from a device path ("embedded:OPTIONS"), or
+/// from $UROCE_EMBEDDED, which makes every open this process makes embedded.
+bool embedded_spec(const char* path, std::string& options) {
+  if (const char* env = std::getenv("UROCE_EMBEDDED"); env && *env) {
+    options = env;
+    return true;
+  }
+  if (path && std::strncmp(path, "embedded:", 9) == 0) {
+    options = path + 9;
+    return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 struct uroce_context {
   int sock = -1;
+  bool embedded = false;  // attached to this process's embedded node
   std::uint32_t seq = 0;
   std::uint32_t session = 0;
   std::uint8_t gid[16] = {};
@@ -66,7 +181,10 @@ struct uroce_context {
   uroce_session_page* page = nullptr;
   int bell = -1;
   /// After publishing entries in any of this session's rings.
-  void kick() const { (void)abi::kick(page, bell); }
+  void kick() const {
+    (void)abi::kick(page, bell);
+    (void)embedded_progress();  // embedded mode: the post goes out now, on this thread
+  }
   // For async events, which name a CQ or QP by its session handle.
   std::map<std::uint32_t, uroce_cq*> cqs;
   std::map<std::uint32_t, uroce_qp*> qps;
@@ -139,6 +257,8 @@ int call(uroce_context* ctx, std::uint16_t type, const void* body, std::uint32_t
   std::size_t got = 0, want = sizeof(uroce_msg_hdr);
   bool have_hdr = false;
   while (got < want) {
+    // Embedded mode: the node that answers runs on this thread.
+    if (ctx->embedded && wait_fd(ctx->sock, -1) < 0) return set_error(errno, "waiting for the embedded node");
     const ssize_t n = abi::recv_with_fds(ctx->sock, in + got, want - got, 0, [&](int fd) {
       if (fd_in && fds_got < nfd_in) fd_in[fds_got++] = fd;
       else ::close(fd);
@@ -316,7 +436,8 @@ int uroce_cm_get_event(uroce_context* ctx, int timeout_ms, uroce_cm_event* ev) {
     }
     if (rc != EAGAIN) return rc;
     if (waited >= timeout_ms) return timeout_ms == 0 ? rc : set_error(ETIMEDOUT, "no CM event in time");
-    ::usleep(1000);
+    if (g_emb.node.load(std::memory_order_acquire)) (void)wait_fd(-1, 1);  // turns the node's loop meanwhile
+    else ::usleep(1000);
   }
 }
 
@@ -330,6 +451,15 @@ uroce_device** uroce_get_device_list(int* num) {
     seen.push_back(key);
     devs.push_back(new uroce_device{name, path});
   };
+  if (const char* emb = std::getenv("UROCE_EMBEDDED"); emb && *emb) {
+    // Embedded mode for every open: the one device is the node to be.
+    devs.push_back(new uroce_device{"embedded", std::string("embedded:") + emb});
+    if (num) *num = 1;
+    auto out = new uroce_device*[2];
+    out[0] = devs[0];
+    out[1] = nullptr;
+    return out;
+  }
   const char* dir_env = std::getenv("UROCE_RUN_DIR");
   const std::string dir = dir_env && *dir_env ? dir_env : "/run/uroce";
   if (DIR* d = ::opendir(dir.c_str())) {
@@ -389,7 +519,15 @@ uroce_context* uroce_open_device_by_name(const char* name) {
 }
 
 uroce_context* uroce_open_device(const char* path) {
+  std::string options, emb_sock;
+  const bool embedded = embedded_spec(path, options);
+  if (embedded) {
+    std::string why;
+    if (!embedded_attach(options, emb_sock, why)) return set_error(EIO, why), nullptr;
+    path = emb_sock.c_str();
+  }
   auto ctx = new uroce_context();
+  ctx->embedded = embedded;
   ctx->sock = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_un a{};
   a.sun_family = AF_UNIX;
@@ -437,6 +575,7 @@ int uroce_close_device(uroce_context* ctx) {
   if (ctx->page) ::munmap(ctx->page, UROCE_SESSION_PAGE_BYTES);
   if (ctx->bell >= 0) ::close(ctx->bell);
   for (Buf& b : ctx->bufs) ::close(b.fd);
+  if (ctx->embedded) embedded_detach();  // the last context stops the node
   delete ctx;
   return 0;
 }
@@ -666,8 +805,7 @@ int uroce_get_cq_event(uroce_comp_channel* ch, uroce_cq** cq, void** cq_context)
       if (more) (void)abi::ring(ch->peer);  // keep the fd readable for the next one
       return 0;
     }
-    pollfd p{ch->fd, POLLIN, 0};
-    if (::poll(&p, 1, -1) < 0 && errno != EINTR) return set_error(errno, "cannot wait on the completion channel");
+    if (wait_fd(ch->fd, -1) < 0) return set_error(errno, "cannot wait on the completion channel");
   }
 }
 
@@ -882,8 +1020,7 @@ int uroce_poll_cq_wait(uroce_cq* cq, int num, ibv_wc* wc, int spin_us, int timeo
       if (left <= 0) return 0;
       wait_ms = static_cast<int>(left) + 1;
     }
-    pollfd p{cq->channel->fd, POLLIN, 0};
-    if (::poll(&p, 1, wait_ms) < 0 && errno != EINTR) {
+    if (wait_fd(cq->channel->fd, wait_ms) < 0) {
       set_error(errno, "cannot wait on the completion channel");
       return -1;
     }
@@ -905,8 +1042,7 @@ int uroce_get_async_event(uroce_context* ctx, uroce_async_event* ev) {
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && errno == EAGAIN) {
       // The descriptor is non-blocking (it is also the doorbell): wait for it.
-      pollfd p{ctx->bell, POLLIN, 0};
-      if (::poll(&p, 1, -1) < 0 && errno != EINTR) return set_error(errno, "poll on the async event socket");
+      if (wait_fd(ctx->bell, -1) < 0) return set_error(errno, "poll on the async event socket");
       continue;
     }
     if (n < 0) return set_error(errno, "reading the async event socket");
@@ -923,7 +1059,21 @@ int uroce_poll_cq(uroce_cq* cq, int num, ibv_wc* wc) {
   int n = 0;
   uroce_cq_entry e;
   while (n < num && cq->ring.pop(e)) wc[n++] = abi::to_wc(e);
+  // Embedded mode: nothing yet, so turn the loop once and look again.
+  if (n == 0 && embedded_progress() > 0)
+    while (n < num && cq->ring.pop(e)) wc[n++] = abi::to_wc(e);
   return n;
+}
+
+int uroce_wait_fd(int fd, int timeout_ms) {
+  const int r = wait_fd(fd, timeout_ms);
+  if (r < 0) set_error(errno, "cannot wait on the descriptor");
+  return r;
+}
+
+int uroce_progress(uroce_context* ctx) {
+  (void)ctx;  // progress is the process's: one embedded node serves every context
+  return static_cast<int>(embedded_progress());
 }
 
 }  // extern "C"

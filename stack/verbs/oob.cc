@@ -68,7 +68,8 @@ int ms_left(Clock::time_point deadline) {
 int wait_fd(int fd, short events, Clock::time_point deadline) {
   for (;;) {
     pollfd p{fd, events, 0};
-    const int n = ::poll(&p, 1, ms_left(deadline));
+    // Reads wait in liburoce, which turns an embedded node meanwhile.
+    const int n = events == POLLIN ? uroce_wait_fd(fd, ms_left(deadline)) : ::poll(&p, 1, ms_left(deadline));
     if (n > 0) return 0;
     if (n == 0) return ETIMEDOUT;
     if (errno != EINTR) return errno;

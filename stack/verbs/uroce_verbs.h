@@ -14,6 +14,21 @@
  * memory (its contents are kept; whole pages are remapped, so keep MRs on
  * page-aligned buffers of their own).
  *
+ * Two modes, chosen when the device is opened. Daemon mode (a socket path):
+ * uroced runs the engine and the port for every application on the host,
+ * isolates them and cleans up after a crash. Embedded mode (a device path
+ * "embedded:OPTIONS", or $UROCE_EMBEDDED=OPTIONS, which makes every open
+ * embedded and lists one device, "embedded"): the engine, its pipeline and
+ * the DPDK port run inside this process, which then has the port to itself.
+ * OPTIONS are uroced's (--port, --vdev, --ip, --no-huge, --lcore, ...; the
+ * thread that opens the device is pinned to --lcore by the EAL). Progress is
+ * manual, as libfabric's FI_PROGRESS_MANUAL: posting, polling and waiting in
+ * liburoce turn the loop, on any context, and a blocking wait keeps ARP, the
+ * CM and timers running. An application that waits on a descriptor of its
+ * own (a channel fd in its epoll) calls uroce_progress while it does. One
+ * embedded node per process, and once it has stopped (the last context
+ * closed) it cannot be started again, as DPDK's EAL cannot.
+ *
  * Errors: functions returning pointers return NULL and set errno; functions
  * returning int return 0 or an errno value. uroce_last_error() gives the
  * reason in words (per thread).
@@ -62,8 +77,24 @@ const char* uroce_get_device_path(const struct uroce_device* device);
  * NULL with errno ENODEV when there is no such device. */
 struct uroce_context* uroce_open_device_by_name(const char* name);
 
-/* Attach to a daemon's application socket; checks the ABI version. */
+/* Attach to a daemon's application socket, or start or share this
+ * process's embedded node ("embedded:OPTIONS" or $UROCE_EMBEDDED); checks the
+ * ABI version. */
 struct uroce_context* uroce_open_device(const char* socket_path);
+
+/* Embedded mode: one turn of the node's loop (receive, transport, timers,
+ * transmit; the control sockets about every millisecond). Returns the work
+ * done; 0 and nothing done in daemon mode. Posting and polling call it
+ * already. */
+int uroce_progress(struct uroce_context* ctx);
+
+/* Waits until `fd` is readable (1), `timeout_ms` passes (0; -1 waits without
+ * end) or an error (-1, errno). In embedded mode the wait turns the node's
+ * loop, so use it for any wait of the application's own (a TCP exchange,
+ * a peer's byte in memory) while a peer may need this process to answer.
+ * `fd` < 0: in embedded mode at most one idle sleep of the node, in daemon
+ * mode sched_yield(), which gives the core to the daemon. */
+int uroce_wait_fd(int fd, int timeout_ms);
 int uroce_close_device(struct uroce_context* ctx);
 /* The daemon's GID (its RoCE address; IPv4-mapped for IPv4). */
 int uroce_query_gid(struct uroce_context* ctx, uint8_t port_num, int index, union ibv_gid* gid);

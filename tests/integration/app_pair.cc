@@ -119,6 +119,7 @@ int ops(const char* sa, const char* sb) {
   End a, b;
   check(open_end(a, sa, false), "application A opens uroced A, shared buffers");
   check(open_end(b, sb, true), "application B opens uroced B, ordinary memory");
+  if (g_fail) return 1;
   check(connect(a, b) && connect(b, a), "QPs connected");
   if (g_fail) return 1;
   for (int i = 0; i < 8192; ++i) a.buf[i] = static_cast<std::uint8_t>(i * 13 + 1);
@@ -655,6 +656,7 @@ int events(const char* sa, const char* sb) {
 int srq(const char* sa, const char* sb) {
   End a, b;
   check(open_end(a, sa, false) && open_end(b, sb, false), "both applications open");
+  if (g_fail) return 1;
   ibv_srq_init_attr sia{};
   sia.attr.max_wr = 20;  // rounded up to 32
   sia.attr.max_sge = 1;
@@ -1227,7 +1229,8 @@ int rings(const char* sa, const char* sb) {
   for (int fd : {qfd, cfd, hfd[0], hfd[1], s})
     if (fd >= 0) ::close(fd);
   usleep(200000);
-  for (int k = 0; k < 20; ++k) check(victim_round(a, b, round++), "victim: WRITE " + std::to_string(round - 1) + " after the hostile session left");
+  for (int k = 0; k < 20; ++k, ++round)
+    check(victim_round(a, b, round), "victim: WRITE " + std::to_string(round) + " after the hostile session left");
   uroce_close_device(a.ctx);
   uroce_close_device(b.ctx);
   std::printf("%d passed, %d failed\n", g_pass, g_fail);
@@ -1293,7 +1296,11 @@ int main(int argc, char** argv) {
     if (!open_end(e, argv[2], false)) return 1;
     std::printf("qpn %u\n", uroce_qp_num(e.qp));
     std::fflush(stdout);
-    sleep(static_cast<unsigned>(std::atoi(argv[3])));
+    // Waiting in liburoce, not in sleep(3): an embedded node keeps serving
+    // (its control socket among the rest) while the application waits.
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(std::atoi(argv[3]));
+    while (std::chrono::steady_clock::now() < until) (void)uroce_wait_fd(-1, 10);
+    uroce_close_device(e.ctx);
     return 0;
   }
   if (argc >= 4 && std::string(argv[1]) == "events") return events(argv[2], argv[3]);

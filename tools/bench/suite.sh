@@ -8,6 +8,9 @@
 #             poll tick); the tools spin briefly, then block on the channel
 #       busy  daemons --busy-poll, tools --yield (busy-poll, yielding)
 #     and the idle CPU of a daemon in the default mode;
+#   - embedded mode (UROCE_BENCH_EMBEDDED=0 skips it): the same uroce-perf
+#     tests with the node inside each uroce-perf process (no uroced), over
+#     memif and over the veth pair;
 #   - kernel TCP on the same veth (tcp_bench ping-pong and stream, same sizes):
 #     what a user without RDMA would use;
 #   - engine_bench (the engine alone, one core) and single-core memcpy;
@@ -41,12 +44,15 @@ make_link
 perf() {
   local test=$1 size=$2 iters=$3 a=$4 b=$5; shift 5
   PORT=$((PORT + 1))
-  timeout 120 "$PERF" "$test" -d "$a" -p $PORT -s "$size" -n "$iters" --json "$@" > "$TMP/s.json" 2> "$TMP/s.err" &
+  timeout 120 $NSA "$PERF" "$test" -d "$a" -p $PORT -s "$size" -n "$iters" --json "$@" > "$TMP/s.json" 2> "$TMP/s.err" &
   local sp=$!
-  sleep 0.2
-  timeout 120 "$PERF" "$test" -d "$b" -p $PORT -s "$size" -n "$iters" --json "$@" 127.0.0.1 > "$TMP/c.json" 2> "$TMP/c.err"
+  # An embedded server is listening once its memif socket or TCP port is up.
+  for i in $(seq 60); do $NSA ss -ltn 2>/dev/null | grep -q ":$PORT " && break; sleep 0.05; done
+  sleep 0.1
+  timeout 120 $NSB "$PERF" "$test" -d "$b" -p $PORT -s "$size" -n "$iters" --json "$@" $PEER_IP > "$TMP/c.json" 2> "$TMP/c.err"
   wait $sp
 }
+NSA=""; NSB=""; PEER_IP=127.0.0.1  # embedded over veth: the client runs in B's namespace
 
 app_flags() { [ "$1" = busy ] && echo "--yield"; }
 daemon_flags() { [ "$1" = busy ] && echo "--busy-poll"; }
@@ -114,6 +120,21 @@ for mode in $MODES; do
   stop_all
 done
 
+if [ "${UROCE_BENCH_EMBEDDED:-1}" != 0 ]; then
+  echo "== embedded mode over net_memif (the node inside each uroce-perf, no uroced)"
+  EMB="--no-huge --mem-mb 256 --idle-spin-us 5"
+  uroce_link memif embedded \
+    "embedded:--port net_memif0 --vdev net_memif0,role=server,socket=$TMP/e.sock,bsize=8192 --ip 10.96.1.1 --lcore 0 --file-prefix ea-$$ $EMB" \
+    "embedded:--port net_memif0 --vdev net_memif0,role=client,socket=$TMP/e.sock,bsize=8192 --ip 10.96.1.2 --lcore 1 --file-prefix eb-$$ $EMB"
+  echo "== embedded mode over veth + net_af_packet (each uroce-perf in its own namespace)"
+  # The TCP exchange crosses the veth too: the client dials A's kernel address.
+  NSA="ip netns exec $NS_A"; NSB="ip netns exec $NS_B"; PEER_IP=10.90.1.1
+  uroce_link veth embedded \
+    "embedded:--port net_af_packet0 --vdev net_af_packet0,$AFP --ip 10.90.3.1 --lcore 0 --file-prefix ea-$$ $EMB" \
+    "embedded:--port net_af_packet0 --vdev net_af_packet0,$AFP --ip 10.90.3.2 --lcore 1 --file-prefix eb-$$ $EMB"
+  NSA=""; NSB=""; PEER_IP=127.0.0.1
+fi
+
 echo "== the engine alone (engine_bench) and single-core memcpy (wire_bench)"
 if [ -x "$build/tools/bench/engine_bench" ]; then
   "$build/tools/bench/engine_bench" --benchmark_filter='BM_PingPong8HalfRtt|BM_Write8' --benchmark_format=json \
@@ -176,7 +197,7 @@ def f(x, d=2):
 def ratio(a, b):
     return "–" if a is None or b in (None, 0) else "%.2f" % (a / b)
 out = []
-modes = [m for m in ("wait", "busy") if any(k[0] == "uroce-" + m for k in v)]
+modes = [m for m in ("wait", "busy", "embedded") if any(k[0] == "uroce-" + m for k in v)]
 def col(m, ln):
     return "uroce-" + m, ln
 out.append("### Half round trip, typical, us (uroce-perf send_lat / write_lat; TCP: ping-pong on the same veth)\n")
@@ -211,9 +232,18 @@ tcp = g("tcp", "veth", "lat_us", s0)
 for ln in ("memif", "veth"):
     out.append("| daemon, default waiting, %d B send_lat half-RTT / TCP's (%s) | %s (%s us vs %s us) | <= 1 |" % (
         s0, ln, ratio(g("uroce-wait", ln, "lat_us", s0), tcp), f(g("uroce-wait", ln, "lat_us", s0), 1), f(tcp, 1)))
-out.append("| daemon, default waiting, %d B write_bw (memif) | %s M msg/s | >= 50%% of embedded mode (not built) |" % (
-    s0, f(g("uroce-wait", "memif", "mrate_mpps", s0), 3)))
-out.append("| daemon %d B write_bw (memif) / engine_bench 8 B WRITE | %s (%s vs %s M msg/s) | (embedded mode's goal: >= 0.5) |" % (
+for ln in ("memif", "veth"):
+    out.append("| embedded, %d B send_lat half-RTT / TCP's (%s) | %s (%s us vs %s us) | <= 0.2 |" % (
+        s0, ln, ratio(g("uroce-embedded", ln, "lat_us", s0), tcp), f(g("uroce-embedded", ln, "lat_us", s0), 1), f(tcp, 1)))
+out.append("| embedded, %d B write_bw (memif) | %s M msg/s | >= 1 M msg/s |" % (
+    s0, f(g("uroce-embedded", "memif", "mrate_mpps", s0), 3)))
+out.append("| embedded %d B write_bw (memif) / engine_bench 8 B WRITE | %s (%s vs %s M msg/s) | >= 0.5 |" % (
+    s0, ratio(g("uroce-embedded", "memif", "mrate_mpps", s0), g("engine", "mem", "mrate_mpps", 8)),
+    f(g("uroce-embedded", "memif", "mrate_mpps", s0), 3), f(g("engine", "mem", "mrate_mpps", 8), 2)))
+out.append("| daemon, default waiting, %d B write_bw (memif) / embedded's | %s (%s vs %s M msg/s) | >= 0.5 |" % (
+    s0, ratio(g("uroce-wait", "memif", "mrate_mpps", s0), g("uroce-embedded", "memif", "mrate_mpps", s0)),
+    f(g("uroce-wait", "memif", "mrate_mpps", s0), 3), f(g("uroce-embedded", "memif", "mrate_mpps", s0), 3)))
+out.append("| daemon %d B write_bw (memif) / engine_bench 8 B WRITE | %s (%s vs %s M msg/s) | (report) |" % (
     s0, ratio(g("uroce-wait", "memif", "mrate_mpps", s0), g("engine", "mem", "mrate_mpps", 8)),
     f(g("uroce-wait", "memif", "mrate_mpps", s0), 3), f(g("engine", "mem", "mrate_mpps", 8), 2)))
 out.append("| idle daemon, default waiting | %s %% of a core | < 1 %% |" % f(g("uroce-wait", "memif", "idle_cpu_pct", 0), 2))

@@ -8,6 +8,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "stack/verbs/uroce_verbs.h"
+
 #include <bit>
 #include <cerrno>
 #include <chrono>
@@ -76,8 +78,7 @@ bool PerftestOob::accept(std::uint16_t port, int timeout_ms) {
     ::close(ls);
     return fail("cannot listen on TCP port " + std::to_string(port) + ": " + std::strerror(errno));
   }
-  pollfd p{ls, POLLIN, 0};
-  if (::poll(&p, 1, timeout_ms) != 1) {
+  if (uroce_wait_fd(ls, timeout_ms) != 1) {
     ::close(ls);
     return fail("no client connected within " + std::to_string(timeout_ms / 1000) + " s");
   }
@@ -125,8 +126,8 @@ bool PerftestOob::read_all(void* p, std::size_t n) {
   auto* b = static_cast<std::uint8_t*>(p);
   std::size_t got = 0;
   while (got < n) {
-    pollfd pf{fd_, POLLIN, 0};
-    if (::poll(&pf, 1, timeout_ms_) != 1) return fail("the peer went quiet in the exchange");
+    // uroce_wait_fd: an embedded node keeps answering its peer meanwhile.
+    if (uroce_wait_fd(fd_, timeout_ms_) != 1) return fail("the peer went quiet in the exchange");
     const ssize_t r = ::read(fd_, b + got, n - got);
     if (r <= 0) return fail("the peer closed the exchange (read)");
     got += static_cast<std::size_t>(r);
@@ -205,9 +206,8 @@ bool PerftestOob::close_connection(const Dest& mine) {
   const bool ok = write_all(kDone, sizeof kDone);  // perftest 6.06 writes it and nobody reads it
   // Take the peer's "done" if it sends one (6.24 does not), so closing with
   // unread bytes does not reset the connection under it.
-  pollfd pf{fd_, POLLIN, 0};
   char sink[8];
-  if (::poll(&pf, 1, 200) == 1) (void)!::read(fd_, sink, sizeof sink);
+  if (uroce_wait_fd(fd_, 200) == 1) (void)!::read(fd_, sink, sizeof sink);
   ::close(fd_);
   fd_ = -1;
   return ok;

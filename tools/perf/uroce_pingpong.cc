@@ -91,8 +91,7 @@ bool read_n(int fd, void* p, std::size_t n, int timeout_ms) {
   auto* b = static_cast<char*>(p);
   std::size_t got = 0;
   while (got < n) {
-    pollfd pf{fd, POLLIN, 0};
-    if (::poll(&pf, 1, timeout_ms) != 1) return false;
+    if (uroce_wait_fd(fd, timeout_ms) != 1) return false;  // an embedded node keeps running
     const ssize_t r = ::read(fd, b + got, n - got);
     if (r <= 0) return false;
     got += static_cast<std::size_t>(r);
@@ -132,8 +131,7 @@ int tcp_server(const Opts& o) {
     ::close(ls);
     return -1;
   }
-  pollfd pf{ls, POLLIN, 0};
-  const int fd = ::poll(&pf, 1, o.timeout_ms) == 1 ? ::accept(ls, nullptr, nullptr) : -1;
+  const int fd = uroce_wait_fd(ls, o.timeout_ms) == 1 ? ::accept(ls, nullptr, nullptr) : -1;
   ::close(ls);
   return fd;
 }

@@ -52,8 +52,10 @@ inline bool wait_byte(volatile std::uint8_t* p, std::uint8_t v, const WaitMode& 
     if (now > deadline) return false;
     // Nothing to block on (a WRITE leaves no completion at its target):
     // after the spin, give the core to whatever else is runnable on it,
-    // such as the daemon that is about to deliver the WRITE.
-    if (m.busy ? m.yield : now > spin_until) sched_yield();
+    // such as the daemon that is about to deliver the WRITE. In embedded
+    // mode this process delivers it: every turn runs the node.
+    (void)uroce_progress(nullptr);
+    if (m.busy ? m.yield : now > spin_until) (void)uroce_wait_fd(-1, 1);
   }
   return true;
 }

@@ -1,4 +1,4 @@
-#include "control/uroced/exchange.h"
+#include "control/node/exchange.h"
 
 #include <poll.h>
 #include <sys/socket.h>

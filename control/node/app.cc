@@ -1,4 +1,4 @@
-#include "control/uroced/app.h"
+#include "control/node/app.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>

@@ -1,4 +1,4 @@
-#include "control/uroced/sessions.h"
+#include "control/node/sessions.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

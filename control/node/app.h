@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "control/uroced/exchange.h"
+#include "control/node/exchange.h"
 #include "stack/pipeline/dataplane.h"
 #include "stack/pipeline/neigh.h"
 #include "stack/transport/engine.h"

@@ -1,0 +1,574 @@
+#include "control/node/node.h"
+
+#include <poll.h>
+#include <sys/prctl.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <sstream>
+
+#include <rte_launch.h>
+#include <rte_lcore.h>
+
+#include "control/node/app.h"
+#include "control/node/sessions.h"
+#include "drivers/dpdk/dpdk_port.h"
+#include "drivers/pcap/pcap_io.h"
+#include "stack/pipeline/dataplane.h"
+#include "stack/pipeline/neigh.h"
+#include "stack/transport/engine.h"
+
+namespace asio = boost::asio;
+
+namespace uroce::control {
+
+namespace {
+int g_log_level = 1;  // the node's --log-level (one node per process)
+/// The longest control line taken; a longer one is refused and its
+/// connection closed, so a client cannot make the daemon buffer without end.
+constexpr std::size_t kMaxControlLine = 4096;
+}  // namespace
+
+std::uint64_t now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+}
+
+void log(int level, const std::string& msg, const std::string& kv) {
+  if (level < g_log_level) return;
+  static const char* kNames[] = {"debug", "info", "warn", "error"};
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  char tbuf[32];
+  tm t;
+  gmtime_r(&ts.tv_sec, &t);
+  strftime(tbuf, sizeof tbuf, "%Y-%m-%dT%H:%M:%S", &t);
+  std::fprintf(stderr, "ts=%s.%06ldZ level=%s msg=\"%s\"%s%s\n", tbuf, ts.tv_nsec / 1000, kNames[level], msg.c_str(),
+               kv.empty() ? "" : " ", kv.c_str());
+}
+
+/// One poll-mode pipeline: an engine with its dataplane, on one lcore, over
+/// one port (or one shard of a port).
+struct Node::Pipeline {
+  dpdk::Port* port = nullptr;
+  std::string port_name;
+  std::uint16_t shard = 0;
+  std::uint16_t shards = 1;
+  unsigned lcore = 0;
+  std::unique_ptr<transport::Engine> eng;
+  std::unique_ptr<pipeline::Neighbors> neigh;
+  std::unique_ptr<pipeline::Dataplane> dp;
+  std::unique_ptr<pcapio::Writer> capture;
+  const std::atomic<bool>* stop = nullptr;  // worker lcores: the node's stop flag
+};
+
+namespace {
+
+/// Which shard owns a frame: RoCE by destination QP (an engine owns every
+/// `shards`-th QPN, see EngineConfig::qpn_stride), ARP and ICMPv6 (ND) to
+/// every shard so each learns neighbours, everything else to shard 0.
+int frame_owner(wire::ConstBytes f, std::uint16_t shards) {
+  wire::Packet pkt;
+  wire::ParseOptions o;
+  o.verify_icrc = false;  // the owner checks it
+  const auto st = wire::parse_frame(f, o, pkt);
+  if (st.ok()) return static_cast<int>((pkt.destqp - transport::kFirstQpn) % shards);
+  if (st.roce) return 0;
+  std::size_t off = 12;
+  std::uint16_t type = f.size() >= 14 ? static_cast<std::uint16_t>((f[12] << 8) | f[13]) : 0;
+  if (type == wire::kEtherTypeVlan && f.size() >= 18) {
+    type = static_cast<std::uint16_t>((f[16] << 8) | f[17]);
+    off = 16;
+  }
+  if (type == wire::kEtherTypeArp) return -1;
+  if (type == wire::kEtherTypeIpv6 && f.size() >= off + 2 + 40 && f[off + 2 + 6] == 58) return -1;
+  return 0;
+}
+
+
+/// The loop of a pipeline on a worker lcore. (A sharded port's shard 0,
+/// which also dispatches, may run here too when it is not the first port.)
+int run_pipeline(Node::Pipeline& p) {
+  prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);  // short idle sleeps really are short
+  while (!p.stop->load(std::memory_order_relaxed)) {
+    const std::uint64_t now = now_ns();
+    std::size_t work = 0;
+    if (p.shards > 1 && p.shard == 0) work += p.port->dispatch(frame_owner);
+    work += p.dp->iterate(now);
+    p.dp->idle(work);
+  }
+  return 0;
+}
+
+void capture_cb(void* ctx, wire::ConstBytes frame, bool /*tx*/, std::uint64_t /*now*/) {
+  auto* w = static_cast<pcapio::Writer*>(ctx);
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  w->write(frame, ts.tv_sec, ts.tv_nsec / 1000);
+}
+
+std::size_t app_cb(void* ctx, std::uint64_t now) { return static_cast<TrafficApp*>(ctx)->step(now); }
+std::size_t sessions_cb(void* ctx, std::uint64_t) { return static_cast<SessionServer*>(ctx)->step(); }
+
+void learn_cb(void*, const wire::IpAddr& ip, const wire::MacAddr& mac) {
+  char m[24];
+  std::snprintf(m, sizeof m, "%02x:%02x:%02x:%02x:%02x:%02x", mac[0], mac[1], mac[2], mac[3], mac[4], mac[5]);
+  log(1, "neighbour learned", "ip=" + ip.to_string() + " mac=" + m);
+}
+
+}  // namespace
+
+std::string Node::status_json() const {
+  return status().dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+nlohmann::ordered_json Node::status() const {
+  // Counters are read while other lcores update them: each is an aligned
+  // 64-bit load, so a value may be a moment old but is never torn.
+  using json = nlohmann::ordered_json;
+  json o;
+  o["pipelines"] = pipes_.size();
+  o["app"] = app_ ? (app_->finished() ? "done" : "running") : "none";
+  o["sessions"] = sessions_ ? sessions_->sessions() : 0;
+  o["session_list"] = sessions_ ? sessions_->describe() : json::array();
+  o["cm"] = sessions_ ? sessions_->cm_status() : json::object();
+  if (!pipes_.empty()) {
+    const pipeline::IdleConfig& ic = pipes_[0]->dp->idle_config();
+    o["wait"] = {{"busy_poll", ic.max_sleep_us == 0}, {"spin_us", ic.spin_us},       {"tick_us", ic.tick_us},
+                 {"warm_ms", ic.warm_ms},             {"max_sleep_us", ic.max_sleep_us},
+                 {"doorbells", sessions_ ? sessions_->doorbells() : 0}};
+  }
+  o["limits"] = {{"control_line_bytes", kMaxControlLine}};
+  for (std::size_t k = 0; k < pipes_.size(); ++k) {
+    const Pipeline& p = *pipes_[k];
+    const std::string pre = k == 0 ? "" : "_" + std::to_string(k);
+    o["pipeline" + pre] = {{"port", p.port_name}, {"shard", p.shard},
+                           {"lcore", p.lcore},    {"ip", p.eng->config().ip.to_string()},
+                           {"qps", p.eng->qp_count()}};
+    json port = json::object(), dp = json::object(), totals = json::object();
+    const auto& pc = p.eng->counters();
+    for (std::size_t i = 0; i < transport::kPortCounterNames.size(); ++i) port[transport::kPortCounterNames[i]] = pc.v[i];
+    for (std::size_t i = 0; i < static_cast<std::size_t>(pipeline::DpCounter::kCount); ++i)
+      dp[pipeline::kDpCounterNames[i]] = p.dp->counter(static_cast<pipeline::DpCounter>(i));
+    for (std::size_t i = 0; i < transport::kQpCounterNames.size(); ++i)
+      totals[transport::kQpCounterNames[i]] = p.eng->qp_counter_total(static_cast<transport::QpCounter>(i));
+    o["port" + pre] = port;
+    o["dataplane" + pre] = dp;
+    o["qp_totals" + pre] = totals;
+    json qps = json::array();
+    p.eng->for_each_qp([&](const transport::Qp& q) {
+      json e = {{"qpn", q.qpn},
+                {"type", q.type == IBV_QPT_RC ? "RC" : q.type == IBV_QPT_UC ? "UC" : "UD"},
+                {"state", transport::to_string(q.state)},
+                {"dest_qpn", q.dest_qp_num},
+                {"peer", q.remote_ip.to_string()},
+                {"sq_depth", q.sq.size()}};
+      for (std::size_t i = 0; i < transport::kQpCounterNames.size(); ++i) e[transport::kQpCounterNames[i]] = q.ctr.v[i];
+      qps.push_back(e);
+    });
+    o["qp_list" + pre] = qps;
+    auto fault = [&](const char* n, const pipeline::FaultInjector& f) {
+      const auto& st = f.stats();
+      o[std::string("fault_") + n + pre] = {{"config", f.config().to_string()}, {"seen", st.seen},
+                                            {"dropped", st.dropped},           {"duplicated", st.duplicated},
+                                            {"reordered", st.reordered},       {"delayed", st.delayed},
+                                            {"corrupted", st.corrupted},       {"ecn_marked", st.ecn_marked},
+                                            {"rule_hits", st.rule_hits}};
+    };
+    fault("rx", p.dp->rx_faults());
+    fault("tx", p.dp->tx_faults());
+  }
+  for (std::size_t k = 0; k < ports_.size(); ++k) {
+    const auto ps = ports_[k]->stats();
+    o["ethdev" + (k ? "_" + std::to_string(k) : std::string())] = {
+        {"rx", ps.rx_frames},         {"tx", ps.tx_frames},       {"tx_dropped", ps.tx_dropped},
+        {"tx_zero_copy", ps.tx_zero_copy}, {"tx_copied", ps.tx_copied}, {"imissed", ps.hw_imissed},
+        {"dispatch_drops", ports_[k]->dispatch_drops()}};
+  }
+  return o;
+}
+
+/// The control socket: one line in ("status", "fault rx SPEC", "fault tx
+/// SPEC", "stop"), one line out. Served from the dataplane loop with poll().
+class Node::ControlServer {
+ public:
+  ControlServer(asio::io_context& io, const std::string& path, Node& d) : acceptor_(io), d_(d) {
+    ::unlink(path.c_str());
+    asio::local::stream_protocol::endpoint ep(path);
+    acceptor_.open(ep.protocol());
+    acceptor_.bind(ep);
+    acceptor_.listen();
+    accept();
+  }
+
+ private:
+  struct Conn : std::enable_shared_from_this<Conn> {
+    explicit Conn(asio::local::stream_protocol::socket s, Node& d) : sock(std::move(s)), in(kMaxControlLine), d(d) {}
+    asio::local::stream_protocol::socket sock;
+    asio::streambuf in;  // bounded: async_read_until fails once it holds kMaxControlLine bytes without a newline
+    std::string out;
+    Node& d;
+    void start() {
+      auto self = shared_from_this();
+      asio::async_read_until(sock, in, '\n', [self](boost::system::error_code ec, std::size_t) {
+        if (ec == asio::error::not_found) {  // no newline within the limit: refuse, answer once, close
+          self->out = error("control line longer than " + std::to_string(kMaxControlLine) + " bytes") + "\n";
+          asio::async_write(self->sock, asio::buffer(self->out), [self](boost::system::error_code, std::size_t) {
+            boost::system::error_code ignored;
+            self->sock.close(ignored);
+          });
+          return;
+        }
+        if (ec) return;
+        std::istream is(&self->in);
+        std::string line;
+        std::getline(is, line);
+        self->out = self->handle(line) + "\n";
+        asio::async_write(self->sock, asio::buffer(self->out), [self](boost::system::error_code, std::size_t) {});
+      });
+    }
+    static std::string error(const std::string& why) {
+      return nlohmann::ordered_json{{"ok", false}, {"error", why}}.dump(-1, ' ', false,
+                                                                          nlohmann::json::error_handler_t::replace);
+    }
+    static std::string ok() { return nlohmann::ordered_json{{"ok", true}}.dump(); }
+    std::string handle(const std::string& line) {
+      std::istringstream ls(line);
+      std::string cmd;
+      ls >> cmd;
+      if (cmd == "status") return d.status_json();
+      if (cmd == "stop") {
+        if (d.embedded_) return error("an embedded node stops when its application closes the device");
+        d.stop_requested_ = true;
+        return ok();
+      }
+      if (cmd == "fault") {
+        std::string dir, spec, err;
+        ls >> dir >> spec;
+        pipeline::FaultConfig c;
+        if (spec == "off") spec.clear();
+        if ((dir != "rx" && dir != "tx") || !pipeline::FaultConfig::parse(spec, c, err))
+          return error(err.empty() ? std::string("usage: fault rx|tx SPEC|off") : err);
+        // The injector's config is read by the pipeline's own lcore, so live
+        // changes are taken only by a daemon with one pipeline, which this
+        // control lcore runs.
+        if (d.pipes_.size() != 1)
+          return error("live fault changes need a single pipeline; use --fault-rx/--fault-tx at start");
+        (dir == "rx" ? d.pipes_[0]->dp->rx_faults() : d.pipes_[0]->dp->tx_faults()).configure(c);
+        log(1, "fault injection changed", "dir=" + dir + " config=\"" + c.to_string() + "\"");
+        return ok();
+      }
+      // The command is echoed back, cut short: escaped by the JSON library
+      // (quotes, backslashes, control bytes, invalid UTF-8 replaced).
+      return error("unknown command '" + cmd.substr(0, 64) + "' (status, fault, stop)");
+    }
+  };
+  void accept() {
+    acceptor_.async_accept([this](boost::system::error_code ec, asio::local::stream_protocol::socket s) {
+      if (!ec) std::make_shared<Conn>(std::move(s), d_)->start();
+      accept();
+    });
+  }
+  asio::local::stream_protocol::acceptor acceptor_;
+  Node& d_;
+};
+
+/// How the main lcore blocks when its pipeline is idle: in the io_context,
+/// which watches the control socket, every session's socket and doorbell,
+/// and a timer for the next poll tick (a timerfd, so the tick is exact to
+/// the microsecond). Whatever becomes ready first wakes the loop.
+class Node::MainWait {
+ public:
+  explicit MainWait(asio::io_context& io) : io_(io), timer_(io) {}
+  /// Blocks for at most `ns`, or until a socket or doorbell is ready.
+  void sleep(std::uint64_t ns) {
+    const auto want = asio::steady_timer::clock_type::now() + std::chrono::nanoseconds(ns);
+    // A wait still pending from an earlier sleep that ended early is kept
+    // when it ends no later than this one; otherwise it is moved (its
+    // handler then runs once as aborted, a harmless extra wake-up).
+    if (!pending_ || timer_.expiry() > want) {
+      timer_.expires_at(want);
+      pending_ = true;
+      timer_.async_wait([this](boost::system::error_code ec) {
+        if (!ec) pending_ = false;
+      });
+    }
+    io_.run_one();
+    io_.poll();
+  }
+
+ private:
+  asio::io_context& io_;
+  asio::steady_timer timer_;
+  bool pending_ = false;
+};
+
+Node::Node() = default;
+
+std::unique_ptr<Node> Node::start(const NodeOptions& o, bool embedded, std::string& err) {
+  g_log_level = o.log_level;
+  std::unique_ptr<Node> n(new Node());
+  n->embedded_ = embedded;
+  n->opts_ = o;
+  // EAL from the configuration.
+  std::string lcore_list;
+  for (unsigned l : o.lcores) lcore_list += (lcore_list.empty() ? "" : ",") + std::to_string(l);
+  std::vector<std::string> eal = {"-l", lcore_list, "--main-lcore", std::to_string(o.lcores[0]),
+                                  "--log-level=lib.eal:warning"};
+  if (o.no_huge) {
+    eal.push_back("--no-huge");
+    eal.push_back("-m");
+    eal.push_back(std::to_string(o.mem_mb));
+  }
+  if (!o.file_prefix.empty()) eal.push_back("--file-prefix=" + o.file_prefix);
+  if (embedded) eal.push_back("--no-telemetry");  // no socket, and no line on the application's stderr
+  // Vdev ports need no PCI scan (and a scan may grab devices it should not).
+  bool all_vdev = true;
+  for (const auto& pn : o.ports) all_vdev = all_vdev && pn.rfind("net_", 0) == 0;
+  if (all_vdev && o.eal_extra.find("-a ") == std::string::npos) eal.push_back("--no-pci");
+  for (const auto& v : o.vdevs) {
+    eal.push_back("--vdev=" + v);
+    // DPDK 22.11's memif chains descriptors for frames larger than its buffer
+    // (2048 bytes by default), and under 4 KiB-MTU load that path delivered
+    // frames more than once here (a storm of duplicate ACKs and timeouts).
+    if (v.rfind("net_memif", 0) == 0 && v.find("bsize=") == std::string::npos)
+      log(2, "memif with its default 2048-byte buffers: frames over 2 KiB are chained; for path MTU 2048 or 4096 add "
+             "bsize=8192 to the vdev (docs/deploy.md)",
+          "vdev=" + v.substr(0, v.find(',')));
+  }
+  {
+    std::istringstream es(o.eal_extra);
+    std::string a;
+    while (es >> a) eal.push_back(a);
+  }
+  if (!dpdk::eal_init(eal, err)) return nullptr;
+  n->eal_up_ = true;
+
+  const std::uint64_t seed = now_ns();
+  for (std::size_t pi = 0; pi < o.ports.size(); ++pi) {
+    dpdk::PortOptions popt;
+    popt.name = o.ports[pi];
+    popt.zero_copy = !o.tx_copy;
+    popt.shards = static_cast<std::uint16_t>(o.shards);
+    auto port = dpdk::Port::open(popt, err);
+    if (!port) {
+      err = "port " + o.ports[pi] + ": " + err;
+      return nullptr;
+    }
+    for (unsigned sh = 0; sh < o.shards; ++sh) {
+      auto p = std::make_unique<Pipeline>();
+      p->port = port.get();
+      p->port_name = o.ports[pi];
+      p->shard = static_cast<std::uint16_t>(sh);
+      p->shards = static_cast<std::uint16_t>(o.shards);
+      p->lcore = o.lcores[n->pipes_.size()];
+      p->stop = &n->workers_stop_;
+      transport::EngineConfig ec;
+      ec.mac = port->mac();
+      ec.ip = o.ips[pi];
+      ec.dscp = static_cast<std::uint8_t>(o.dscp);
+      ec.ecn = static_cast<std::uint8_t>(o.ecn);
+      ec.vlan_tci = static_cast<std::uint16_t>(o.vlan ? (o.pcp << 13) | o.vlan : 0);
+      ec.seed = seed + n->pipes_.size();
+      ec.ipv4_checksum_offload = port->ipv4_checksum_offload();
+      ec.qpn_stride = o.shards;
+      ec.qpn_offset = sh;
+      p->eng = std::make_unique<transport::Engine>(ec);
+      p->neigh = std::make_unique<pipeline::Neighbors>(p->eng->neighbors(), ec.mac, ec.ip, ec.vlan_tci);
+      p->neigh->answer = sh == 0;  // every shard learns; one answers
+      p->neigh->on_learn = learn_cb;
+      for (const auto& [nip, nmac] : o.neighbors) p->eng->set_neighbor(nip, nmac);
+      pipeline::PortIo& pio =
+          o.shards > 1 ? port->shard(static_cast<std::uint16_t>(sh)) : static_cast<pipeline::PortIo&>(*port);
+      p->dp = std::make_unique<pipeline::Dataplane>(*p->eng, pio, *p->neigh, ec.seed);
+      p->dp->rx_faults().configure(o.fault_rx);
+      p->dp->tx_faults().configure(o.fault_tx);
+      p->dp->set_idle(o.idle);
+      if (!o.capture.empty()) {
+        // One file per pipeline: the first is FILE, the others FILE.N.
+        const std::string path = n->pipes_.empty() ? o.capture : o.capture + "." + std::to_string(n->pipes_.size());
+        p->capture = std::make_unique<pcapio::Writer>();
+        if (!p->capture->open(path)) {
+          err = "--capture: " + p->capture->error();
+          return nullptr;
+        }
+        p->dp->set_capture(capture_cb, p->capture.get());
+      }
+      char macs[24];
+      std::snprintf(macs, sizeof macs, "%02x:%02x:%02x:%02x:%02x:%02x", ec.mac[0], ec.mac[1], ec.mac[2], ec.mac[3],
+                    ec.mac[4], ec.mac[5]);
+      log(1, embedded ? "uroce embedded node started" : "uroced started",
+          "port=" + o.ports[pi] + " shard=" + std::to_string(sh) + "/" + std::to_string(o.shards) +
+              " lcore=" + std::to_string(p->lcore) + " ip=" + ec.ip.to_string() + " mac=" + macs + " " +
+              port->describe() + " fault_rx=\"" + o.fault_rx.to_string() + "\" fault_tx=\"" + o.fault_tx.to_string() +
+              "\"");
+      n->pipes_.push_back(std::move(p));
+    }
+    n->ports_.push_back(std::move(port));
+  }
+  if (o.app.role != AppOptions::Role::kNone) {
+    Pipeline& ap = *n->pipes_[o.app_pipeline];
+    n->app_ = std::make_unique<TrafficApp>(*ap.eng, *ap.dp, *ap.neigh, o.app);
+    ap.dp->set_app(app_cb, n->app_.get());
+  }
+  if (!o.app_socket.empty()) {
+    try {
+      n->sessions_ = std::make_unique<SessionServer>(
+          n->io_, o.app_socket, o.app_socket_mode, *n->pipes_[0]->eng, SessionLimits{},
+          [](void* ctx, const wire::IpAddr& ip) { static_cast<pipeline::Dataplane*>(ctx)->resolve(ip); },
+          n->pipes_[0]->dp.get());
+    } catch (const std::exception& e) {
+      err = "--app-socket " + o.app_socket + ": " + e.what();
+      return nullptr;
+    }
+    n->pipes_[0]->dp->set_app(sessions_cb, n->sessions_.get());
+    if (o.app_socket_gid != static_cast<gid_t>(-1) &&
+        ::chown(o.app_socket.c_str(), static_cast<uid_t>(-1), o.app_socket_gid) != 0) {
+      err = "--app-socket-group: cannot give " + o.app_socket + " to the group: " + std::strerror(errno);
+      return nullptr;
+    }
+  }
+  if (!o.ctl_socket.empty()) {
+    try {
+      n->ctl_ = std::make_unique<ControlServer>(n->io_, o.ctl_socket, *n);
+    } catch (const std::exception& e) {
+      err = "--ctl-socket " + o.ctl_socket + ": " + e.what();
+      return nullptr;
+    }
+  }
+  // Pipelines after the first run on their own lcores; the main lcore (the
+  // daemon's, or the embedding application's thread) runs the first, the
+  // control socket and the lifecycle.
+  for (std::size_t k = 1; k < n->pipes_.size(); ++k) {
+    Pipeline* p = n->pipes_[k].get();
+    const int lrc =
+        rte_eal_remote_launch([](void* arg) { return run_pipeline(*static_cast<Pipeline*>(arg)); }, p, p->lcore);
+    if (lrc != 0) {
+      err = "cannot launch a pipeline on lcore " + std::to_string(p->lcore);
+      return nullptr;
+    }
+    n->workers_launched_ = true;
+  }
+  prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);  // short idle sleeps really are short (default slack is 50 us)
+  return n;
+}
+
+Node::~Node() {
+  workers_stop_ = true;
+  if (workers_launched_) rte_eal_mp_wait_lcore();
+  if (!pipes_.empty()) log(1, embedded_ ? "uroce embedded node stopped" : "uroced stopped", "status=" + status_json());
+  for (auto& p : pipes_)
+    if (p->capture) p->capture->close();
+  ctl_.reset();
+  app_.reset();
+  sessions_.reset();
+  pipes_.clear();
+  ports_.clear();
+  if (eal_up_) dpdk::eal_cleanup();
+}
+
+std::size_t Node::one_pass(std::uint64_t now) {
+  Pipeline& p = *pipes_[0];
+  std::size_t work = 0;
+  if (p.shards > 1) work += p.port->dispatch(frame_owner);
+  return work + p.dp->iterate(now);
+}
+
+int Node::run(const volatile sig_atomic_t& stop) {
+  Pipeline& main_pipe = *pipes_[0];
+  const std::uint64_t start = now_ns();
+  std::uint64_t last_ctl = 0, stop_at = 0;
+  int rc = 0;
+  MainWait waiter(io_);
+  for (;;) {
+    std::uint64_t now = now_ns();
+    std::size_t work = one_pass(now);
+    if (now - last_ctl > 1'000'000) {  // while busy, the control plane about every ms
+      io_.poll();
+      last_ctl = now;
+    }
+    if (opts_.duration > 0 && now - start > static_cast<std::uint64_t>(opts_.duration * 1e9)) stop_requested_ = true;
+    const bool stopping = stop || stop_requested_;
+    if (stopping && stop_at == 0) {
+      // Graceful stop: QPs to ERR, completions delivered, then exit.
+      log(1, "stopping: flushing QPs");
+      stop_at = now;
+      if (app_) app_->request_shutdown();
+    }
+    if (app_ && app_->finished()) {
+      rc = app_->exit_code();
+      std::printf("%s\n", app_->summary().c_str());
+      std::fflush(stdout);
+      break;
+    }
+    if (stop_at && (!app_ || now - stop_at > 2'000'000'000ull)) break;
+    const std::uint64_t sleep_ns = main_pipe.dp->idle_sleep_ns(work, now);
+    if (sleep_ns == 0) continue;
+    // Going to block. Tell the applications first, then look at every ring
+    // once more: a post published before they saw the flag is found here,
+    // and one after it rings the doorbell (uroce_abi.h, the session page).
+    if (sessions_) sessions_->set_sleeping(true);
+    now = now_ns();
+    if (one_pass(now) == 0 && !stop && !stop_requested_) {
+      waiter.sleep(sleep_ns);
+      last_ctl = now_ns();
+    } else {
+      main_pipe.dp->idle_sleep_ns(1, now);  // that pass found work: busy again
+    }
+    if (sessions_) sessions_->set_sleeping(false);
+  }
+  return rc;
+}
+
+std::size_t Node::progress() {
+  if (turning_.test_and_set(std::memory_order_acquire)) return 0;
+  const std::uint64_t now = now_ns();
+  std::size_t work = one_pass(now);
+  if (now - last_serve_ > 1'000'000) {  // sockets (session requests, CM events, uroce-ctl) about every ms
+    io_.poll();
+    last_serve_ = now;
+  }
+  turning_.clear(std::memory_order_release);
+  return work;
+}
+
+int Node::wait_readable(int fd, int timeout_ms) {
+  const std::uint64_t start = now_ns();
+  const std::uint64_t deadline =
+      timeout_ms < 0 ? UINT64_MAX : start + static_cast<std::uint64_t>(timeout_ms) * 1'000'000ull;
+  pollfd p{fd, POLLIN, 0};
+  const nfds_t nfds = fd >= 0 ? 1 : 0;
+  for (bool once = false;; once = true) {
+    std::uint64_t now = now_ns();
+    std::uint64_t sleep_ns = 1'000'000;  // another thread turns the loop: look again within a millisecond
+    if (!turning_.test_and_set(std::memory_order_acquire)) {
+      // A reply to the application's own request, or a CM event, needs the
+      // sockets served: every pass while waiting.
+      io_.poll();
+      last_serve_ = now;
+      const std::size_t work = one_pass(now);
+      sleep_ns = pipes_[0]->dp->idle_sleep_ns(work, now);
+      turning_.clear(std::memory_order_release);
+    }
+    if (nfds) {
+      const int r = ::poll(&p, nfds, 0);
+      if (r > 0) return 1;
+      if (r < 0 && errno != EINTR) return -1;
+    }
+    now = now_ns();
+    if (now >= deadline || (fd < 0 && once)) return 0;
+    if (sleep_ns == 0) continue;
+    sleep_ns = std::min(sleep_ns, deadline - now);
+    const timespec ts{static_cast<time_t>(sleep_ns / 1'000'000'000ull), static_cast<long>(sleep_ns % 1'000'000'000ull)};
+    const int r = ::ppoll(&p, nfds, &ts, nullptr);
+    if (r > 0) return 1;
+    if (r < 0 && errno != EINTR) return -1;
+  }
+}
+
+}  // namespace uroce::control

@@ -1,0 +1,114 @@
+// A node: one RoCE endpoint with everything it runs. The EAL and its ports,
+// one pipeline (engine, neighbours, dataplane) per port and shard, the
+// application socket where liburoce sessions attach, the control socket,
+// captures, and the main loop's waiting.
+//
+// Two hosts run a node. uroced runs one as a daemon (run(): it serves every
+// application on the host). An application in embedded mode runs one inside
+// its own process (liburoce's embedded plugin): its own post, poll and wait
+// calls drive progress() and wait_readable(), so the engine, the pipeline
+// and the port cost it no process hop. Both go through the same session
+// protocol and the same shared rings; only who turns the loop differs.
+//
+// Everything here runs on one thread (the main lcore), apart from the
+// pipelines of other shards or ports, each on its own lcore.
+#pragma once
+
+#include <signal.h>
+
+#include <utility>  // boost 1.74's asio uses std::exchange without including it
+
+#include <boost/asio.hpp>
+#include <nlohmann/json.hpp>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "control/node/options.h"
+
+namespace uroce::dpdk {
+class Port;
+}
+namespace uroce::pcapio {
+class Writer;
+}
+namespace uroce::pipeline {
+class Neighbors;
+}
+namespace uroce::transport {
+class Engine;
+}
+
+namespace uroce::control {
+
+class SessionServer;
+class TrafficApp;
+
+/// Structured log line on stderr: ts=... level=... msg="..." key=value...
+/// Lines below the node's --log-level are not written.
+void log(int level, const std::string& msg, const std::string& kv = "");
+
+std::uint64_t now_ns();
+
+class Node {
+ public:
+  /// Brings up the EAL, the ports, the pipelines and the sockets the options
+  /// name. `embedded`: inside an application (a "stop" on the control socket
+  /// is refused: the node stops when the application closes the device).
+  /// nullptr and why on failure; the EAL cannot be started again in the
+  /// same process after that.
+  static std::unique_ptr<Node> start(const NodeOptions& o, bool embedded, std::string& err);
+  /// Stops the worker lcores, closes captures, frees everything and cleans
+  /// up the EAL.
+  ~Node();
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
+
+  /// The daemon's loop: spins, then blocks in the io_context on doorbells,
+  /// sockets and the poll tick, until `stop` is set (a signal), a stop
+  /// command comes, --duration runs out or the built-in app finishes.
+  /// Returns the exit code.
+  int run(const volatile sig_atomic_t& stop);
+
+  /// Embedded mode, manual progress: one pass of the main pipeline, and the
+  /// control plane's sockets about every millisecond. Returns the work done.
+  /// A call while another thread is in progress() or wait_readable() does
+  /// nothing (that thread is already turning the loop).
+  std::size_t progress();
+  /// Embedded mode: turns the loop until `fd` is readable (1), `timeout_ms`
+  /// passes (0; -1 waits without end) or poll fails (-1, errno). Idle
+  /// passes sleep as the daemon's do (spin, then the poll tick, bounded by
+  /// the engine's next timer), in ppoll on `fd`, so the fd ends a sleep.
+  /// `fd` < 0: one wait of at most one sleep.
+  int wait_readable(int fd, int timeout_ms);
+
+  [[nodiscard]] nlohmann::ordered_json status() const;
+  [[nodiscard]] std::string status_json() const;
+
+  struct Pipeline;
+
+ private:
+  Node();
+  std::size_t one_pass(std::uint64_t now);
+
+  class ControlServer;
+  class MainWait;
+
+  bool embedded_ = false;
+  NodeOptions opts_;
+  boost::asio::io_context io_;
+  std::vector<std::unique_ptr<dpdk::Port>> ports_;
+  std::vector<std::unique_ptr<Pipeline>> pipes_;
+  std::unique_ptr<TrafficApp> app_;
+  std::unique_ptr<SessionServer> sessions_;
+  std::unique_ptr<ControlServer> ctl_;
+  bool eal_up_ = false, workers_launched_ = false;
+  std::atomic<bool> workers_stop_{false};
+  std::atomic<bool> stop_requested_{false};
+  std::atomic_flag turning_ = ATOMIC_FLAG_INIT;  // a thread is in progress() or wait_readable()
+  std::uint64_t last_serve_ = 0;
+};
+
+}  // namespace uroce::control

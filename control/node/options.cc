@@ -1,0 +1,275 @@
+#include "control/node/options.h"
+
+#include <grp.h>
+#include <sys/stat.h>
+
+#include <boost/program_options.hpp>
+#include <cmath>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include <rte_config.h>  // RTE_MAX_LCORE
+
+namespace po = boost::program_options;
+
+namespace uroce::control {
+
+namespace {
+
+bool parse_mac(const std::string& s, wire::MacAddr& m) {
+  unsigned v[6];
+  if (std::sscanf(s.c_str(), "%x:%x:%x:%x:%x:%x", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5]) != 6) return false;
+  for (int i = 0; i < 6; ++i) {
+    if (v[i] > 255) return false;
+    m[static_cast<std::size_t>(i)] = static_cast<std::uint8_t>(v[i]);
+  }
+  return true;
+}
+
+constexpr long kMaxConfigBytes = 1 << 20;  // a config file larger than this is refused
+
+}  // namespace
+
+ParseResult parse_options(const std::string& line, NodeOptions& out, std::string& text) {
+  std::vector<std::string> words = po::split_unix(line);
+  std::vector<const char*> argv = {"uroce"};
+  for (const auto& w : words) argv.push_back(w.c_str());
+  return parse_options(static_cast<int>(argv.size()), argv.data(), out, text);
+}
+
+ParseResult parse_options(int argc, const char* const* argv, NodeOptions& out, std::string& text) {
+  std::vector<std::string> port_names, ip_texts;
+  std::string lcores_text, app_socket;
+  std::string app_socket_mode_text = "0660", app_socket_group;
+  unsigned shards = 1, app_pipe_idx = 0;
+  std::string config, capture_path, ctl_path, fault_rx, fault_tx, app_role, app_peer, app_ops,
+      eal_extra, file_prefix, log_level;
+  std::vector<std::string> vdevs, neighbors;
+  bool no_huge = out.no_huge, app_forever = false, tx_copy = out.tx_copy;
+  pipeline::IdleConfig idle_cfg = out.idle;
+  bool busy_poll = false;
+  unsigned mem_mb = out.mem_mb, vlan = out.vlan, pcp = out.pcp, dscp = out.dscp, ecn = out.ecn, mtu = 1024, app_port = 18515, app_depth = 32,
+           timeout = 14, retry_cnt = 7, lcore = 0;
+  std::uint64_t app_messages = 1000;
+  std::uint32_t app_size = 4096;
+  double duration = 0;
+
+  po::options_description opts("uroced options");
+  opts.add_options()("help,h", "show this help")("config,c", po::value(&config), "config file (key = value)")
+      ("port", po::value(&port_names)->composing(), "ethdev to use, e.g. net_memif0, net_af_packet0 or a PCI address (repeatable)")
+      ("shards", po::value(&shards), "pipelines per port, one lcore each; QPs sharded by QPN (default 1)")
+      ("lcores", po::value(&lcores_text), "lcores for the pipelines, e.g. 0,1 (default: --lcore and the next ones)")
+      ("app-pipeline", po::value(&app_pipe_idx), "which pipeline runs the built-in app (default 0)")
+      ("app-socket", po::value(&app_socket), "Unix socket where applications (liburoce) attach")
+      ("app-socket-mode", po::value(&app_socket_mode_text), "permissions of the application socket, octal (default 0660)")
+      ("app-socket-group", po::value(&app_socket_group), "group that owns the application socket (default: the daemon's)")
+      ("vdev", po::value(&vdevs)->composing(), "create a DPDK vdev (repeatable), e.g. net_af_packet0,iface=veth0")
+      ("no-huge", po::bool_switch(&no_huge), "run without hugepages")
+      ("mem-mb", po::value(&mem_mb), "EAL memory in MB (default 512)")
+      ("lcore", po::value(&lcore), "the first lcore to run on (default 0)")
+      ("file-prefix", po::value(&file_prefix), "EAL file prefix (needed for several daemons on one host)")
+      ("eal", po::value(&eal_extra), "extra EAL arguments, space separated")
+      ("ip", po::value(&ip_texts)->composing(), "the RoCE address (GID), IPv4 or IPv6: one per --port, in order")
+      ("neighbor", po::value(&neighbors)->composing(), "static neighbour IP=MAC (repeatable)")
+      ("vlan", po::value(&vlan), "802.1Q VLAN ID for all traffic, 1..4094 (default: untagged)")
+      ("pcp", po::value(&pcp), "802.1Q priority with --vlan, 0..7 (default 0)")
+      ("dscp", po::value(&dscp), "DSCP for RoCE traffic, 0..63 (default 0)")
+      ("ecn", po::value(&ecn), "ECN bits on data, 0..3 (default 2 = ECT(0))")
+      ("capture", po::value(&capture_path), "write all RoCE traffic, both directions, to this pcap file")
+      ("ctl-socket", po::value(&ctl_path), "Unix socket for status and control (status, fault, stop)")
+      ("fault-rx", po::value(&fault_rx), "RX fault injection, e.g. drop=0.01,dup=0.01,reorder=0.02")
+      ("fault-tx", po::value(&fault_tx), "TX fault injection, same syntax")
+      ("tx-copy", po::bool_switch(&tx_copy), "always copy payloads into mbufs (no external-buffer zero-copy)")
+      ("idle-spin-us", po::value(&idle_cfg.spin_us), "keep polling this long after the last work, then sleep (default 5)")
+      ("poll-tick-us", po::value(&idle_cfg.tick_us),
+       "sleep between polls while warm; bounds RX latency on PMDs without interrupts (default 20)")
+      ("idle-warm-ms", po::value(&idle_cfg.warm_ms), "after this long without work, sleeps double (default 10)")
+      ("idle-max-us", po::value(&idle_cfg.max_sleep_us), "longest idle sleep in us; 0 = always busy-poll (default 2000)")
+      ("busy-poll", po::bool_switch(&busy_poll), "never sleep: poll all the time (for dedicated, pinned cores)")
+      ("duration", po::value(&duration), "stop after this many seconds (0 = run until stopped)")
+      ("log-level", po::value(&log_level), "debug, info, warn or error (default info)")
+      ("app", po::value(&app_role), "built-in RC traffic: server or client")
+      ("app-peer", po::value(&app_peer), "client: host of the server's TCP exchange")
+      ("app-port", po::value(&app_port), "TCP port of the exchange (default 18515)")
+      ("app-messages", po::value(&app_messages), "messages to run (default 1000)")
+      ("app-size", po::value(&app_size), "message size in bytes, >= 8 (default 4096)")
+      ("app-ops", po::value(&app_ops), "operations: send,write,read,atomic (default all)")
+      ("app-depth", po::value(&app_depth), "messages in flight (default 32)")
+      ("app-forever", po::bool_switch(&app_forever), "server: keep serving clients")
+      ("mtu", po::value(&mtu), "path MTU: 256, 512, 1024, 2048 or 4096 (default 1024)")
+      ("timeout", po::value(&timeout), "QP timeout exponent 0..31: 4.096 us * 2^timeout (default 14)")
+      ("retry-cnt", po::value(&retry_cnt), "QP retry count 0..7 (default 7)");
+  po::variables_map vm;
+  try {
+    po::store(po::parse_command_line(argc, argv, opts), vm);
+    if (vm.count("config")) {
+      // A regular file of bounded size: not a device (/dev/zero never ends),
+      // not a directory (which reads as empty and hides the mistake).
+      const std::string path = vm["config"].as<std::string>();
+      struct stat st {};
+      if (::stat(path.c_str(), &st) != 0) {
+        text = "cannot read config file '" + path + "': " + std::strerror(errno);
+        return ParseResult::kError;
+      }
+      if (!S_ISREG(st.st_mode)) {
+        text = "config file '" + path + "' is not a regular file";
+        return ParseResult::kError;
+      }
+      if (st.st_size > kMaxConfigBytes) {
+        text = "config file '" + path + "' is over " + std::to_string(kMaxConfigBytes) + " bytes";
+        return ParseResult::kError;
+      }
+      std::ifstream f(path);
+      if (!f) {
+        text = "cannot read config file '" + path + "'";
+        return ParseResult::kError;
+      }
+      po::store(po::parse_config_file(f, opts), vm);
+    }
+    po::notify(vm);
+  } catch (const std::exception& e) {
+    text = std::string(e.what()) + " (see --help)";
+    return ParseResult::kError;
+  }
+  if (vm.count("help")) {
+    std::ostringstream h;
+    h << opts;
+    text = h.str();
+    return ParseResult::kHelp;
+  }
+  auto bad = [&text](const std::string& why) {
+    text = why;
+    return ParseResult::kError;
+  };
+  if (!log_level.empty()) {
+    const char* names[] = {"debug", "info", "warn", "error"};
+    out.log_level = -1;
+    for (int i = 0; i < 4; ++i)
+      if (log_level == names[i]) out.log_level = i;
+    if (out.log_level < 0) return bad("--log-level must be debug, info, warn or error");
+  }
+  if (port_names.empty()) return bad("--port is required (the ethdev to use)");
+  if (ip_texts.size() != port_names.size())
+    return bad("give one --ip per --port (" + std::to_string(port_names.size()) + " ports, " +
+               std::to_string(ip_texts.size()) + " addresses)");
+  std::vector<wire::IpAddr> ips(ip_texts.size());
+  for (std::size_t i = 0; i < ip_texts.size(); ++i)
+    if (!wire::IpAddr::parse(ip_texts[i], ips[i])) return bad("--ip must be an IPv4 or IPv6 address, got '" + ip_texts[i] + "'");
+  if (shards < 1 || shards > 64) return bad("--shards must be 1..64");
+  const std::size_t npipes = port_names.size() * shards;
+  std::vector<unsigned> lcores;
+  if (!lcores_text.empty()) {
+    std::stringstream ls(lcores_text);
+    std::string t;
+    while (std::getline(ls, t, ',')) {
+      char* end = nullptr;
+      const unsigned long v = std::strtoul(t.c_str(), &end, 10);
+      if (t.empty() || *end != '\0' || v >= RTE_MAX_LCORE) return bad("--lcores must be a comma-separated list of lcore numbers");
+      lcores.push_back(static_cast<unsigned>(v));
+    }
+  } else {
+    for (std::size_t i = 0; i < npipes; ++i) lcores.push_back(lcore + static_cast<unsigned>(i));
+  }
+  if (lcores.size() != npipes)
+    return bad("need " + std::to_string(npipes) + " lcores (ports x shards), --lcores gives " + std::to_string(lcores.size()));
+  if (!app_socket.empty() && npipes != 1) return bad("--app-socket needs a single pipeline for now (one port, --shards 1)");
+  if (!app_socket.empty() && !app_role.empty()) return bad("--app-socket and the built-in --app are exclusive");
+  if (app_pipe_idx >= npipes) return bad("--app-pipeline must be below the number of pipelines (" + std::to_string(npipes) + ")");
+  if (dscp > 63) return bad("--dscp must be 0..63");
+  if (vm.count("vlan") && (vlan < 1 || vlan > 4094)) return bad("--vlan must be 1..4094");
+  if (pcp > 7) return bad("--pcp must be 0..7");
+  if (ecn > 3) return bad("--ecn must be 0..3");
+  if (mtu != 256 && mtu != 512 && mtu != 1024 && mtu != 2048 && mtu != 4096)
+    return bad("--mtu must be 256, 512, 1024, 2048 or 4096");
+  if (timeout > 31) return bad("--timeout must be 0..31");
+  if (!std::isfinite(duration) || duration < 0 || duration > 1e7) return bad("--duration must be 0..10000000 seconds");
+  if (mem_mb < 64 || mem_mb > (1u << 20)) return bad("--mem-mb must be 64..1048576");
+  if (app_port < 1 || app_port > 65535) return bad("--app-port must be 1..65535");
+  if (lcore >= RTE_MAX_LCORE) return bad("--lcore must be below " + std::to_string(RTE_MAX_LCORE));
+  // The socket's mode is octal, as chmod(1) reads it: 0660 or 660. Only
+  // permission bits; other users are never given write access by default.
+  unsigned app_socket_mode = 0;
+  {
+    const std::string& t = app_socket_mode_text;
+    char* end = nullptr;
+    const unsigned long v = std::strtoul(t.c_str(), &end, 8);
+    if (t.empty() || *end != '\0' || t.find_first_not_of("01234567") != std::string::npos || v > 0777)
+      return bad("--app-socket-mode must be octal permission bits, 0000..0777 (e.g. 0660), got '" + t + "'");
+    app_socket_mode = static_cast<unsigned>(v);
+  }
+  gid_t app_socket_gid = static_cast<gid_t>(-1);
+  if (!app_socket_group.empty()) {
+    const group* g = ::getgrnam(app_socket_group.c_str());
+    if (!g) return bad("--app-socket-group: no group named '" + app_socket_group + "'");
+    app_socket_gid = g->gr_gid;
+  }
+  if (idle_cfg.spin_us > 1'000'000 || idle_cfg.tick_us < 1 || idle_cfg.tick_us > 1'000'000 || idle_cfg.warm_ms > 60'000 ||
+      idle_cfg.max_sleep_us > 1'000'000)
+    return bad("--idle-spin-us 0..1000000, --poll-tick-us 1..1000000, --idle-warm-ms 0..60000, --idle-max-us 0..1000000");
+  if (busy_poll) idle_cfg.max_sleep_us = 0;
+  if (retry_cnt > 7) return bad("--retry-cnt must be 0..7");
+  pipeline::FaultConfig frx, ftx;
+  std::string err;
+  if (!pipeline::FaultConfig::parse(fault_rx, frx, err)) return bad("--fault-rx: " + err);
+  if (!pipeline::FaultConfig::parse(fault_tx, ftx, err)) return bad("--fault-tx: " + err);
+  AppOptions ao;
+  if (!app_role.empty()) {
+    if (app_role == "server") ao.role = AppOptions::Role::kServer;
+    else if (app_role == "client") ao.role = AppOptions::Role::kClient;
+    else return bad("--app must be server or client");
+    if (ao.role == AppOptions::Role::kClient && app_peer.empty()) return bad("--app client needs --app-peer");
+    if (app_size < 8 || app_size > (64u << 20)) return bad("--app-size must be 8 bytes .. 64 MiB");
+    if (app_depth == 0 || app_depth > 1024) return bad("--app-depth must be 1..1024");
+    if (!app_ops.empty() && !parse_ops(app_ops, ao.ops, err)) return bad("--app-ops: " + err);
+    ao.peer_host = app_peer;
+    ao.port = static_cast<std::uint16_t>(app_port);
+    ao.messages = app_messages;
+    ao.size = app_size;
+    ao.depth = app_depth;
+    ao.mtu = static_cast<ibv_mtu>(__builtin_ctz(mtu) - 7);
+    ao.timeout = static_cast<std::uint8_t>(timeout);
+    ao.retry_cnt = static_cast<std::uint8_t>(retry_cnt);
+    ao.forever = app_forever;
+  }
+  std::vector<std::pair<wire::IpAddr, wire::MacAddr>> statics;
+  for (const auto& n : neighbors) {
+    const auto eq = n.find('=');
+    wire::IpAddr nip;
+    wire::MacAddr nmac;
+    if (eq == std::string::npos || !wire::IpAddr::parse(n.substr(0, eq), nip) || !parse_mac(n.substr(eq + 1), nmac))
+      return bad("--neighbor must be IP=MAC, got '" + n + "'");
+    statics.emplace_back(nip, nmac);
+  }
+  out.ports = port_names;
+  out.ips = ips;
+  out.shards = shards;
+  out.lcores = lcores;
+  out.app_socket = app_socket;
+  out.app_socket_mode = app_socket_mode;
+  out.app_socket_gid = app_socket_gid;
+  out.vdevs = vdevs;
+  out.no_huge = no_huge;
+  out.mem_mb = mem_mb;
+  out.file_prefix = file_prefix;
+  out.eal_extra = eal_extra;
+  out.neighbors = statics;
+  out.vlan = vlan;
+  out.pcp = pcp;
+  out.dscp = dscp;
+  out.ecn = ecn;
+  out.capture = capture_path;
+  out.ctl_socket = ctl_path;
+  out.fault_rx = frx;
+  out.fault_tx = ftx;
+  out.tx_copy = tx_copy;
+  out.idle = idle_cfg;
+  out.duration = duration;
+  out.app = ao;
+  out.app_pipeline = app_pipe_idx;
+  return ParseResult::kOk;
+}
+
+}  // namespace uroce::control

@@ -1,0 +1,57 @@
+// A node's options: what uroced takes on its command line or in its config
+// file, and what an embedded-mode application gives in its device spec
+// (UROCE_EMBEDDED or "embedded:OPTIONS"). One parser for both, so the two
+// modes cannot drift: every option means the same in each.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "control/node/app.h"
+#include "stack/pipeline/dataplane.h"
+#include "stack/pipeline/fault.h"
+#include "stack/wire/addr.h"
+
+namespace uroce::control {
+
+struct NodeOptions {
+  std::vector<std::string> ports;  // ethdev names, one pipeline each (times shards)
+  std::vector<wire::IpAddr> ips;   // one per port
+  unsigned shards = 1;
+  std::vector<unsigned> lcores;  // one per pipeline; the first is the main lcore
+  std::string app_socket;        // where liburoce sessions attach (empty: none)
+  unsigned app_socket_mode = 0660;
+  gid_t app_socket_gid = static_cast<gid_t>(-1);
+  std::vector<std::string> vdevs;
+  bool no_huge = false;
+  unsigned mem_mb = 512;
+  std::string file_prefix, eal_extra;
+  std::vector<std::pair<wire::IpAddr, wire::MacAddr>> neighbors;  // static entries
+  unsigned vlan = 0, pcp = 0, dscp = 0, ecn = 2;
+  std::string capture, ctl_socket;
+  pipeline::FaultConfig fault_rx, fault_tx;
+  bool tx_copy = false;
+  pipeline::IdleConfig idle;
+  double duration = 0;  // seconds; 0 = until stopped
+  int log_level = 1;    // 0 debug, 1 info, 2 warn, 3 error
+  AppOptions app;       // the built-in traffic generator (uroced --app)
+  unsigned app_pipeline = 0;
+};
+
+enum class ParseResult { kOk, kHelp, kError };
+
+/// Parses uroced's options (argv[0] is the program name and is skipped), a
+/// config file named by --config included, and checks them. `out` holds the
+/// defaults on entry (embedded mode prefers warnings-only logging); an
+/// option given replaces its default. On kHelp, `text` is the help; on
+/// kError, why.
+ParseResult parse_options(int argc, const char* const* argv, NodeOptions& out, std::string& text);
+
+/// The same from one string, split as a shell would (quotes kept together).
+ParseResult parse_options(const std::string& line, NodeOptions& out, std::string& text);
+
+}  // namespace uroce::control

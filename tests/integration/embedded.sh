@@ -1,0 +1,104 @@
+#!/bin/bash
+# Embedded mode: the engine, pipeline and port inside the application
+# (liburoce's plugin), driven by its own calls. Two embedded processes over
+# memif run the perftest matrix, loss recovery and the RDMA CM; an embedded
+# application against a daemon runs app_pair's op matrix, completion
+# channels, SRQs and CM. Bad specs are refused with a reason.
+. "$(dirname "$0")/lib.sh"
+need_root
+PERF=${UROCE_PERF:?path to uroce-perf}
+RPING=${UROCE_RPING:?path to uroce-rping}
+APP=${APP_PAIR:?path to app_pair}
+BASE=$((25000 + ($$ % 200) * 20))
+py() { /usr/bin/python3 -c "import json,sys; r=json.load(open(sys.argv[1])); $1" "$2"; }
+# The two nodes: A is memif's server, B its client. EXTRA_A/EXTRA_B add options.
+spec() {  # spec a|b EXTRA
+  local role=server ip=10.97.0.1 lc=0
+  [ "$1" = b ] && role=client ip=10.97.0.2 lc=1
+  echo "--port net_memif0 --vdev net_memif0,role=$role,socket=$TMP/m.sock,bsize=8192 --ip $ip --lcore $lc" \
+       "--no-huge --mem-mb 256 --file-prefix emb$1-$$ ${2:-}"
+}
+# status_at_exit FILE: the node's closing status line (--log-level info) as JSON
+status_at_exit() { sed -n 's/.*msg="uroce embedded node stopped" status=//p' "$1" | tail -1; }
+
+# pair TEST NAME "EXTRA_A" "EXTRA_B" ARGS...: uroce-perf server embedded as A, client embedded as B
+pair() {
+  local test=$1 name=$2 ea=$3 eb=$4; shift 4
+  local port=$BASE; BASE=$((BASE + 1))
+  rm -f "$TMP/m.sock"
+  UROCE_EMBEDDED="$(spec a "$ea")" timeout 120 "$PERF" "$test" -p $port --json "$@" > "$TMP/$name.srv" 2> "$TMP/$name.srv.err" & local s=$!
+  for i in $(seq 50); do [ -S "$TMP/m.sock" ] && break; sleep 0.1; done
+  UROCE_EMBEDDED="$(spec b "$eb")" timeout 120 "$PERF" "$test" -p $port --json "$@" 127.0.0.1 > "$TMP/$name.cli" 2> "$TMP/$name.cli.err"
+  local crc=$?
+  wait $s; local src=$?
+  echo "  $name: client $crc server $src"
+  [ $crc -eq 0 ] && [ $src -eq 0 ] || { tail -3 "$TMP/$name.cli.err" "$TMP/$name.srv.err" | sed 's/^/    /'; false; }
+}
+
+echo "== the eight perftest tests, two embedded processes over memif"
+for t in write_bw send_bw read_bw atomic_bw write_lat send_lat read_lat atomic_lat; do
+  check "$t: embedded client and server both pass" "pair $t $t '' '' -n 300"
+  case $t in
+    *_bw) check "$t: 300 messages at a positive rate" \
+            "py 'x=r[\"results\"][0]; sys.exit(not (x[\"iterations\"]==300 and x[\"msg_rate_mpps\"]>0))' $TMP/$t.cli" ;;
+    *) check "$t: 300 round trips, latency columns ordered" \
+         "py 'x=r[\"results\"][0]; sys.exit(not (x[\"iterations\"]==300 and 0<x[\"t_min\"]<=x[\"t_typical\"]<=x[\"t_max\"]))' $TMP/$t.cli" ;;
+  esac
+done
+py 'x=r["results"][0]; print("  send_lat %.2f us typical (embedded, 2 B)" % x["t_typical"])' "$TMP/send_lat.cli"
+
+echo "== loss recovery: 5% of frames dropped on receive at both nodes"
+for t in write_bw send_bw read_bw; do
+  check "$t under 5% loss: both pass" "pair $t loss_$t '--fault-rx drop=0.05 --log-level info' '--fault-rx drop=0.05 --log-level info' -n 2000 -s 4096"
+  st=$(status_at_exit "$TMP/loss_$t.cli.err")
+  check "$t under 5% loss: B's node dropped frames and recovered by go-back-N" \
+    "[ -n '$st' ] && [ \$(jget '$st' fault_rx.dropped) -gt 0 ] && [ \$(jget '$st' qp_totals.retransmitted_pkts) -gt 0 ]"
+  echo "  $t: B dropped $(jget "$st" fault_rx.dropped 2>/dev/null), retransmitted $(jget "$st" qp_totals.retransmitted_pkts 2>/dev/null)"
+done
+
+echo "== RDMA CM: uroce-rping between two embedded processes, 30 pings validated, frames reordered"
+rm -f "$TMP/m.sock"
+UROCE_EMBEDDED="$(spec a '--fault-rx reorder=0.3,reorder_us=3000 --log-level info')" timeout 120 "$RPING" -s -C 30 -p 7302 > "$TMP/rps.out" 2> "$TMP/rps.err" & sp=$!
+for i in $(seq 50); do grep -q '^listening' "$TMP/rps.out" && break; sleep 0.1; done
+UROCE_EMBEDDED="$(spec b)" timeout 120 "$RPING" -c -a 10.97.0.1 -p 7302 -C 30 -V > "$TMP/rpc.out" 2> "$TMP/rpc.err"; rc=$?
+wait $sp; src=$?
+st=$(status_at_exit "$TMP/rps.err")
+echo "  client: $(tail -1 "$TMP/rpc.out"); server: $(tail -1 "$TMP/rps.out"); A reordered $(jget "$st" fault_rx.reordered 2>/dev/null)"
+check "rping: 30 pings validated, 30 served, with frames reordered, through the CM on both nodes" \
+  "[ $rc -eq 0 ] && [ $src -eq 0 ] && grep -q '^30 pings, data validated' '$TMP/rpc.out' && grep -q '^30 pings' '$TMP/rps.out' && [ \$(jget '$st' fault_rx.reordered) -gt 0 ] && [ \$(jget '$st' cm.established) -ge 1 ]"
+
+echo "== an embedded application against a daemon: app_pair's op matrix, channels, SRQ, CM"
+rm -f "$TMP/m.sock"
+start_daemon "" db --port net_memif0 --vdev "net_memif0,role=server,socket=$TMP/m.sock,bsize=8192" --ip 10.97.0.2 --lcore 1 \
+  --app-socket "$TMP/b.app" --ctl-socket "$TMP/b.ctl"
+for i in $(seq 50); do [ -S "$TMP/b.app" ] && break; sleep 0.1; done
+EA="embedded:--port net_memif0 --vdev net_memif0,role=client,socket=$TMP/m.sock,bsize=8192 --ip 10.97.0.1 --lcore 0 --no-huge --mem-mb 256 --file-prefix embe-$$ --ctl-socket $TMP/e.ctl"
+for m in ops events srq cm; do
+  timeout 120 "$APP" $m "$EA" "$TMP/b.app" > "$TMP/$m.out" 2>&1; rc=$?
+  grep FAIL "$TMP/$m.out" | head -5 | sed 's/^/  /'; echo "  $m: $(tail -1 "$TMP/$m.out")"
+  check "$m: all checks pass, A embedded and B on uroced" "[ $rc -eq 0 ] && grep -qE '^[1-9][0-9]* passed, 0 failed' '$TMP/$m.out'"
+done
+
+echo "== the control socket of an embedded node: status while it runs; stop refused"
+"$APP" hold "$EA" 3 > "$TMP/hold.out" 2>&1 & hp=$!
+for i in $(seq 50); do grep -q qpn "$TMP/hold.out" && break; sleep 0.1; done
+st=$(ctl "$TMP/e.ctl" status); stp=$(ctl "$TMP/e.ctl" stop)
+wait $hp; hrc=$?
+check "uroce-ctl status: one session with its QP, in the application's own process" \
+  "echo '$st' | /usr/bin/python3 -c 'import json,sys; d=json.load(sys.stdin); l=d[\"session_list\"]; sys.exit(not (d[\"sessions\"]==1 and l[0][\"pid\"]==$hp and len(l[0][\"qpns\"])==1))'"
+check "stop is refused: an embedded node stops with its application" "echo '$stp' | grep -q 'stops when its application closes'"
+check "the holding application ran to its end" "[ $hrc -eq 0 ]"
+
+echo "== bad specs are refused with a reason, not a crash"
+UROCE_EMBEDDED="--port net_memif0 --bogus" "$PERF" send_lat -p $BASE 127.0.0.1 > "$TMP/bad1.out" 2>&1; rc1=$?
+UROCE_EMBEDDED="$(spec a '--app server')" "$PERF" send_lat -p $BASE 127.0.0.1 > "$TMP/bad2.out" 2>&1; rc2=$?
+UROCE_EMBEDDED="--ip 10.97.0.9" "$PERF" send_lat -p $BASE 127.0.0.1 > "$TMP/bad3.out" 2>&1; rc3=$?
+UROCE_EMBEDDED_PLUGIN=/nonexistent.so UROCE_EMBEDDED="$(spec a)" "$PERF" send_lat -p $BASE 127.0.0.1 > "$TMP/bad4.out" 2>&1; rc4=$?
+for f in bad1 bad2 bad3 bad4; do echo "  $f: $(grep -v '^$' "$TMP/$f.out" | tail -1)"; done
+check "an unknown option: refused, named" "[ $rc1 -ne 0 ] && [ $rc1 -lt 128 ] && grep -q 'bogus' '$TMP/bad1.out'"
+check "--app in embedded mode: refused" "[ $rc2 -ne 0 ] && [ $rc2 -lt 128 ] && grep -q 'no place in embedded mode' '$TMP/bad2.out'"
+check "no --port: refused" "[ $rc3 -ne 0 ] && [ $rc3 -lt 128 ] && grep -q -- '--port is required' '$TMP/bad3.out'"
+check "a missing plugin: refused, named" "[ $rc4 -ne 0 ] && [ $rc4 -lt 128 ] && grep -q 'nonexistent.so' '$TMP/bad4.out'"
+UROCE_EMBEDDED="$(spec b)" "$APP" devices 1 > "$TMP/dev.out" 2>&1; rc=$?
+check "\$UROCE_EMBEDDED lists one device, embedded, and it opens" "[ $rc -eq 0 ] && grep -q '^device embedded ' '$TMP/dev.out'"
+finish
