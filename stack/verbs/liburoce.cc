@@ -504,7 +504,7 @@ const char* uroce_get_device_path(const uroce_device* d) { return d ? d->path.c_
 
 uroce_context* uroce_open_device_by_name(const char* name) {
   const std::string want = name ? name : "";
-  if (want.find('/') != std::string::npos) return uroce_open_device(want.c_str());
+  if (want.find('/') != std::string::npos || want.rfind("embedded:", 0) == 0) return uroce_open_device(want.c_str());
   int n = 0;
   uroce_device** list = uroce_get_device_list(&n);
   std::string path;

@@ -73,7 +73,8 @@ const char* uroce_get_device_name(const struct uroce_device* device);
 const char* uroce_get_device_path(const struct uroce_device* device);
 
 /* Opens a device by name from the device list, or by socket path (a name
- * with a '/'), or the first listed device when name is NULL or empty.
+ * with a '/') or embedded spec ("embedded:OPTIONS"), or the first listed
+ * device when name is NULL or empty.
  * NULL with errno ENODEV when there is no such device. */
 struct uroce_context* uroce_open_device_by_name(const char* name);
 

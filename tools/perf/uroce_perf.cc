@@ -114,7 +114,7 @@ bool die(const std::string& why) {
 }
 
 std::string find_device(const std::string& want, std::string& name) {
-  if (want.find('/') != std::string::npos) {
+  if (want.find('/') != std::string::npos || want.rfind("embedded:", 0) == 0) {  // a path or an embedded spec
     name = want;
     return want;
   }
