@@ -26,6 +26,14 @@ struct Embedded {
   std::string sock;
 };
 
+/// The private socket directory, for a process that exits with the device
+/// still open (the node itself goes with the process).
+char g_dir_at_exit[64], g_sock_at_exit[96];
+void remove_socket_at_exit() {
+  if (g_sock_at_exit[0]) ::unlink(g_sock_at_exit);
+  if (g_dir_at_exit[0]) ::rmdir(g_dir_at_exit);
+}
+
 void put(char* out, std::size_t len, const std::string& s) {
   if (!out || len == 0) return;
   std::snprintf(out, len, "%s", s.c_str());
@@ -49,6 +57,10 @@ void* start(const char* options, char* sock, std::size_t sock_len, char* err, st
     put(err, err_len, "embedded mode runs one pipeline: one --port, --shards 1");
     return nullptr;
   }
+  if (o.duration > 0) {
+    put(err, err_len, "--duration has no place in embedded mode: the node runs until the application closes it");
+    return nullptr;
+  }
   auto e = std::make_unique<Embedded>();
   if (o.app_socket.empty()) {
     char tmpl[] = "/tmp/uroce-embedded-XXXXXX";
@@ -64,12 +76,21 @@ void* start(const char* options, char* sock, std::size_t sock_len, char* err, st
   std::string why;
   e->node = Node::start(o, /*embedded=*/true, why);
   if (!e->node) {
-    if (!e->dir.empty()) ::rmdir(e->dir.c_str());
+    if (!e->dir.empty()) {
+      ::unlink(e->sock.c_str());
+      ::rmdir(e->dir.c_str());
+    }
     if (spent) *spent = 1;  // the EAL was tried (Node::start's first step)
     put(err, err_len, why);
     return nullptr;
   }
   put(sock, sock_len, e->sock);
+  if (!e->dir.empty()) {
+    static bool registered = false;
+    std::snprintf(g_dir_at_exit, sizeof g_dir_at_exit, "%s", e->dir.c_str());
+    std::snprintf(g_sock_at_exit, sizeof g_sock_at_exit, "%s", e->sock.c_str());
+    if (!registered) registered = std::atexit(remove_socket_at_exit) == 0;  // the plugin is never unloaded
+  }
   return e.release();
 }
 
@@ -77,17 +98,20 @@ std::size_t progress(void* h) { return static_cast<Embedded*>(h)->node->progress
 
 int wait(void* h, int fd, int timeout_ms) { return static_cast<Embedded*>(h)->node->wait_readable(fd, timeout_ms); }
 
+void interrupt(void* h) { static_cast<Embedded*>(h)->node->interrupt_waits(); }
+
 void stop(void* h) {
   auto* e = static_cast<Embedded*>(h);
   e->node.reset();
   if (!e->dir.empty()) {
     ::unlink(e->sock.c_str());
     ::rmdir(e->dir.c_str());
+    g_dir_at_exit[0] = g_sock_at_exit[0] = '\0';
   }
   delete e;
 }
 
-constexpr uroce_embedded_ops kOps = {UROCE_EMBEDDED_VERSION, start, progress, wait, stop};
+constexpr uroce_embedded_ops kOps = {UROCE_EMBEDDED_VERSION, start, progress, wait, interrupt, stop};
 
 }  // namespace
 

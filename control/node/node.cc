@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <optional>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -141,7 +142,9 @@ nlohmann::ordered_json Node::status() const {
     const pipeline::IdleConfig& ic = pipes_[0]->dp->idle_config();
     o["wait"] = {{"busy_poll", ic.max_sleep_us == 0}, {"spin_us", ic.spin_us},       {"tick_us", ic.tick_us},
                  {"warm_ms", ic.warm_ms},             {"max_sleep_us", ic.max_sleep_us},
-                 {"doorbells", sessions_ ? sessions_->doorbells() : 0}};
+                 {"doorbells", sessions_ ? sessions_->doorbells() : 0},
+                 {"rx_interrupts", pipes_[0]->dp->rx_wakes()},
+                 {"rx_wakes", rx_wakes_}};
   }
   o["limits"] = {{"control_line_bytes", kMaxControlLine}};
   for (std::size_t k = 0; k < pipes_.size(); ++k) {
@@ -301,11 +304,31 @@ class Node::MainWait {
     io_.run_one();
     io_.poll();
   }
+  /// Also wake when `fd`, the port's RX interrupt, is readable; each such
+  /// wake-up is counted in `*wakes`.
+  void watch_rx(int fd, std::uint64_t* wakes) {
+    rx_.emplace(io_, ::dup(fd));
+    rx_wakes_ = wakes;
+  }
+  /// Before the loop's last look at the port: from here a frame ends the
+  /// coming sleep (asio's epoll is edge-triggered, so the wait must be
+  /// registered before that look, not after it).
+  void arm_rx() {
+    if (!rx_ || rx_pending_) return;
+    rx_pending_ = true;
+    rx_->async_wait(asio::posix::descriptor_base::wait_read, [this](boost::system::error_code ec) {
+      rx_pending_ = false;
+      if (!ec) ++*rx_wakes_;
+    });
+  }
 
  private:
   asio::io_context& io_;
   asio::steady_timer timer_;
   bool pending_ = false;
+  std::optional<asio::posix::stream_descriptor> rx_;
+  bool rx_pending_ = false;
+  std::uint64_t* rx_wakes_ = nullptr;
 };
 
 Node::Node() = default;
@@ -354,6 +377,7 @@ std::unique_ptr<Node> Node::start(const NodeOptions& o, bool embedded, std::stri
     dpdk::PortOptions popt;
     popt.name = o.ports[pi];
     popt.zero_copy = !o.tx_copy;
+    popt.rx_interrupts = o.rx_interrupts;
     popt.shards = static_cast<std::uint16_t>(o.shards);
     auto port = dpdk::Port::open(popt, err);
     if (!port) {
@@ -389,6 +413,9 @@ std::unique_ptr<Node> Node::start(const NodeOptions& o, bool embedded, std::stri
       p->dp->rx_faults().configure(o.fault_rx);
       p->dp->tx_faults().configure(o.fault_tx);
       p->dp->set_idle(o.idle);
+      // The main lcore's sleeps end when a frame comes if the port has an
+      // RX interrupt; worker shards read rings, and keep the poll tick.
+      p->dp->set_rx_wakes(sh == 0 && pi == 0 && port->rx_interrupt_fd() >= 0);
       if (!o.capture.empty()) {
         // One file per pipeline: the first is FILE, the others FILE.N.
         const std::string path = n->pipes_.empty() ? o.capture : o.capture + "." + std::to_string(n->pipes_.size());
@@ -455,13 +482,14 @@ std::unique_ptr<Node> Node::start(const NodeOptions& o, bool embedded, std::stri
     n->workers_launched_ = true;
   }
   prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);  // short idle sleeps really are short (default slack is 50 us)
+  n->started_ = true;
   return n;
 }
 
 Node::~Node() {
   workers_stop_ = true;
   if (workers_launched_) rte_eal_mp_wait_lcore();
-  if (!pipes_.empty()) log(1, embedded_ ? "uroce embedded node stopped" : "uroced stopped", "status=" + status_json());
+  if (started_) log(1, embedded_ ? "uroce embedded node stopped" : "uroced stopped", "status=" + status_json());
   for (auto& p : pipes_)
     if (p->capture) p->capture->close();
   ctl_.reset();
@@ -485,6 +513,8 @@ int Node::run(const volatile sig_atomic_t& stop) {
   std::uint64_t last_ctl = 0, stop_at = 0;
   int rc = 0;
   MainWait waiter(io_);
+  dpdk::Port* rx_port = main_pipe.port->rx_interrupt_fd() >= 0 ? main_pipe.port : nullptr;
+  if (rx_port) waiter.watch_rx(rx_port->rx_interrupt_fd(), &rx_wakes_);
   for (;;) {
     std::uint64_t now = now_ns();
     std::size_t work = one_pass(now);
@@ -513,6 +543,10 @@ int Node::run(const volatile sig_atomic_t& stop) {
     // once more: a post published before they saw the flag is found here,
     // and one after it rings the doorbell (uroce_abi.h, the session page).
     if (sessions_) sessions_->set_sleeping(true);
+    if (rx_port) {  // a frame after this arm wakes the sleep; one before it is found by the pass below
+      rx_port->rx_interrupt_arm();
+      waiter.arm_rx();
+    }
     now = now_ns();
     if (one_pass(now) == 0 && !stop && !stop_requested_) {
       waiter.sleep(sleep_ns);
@@ -520,6 +554,7 @@ int Node::run(const volatile sig_atomic_t& stop) {
     } else {
       main_pipe.dp->idle_sleep_ns(1, now);  // that pass found work: busy again
     }
+    if (rx_port) rx_port->rx_interrupt_disarm();
     if (sessions_) sessions_->set_sleeping(false);
   }
   return rc;
@@ -529,6 +564,8 @@ std::size_t Node::progress() {
   if (turning_.test_and_set(std::memory_order_acquire)) return 0;
   const std::uint64_t now = now_ns();
   std::size_t work = one_pass(now);
+  // Work restarts the idle clock, so the next wait spins before it sleeps.
+  if (work) (void)pipes_[0]->dp->idle_sleep_ns(work, now);
   if (now - last_serve_ > 1'000'000) {  // sockets (session requests, CM events, uroce-ctl) about every ms
     io_.poll();
     last_serve_ = now;
@@ -541,32 +578,64 @@ int Node::wait_readable(int fd, int timeout_ms) {
   const std::uint64_t start = now_ns();
   const std::uint64_t deadline =
       timeout_ms < 0 ? UINT64_MAX : start + static_cast<std::uint64_t>(timeout_ms) * 1'000'000ull;
-  pollfd p{fd, POLLIN, 0};
+  // The awaited descriptor, and the port's RX interrupt where it has one
+  // (a frame then ends a sleep; without one the poll tick bounds it).
+  dpdk::Port* port = pipes_[0]->port;
+  const int rx_fd = port->rx_interrupt_fd();
+  pollfd p[2] = {{fd, POLLIN, 0}, {rx_fd, POLLIN, 0}};
   const nfds_t nfds = fd >= 0 ? 1 : 0;
+  bool armed = false;
+  const auto disarm = [&] {
+    if (armed && !turning_.test_and_set(std::memory_order_acquire)) {
+      port->rx_interrupt_disarm();
+      armed = false;
+      turning_.clear(std::memory_order_release);
+    }
+  };
   for (bool once = false;; once = true) {
+    if (interrupted_.load(std::memory_order_relaxed)) {
+      disarm();
+      return 0;
+    }
     std::uint64_t now = now_ns();
     std::uint64_t sleep_ns = 1'000'000;  // another thread turns the loop: look again within a millisecond
     if (!turning_.test_and_set(std::memory_order_acquire)) {
+      if (armed) port->rx_interrupt_disarm();
+      armed = false;
       // A reply to the application's own request, or a CM event, needs the
       // sockets served: every pass while waiting.
       io_.poll();
       last_serve_ = now;
+      if (rx_fd >= 0) {  // armed before the pass: a frame after it raises the interrupt
+        port->rx_interrupt_arm();
+        armed = true;
+      }
       const std::size_t work = one_pass(now);
       sleep_ns = pipes_[0]->dp->idle_sleep_ns(work, now);
       turning_.clear(std::memory_order_release);
     }
     if (nfds) {
-      const int r = ::poll(&p, nfds, 0);
-      if (r > 0) return 1;
+      const int r = ::poll(p, nfds, 0);
+      if (r > 0) {
+        disarm();
+        return 1;
+      }
       if (r < 0 && errno != EINTR) return -1;
     }
     now = now_ns();
-    if (now >= deadline || (fd < 0 && once)) return 0;
+    if (now >= deadline || (fd < 0 && once)) {
+      disarm();
+      return 0;
+    }
     if (sleep_ns == 0) continue;
     sleep_ns = std::min(sleep_ns, deadline - now);
     const timespec ts{static_cast<time_t>(sleep_ns / 1'000'000'000ull), static_cast<long>(sleep_ns % 1'000'000'000ull)};
-    const int r = ::ppoll(&p, nfds, &ts, nullptr);
-    if (r > 0) return 1;
+    const int r = ::ppoll(fd >= 0 ? p : p + 1, nfds + (armed ? 1 : 0), &ts, nullptr);
+    if (r > 0 && nfds && (p[0].revents & POLLIN)) {
+      disarm();
+      return 1;
+    }
+    if (r > 0 && armed) ++rx_wakes_;
     if (r < 0 && errno != EINTR) return -1;
   }
 }

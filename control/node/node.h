@@ -83,6 +83,9 @@ class Node {
   /// the engine's next timer), in ppoll on `fd`, so the fd ends a sleep.
   /// `fd` < 0: one wait of at most one sleep.
   int wait_readable(int fd, int timeout_ms);
+  /// Makes every wait_readable, now and later, return 0 at once (the node
+  /// is about to be destroyed; callers must leave it).
+  void interrupt_waits() { interrupted_ = true; }
 
   [[nodiscard]] nlohmann::ordered_json status() const;
   [[nodiscard]] std::string status_json() const;
@@ -108,6 +111,9 @@ class Node {
   std::atomic<bool> workers_stop_{false};
   std::atomic<bool> stop_requested_{false};
   std::atomic_flag turning_ = ATOMIC_FLAG_INIT;  // a thread is in progress() or wait_readable()
+  std::atomic<bool> interrupted_{false};
+  bool started_ = false;  // start() finished: the stop is worth a log line
+  std::uint64_t rx_wakes_ = 0;  // sleeps a frame ended (the port's RX interrupt)
   std::uint64_t last_serve_ = 0;
 };
 

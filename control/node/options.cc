@@ -48,7 +48,7 @@ ParseResult parse_options(int argc, const char* const* argv, NodeOptions& out, s
   std::string config, capture_path, ctl_path, fault_rx, fault_tx, app_role, app_peer, app_ops,
       eal_extra, file_prefix, log_level;
   std::vector<std::string> vdevs, neighbors;
-  bool no_huge = out.no_huge, app_forever = false, tx_copy = out.tx_copy;
+  bool no_huge = out.no_huge, app_forever = false, tx_copy = out.tx_copy, no_rx_intr = !out.rx_interrupts;
   pipeline::IdleConfig idle_cfg = out.idle;
   bool busy_poll = false;
   unsigned mem_mb = out.mem_mb, vlan = out.vlan, pcp = out.pcp, dscp = out.dscp, ecn = out.ecn, mtu = 1024, app_port = 18515, app_depth = 32,
@@ -83,6 +83,8 @@ ParseResult parse_options(int argc, const char* const* argv, NodeOptions& out, s
       ("fault-rx", po::value(&fault_rx), "RX fault injection, e.g. drop=0.01,dup=0.01,reorder=0.02")
       ("fault-tx", po::value(&fault_tx), "TX fault injection, same syntax")
       ("tx-copy", po::bool_switch(&tx_copy), "always copy payloads into mbufs (no external-buffer zero-copy)")
+      ("no-rx-interrupts", po::bool_switch(&no_rx_intr),
+       "poll on the tick even where the PMD has RX interrupts (net_tap, net_af_xdp, NICs)")
       ("idle-spin-us", po::value(&idle_cfg.spin_us), "keep polling this long after the last work, then sleep (default 5)")
       ("poll-tick-us", po::value(&idle_cfg.tick_us),
        "sleep between polls while warm; bounds RX latency on PMDs without interrupts (default 20)")
@@ -265,6 +267,7 @@ ParseResult parse_options(int argc, const char* const* argv, NodeOptions& out, s
   out.fault_rx = frx;
   out.fault_tx = ftx;
   out.tx_copy = tx_copy;
+  out.rx_interrupts = !no_rx_intr;
   out.idle = idle_cfg;
   out.duration = duration;
   out.app = ao;

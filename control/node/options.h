@@ -35,6 +35,7 @@ struct NodeOptions {
   std::string capture, ctl_socket;
   pipeline::FaultConfig fault_rx, fault_tx;
   bool tx_copy = false;
+  bool rx_interrupts = true;  // block on the port's RX interrupt where the PMD has one
   pipeline::IdleConfig idle;
   double duration = 0;  // seconds; 0 = until stopped
   int log_level = 1;    // 0 debug, 1 info, 2 warn, 3 error

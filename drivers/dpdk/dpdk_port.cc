@@ -86,7 +86,17 @@ struct Port::Impl {
   rte_ring* tx_funnel = nullptr;               // sharded only: workers' TX, sent by shard 0
   std::uint64_t dispatch_drops = 0;
   std::uint64_t funnel_drops = 0;
+  int rx_intr_fd = -1;  // RX queue 0's interrupt, when the PMD has one
 };
+
+namespace {
+/// PMDs whose RX queues have interrupts in DPDK 22.11 (memif, af_packet,
+/// ring and pcap have none): the vdevs we know, and every bus device (a
+/// NIC), which is asked and falls back when it refuses.
+bool may_have_rx_interrupts(const std::string& driver) {
+  return driver == "net_tap" || driver == "net_af_xdp" || driver.rfind("net_", 0) != 0;
+}
+}  // namespace
 
 namespace {
 // The memory belongs to the application's registered region: nothing to free.
@@ -125,7 +135,13 @@ std::unique_ptr<Port> Port::open(const PortOptions& o, std::string& err) {
   // I/O lcore (it reads RX and sends every shard's TX), so any PMD works,
   // single-queue vdevs included, and the peer sees one flow of frames.
   const std::uint16_t nq = std::max<std::uint16_t>(1, o.shards);
+  const bool want_intr = o.rx_interrupts && may_have_rx_interrupts(m.driver);
+  conf.intr_conf.rxq = want_intr ? 1 : 0;
   int rc = rte_eth_dev_configure(m.port_id, 1, 1, &conf);
+  if (rc != 0 && want_intr) {  // the PMD refuses RX interrupts: poll
+    conf.intr_conf.rxq = 0;
+    rc = rte_eth_dev_configure(m.port_id, 1, 1, &conf);
+  }
   if (rc != 0) {
     err = "rte_eth_dev_configure: " + std::string(rte_strerror(-rc));
     return nullptr;
@@ -145,6 +161,15 @@ std::unique_ptr<Port> Port::open(const PortOptions& o, std::string& err) {
     return nullptr;
   }
   rte_eth_promiscuous_enable(m.port_id);  // not all vdevs support it; harmless if not
+  if (conf.intr_conf.rxq) {
+    // Polling while awake: the interrupt is armed only around a sleep. Some
+    // PMDs (tap) have no enable/disable and are always armed.
+    const int fd = rte_eth_dev_rx_intr_ctl_q_get_fd(m.port_id, 0);
+    if (fd >= 0) {
+      m.rx_intr_fd = fd;
+      (void)rte_eth_dev_rx_intr_disable(m.port_id, 0);
+    }
+  }
   if (o.zero_copy && (m.tx_offloads & RTE_ETH_TX_OFFLOAD_MULTI_SEGS) && rte_eal_iova_mode() == RTE_IOVA_VA) {
     // IOVA == VA: registered memory needs no DMA mapping of its own. (With
     // physical IOVAs it would have to be registered with rte_extmem_register
@@ -214,6 +239,16 @@ Port::~Port() {
 }
 
 std::uint16_t Port::rx_burst(pipeline::RxFrame* out, std::uint16_t max) { return impl_->queues[0]->rx_burst(out, max); }
+
+int Port::rx_interrupt_fd() const { return impl_->rx_intr_fd; }
+
+void Port::rx_interrupt_arm() {
+  if (impl_->rx_intr_fd >= 0) (void)rte_eth_dev_rx_intr_enable(impl_->port_id, 0);
+}
+
+void Port::rx_interrupt_disarm() {
+  if (impl_->rx_intr_fd >= 0) (void)rte_eth_dev_rx_intr_disable(impl_->port_id, 0);
+}
 void Port::rx_done() { impl_->queues[0]->rx_done(); }
 bool Port::tx(const transport::TxFrame& f) { return impl_->queues[0]->tx(f); }
 bool Port::tx_raw(wire::ConstBytes frame) { return impl_->queues[0]->tx_raw(frame); }
@@ -448,6 +483,7 @@ std::string Port::describe() const {
   s += (impl_->tx_offloads & RTE_ETH_TX_OFFLOAD_MULTI_SEGS) ? " tx_multi_seg=on" : " tx_multi_seg=off";
   s += impl_->zero_copy ? " tx_path=zero-copy(extbuf)+copy<" + std::to_string(impl_->zero_copy_min) + "B"
                          : " tx_path=copy";
+  s += impl_->rx_intr_fd >= 0 ? " rx_interrupts=on" : " rx_interrupts=none";
   return s;
 }
 

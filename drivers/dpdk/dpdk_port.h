@@ -30,6 +30,10 @@ struct PortOptions {
   /// takes multi-segment frames and IOVA is VA; otherwise copy.
   bool zero_copy = true;
   std::uint32_t zero_copy_min = 256;  // below this a copy is cheaper than a chain
+  /// Ask for an RX queue interrupt where the PMD has one (net_tap,
+  /// net_af_xdp, NICs; not memif or af_packet in DPDK 22.11), so an idle
+  /// loop can block until a frame comes instead of waking on a poll tick.
+  bool rx_interrupts = true;
 };
 
 struct PortStats {
@@ -55,6 +59,14 @@ class Port : public pipeline::PortIo {
   [[nodiscard]] bool ipv4_checksum_offload() const;
   /// Driver name and the offloads in use, for the log.
   [[nodiscard]] std::string describe() const;
+
+  /// The RX queue's interrupt descriptor (readable when a frame is waiting
+  /// while armed), or -1 when the port has none. The port owns it.
+  [[nodiscard]] int rx_interrupt_fd() const;
+  /// Before blocking on rx_interrupt_fd(): arm it (then poll once more, as a
+  /// frame that came before the arm raises nothing). After waking: disarm.
+  void rx_interrupt_arm();
+  void rx_interrupt_disarm();
 
   /// With shards > 1: the PortIo of shard i (its own TX queue; RX from its ring).
   pipeline::PortIo& shard(std::uint16_t i);

@@ -107,7 +107,9 @@ std::uint64_t Dataplane::idle_sleep_ns(std::size_t work, std::uint64_t now) {
   const std::uint64_t idle = now - idle_since_;
   if (idle < std::uint64_t{idle_cfg_.spin_us} * 1000) return 0;  // recently busy: keep polling
   const std::uint64_t tick = std::uint64_t{std::min(idle_cfg_.tick_us, idle_cfg_.max_sleep_us)} * 1000;
-  if (idle < std::uint64_t{idle_cfg_.warm_ms} * 1'000'000) {
+  if (rx_wakes_) {
+    sleep_ns_ = std::uint64_t{idle_cfg_.max_sleep_us} * 1000;  // a frame ends the sleep: no tick to poll on
+  } else if (idle < std::uint64_t{idle_cfg_.warm_ms} * 1'000'000) {
     sleep_ns_ = tick;
   } else {
     // Long idle: back off, doubling, so an idle daemon does not burn a core.

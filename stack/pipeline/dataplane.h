@@ -47,7 +47,9 @@ inline constexpr const char* kDpCounterNames[] = {
 /// without RX interrupts (memif, af_packet) the tick bounds how late a frame
 /// is seen. After warm_ms without work the sleeps double, up to
 /// max_sleep_us, so an idle daemon costs almost nothing. Any work resets
-/// this. max_sleep_us 0 means busy-poll, never sleeping.
+/// this. max_sleep_us 0 means busy-poll, never sleeping. A loop whose port
+/// wakes it when a frame comes (an RX interrupt, set_rx_wakes) needs no
+/// tick: after the spin it sleeps max_sleep_us at once.
 struct IdleConfig {
   std::uint32_t spin_us = 5;
   std::uint32_t tick_us = 20;
@@ -81,6 +83,10 @@ class Dataplane {
     app_ctx_ = ctx;
   }
   void set_idle(const IdleConfig& c) { idle_cfg_ = c; }
+  /// The loop's sleeps end when a frame arrives (the port's RX interrupt is
+  /// among what it blocks on), so the idle policy skips the poll tick.
+  void set_rx_wakes(bool on) { rx_wakes_ = on; }
+  [[nodiscard]] bool rx_wakes() const { return rx_wakes_; }
   [[nodiscard]] const IdleConfig& idle_config() const { return idle_cfg_; }
   /// Sends an ARP request or IPv6 NS for `ip`.
   void resolve(const wire::IpAddr& ip);
@@ -106,6 +112,7 @@ class Dataplane {
   IdleConfig idle_cfg_{};
   std::uint64_t idle_since_ = 0;  // ns; 0 = busy
   std::uint64_t sleep_ns_ = 0;    // the last sleep asked for, once past warm_ms
+  bool rx_wakes_ = false;
   std::uint64_t ctr_[static_cast<std::size_t>(DpCounter::kCount)] = {};
   std::uint8_t reply_[2048];
   std::uint8_t flat_[9216];

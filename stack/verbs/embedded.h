@@ -30,7 +30,10 @@ struct uroce_embedded_ops {
   /** Turns the loop until `fd` is readable (1), `timeout_ms` passes (0, -1:
    *  no end) or poll fails (-1). `fd` < 0: at most one idle sleep. */
   int (*wait)(void* node, int fd, int timeout_ms);
-  /** Stops the node and frees everything it held. */
+  /** Makes every wait in the node, now and later, end at once (0): the
+   *  last close calls it before it waits for calls in flight to leave. */
+  void (*interrupt)(void* node);
+  /** Stops the node and frees everything it held. No call may be in it. */
   void (*stop)(void* node);
 };
 

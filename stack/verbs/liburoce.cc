@@ -68,30 +68,67 @@ struct EmbeddedNode {
   void* lib = nullptr;
   const uroce_embedded_ops* ops = nullptr;
   std::atomic<void*> node{nullptr};
+  std::atomic<int> inflight{0};  // calls into the node now: the last close waits for them
   std::string options, sock;
   int refs = 0;
   bool ended = false;  // started once and stopped: the EAL cannot start again
 };
 EmbeddedNode g_emb;
 
+/// The node, held for one call into it (nullptr: none). The last close
+/// takes the node away first and then waits until no call holds it, so a
+/// thread inside the node never sees it freed.
+class NodeRef {
+ public:
+  NodeRef() {
+    g_emb.inflight.fetch_add(1);
+    n_ = g_emb.node.load();
+    if (!n_) g_emb.inflight.fetch_sub(1);
+  }
+  ~NodeRef() {
+    if (n_) g_emb.inflight.fetch_sub(1);
+  }
+  NodeRef(const NodeRef&) = delete;
+  NodeRef& operator=(const NodeRef&) = delete;
+  void* get() const { return n_; }
+
+ private:
+  void* n_;
+};
+
 /// One turn of the embedded node's loop, if this process runs one.
 inline std::size_t embedded_progress() {
-  void* n = g_emb.node.load(std::memory_order_acquire);
-  return n ? g_emb.ops->progress(n) : 0;
+  if (!g_emb.node.load(std::memory_order_relaxed)) return 0;  // daemon mode: one load
+  NodeRef n;
+  return n.get() ? g_emb.ops->progress(n.get()) : 0;
 }
 
 /// Waits for `fd` to be readable (1), `timeout_ms` to pass (0; -1 without
 /// end) or an error (-1, errno). With an embedded node the wait turns its
 /// loop (nothing else would); otherwise it is poll(2).
 int wait_fd(int fd, int timeout_ms) {
-  if (void* n = g_emb.node.load(std::memory_order_acquire)) return g_emb.ops->wait(n, fd, timeout_ms);
+  {
+    NodeRef n;
+    if (n.get()) return g_emb.ops->wait(n.get(), fd, timeout_ms);
+  }
   if (fd < 0) {
     (void)::sched_yield();  // nothing to wait on: the core to whoever makes the event
     return 0;
   }
-  pollfd p{fd, POLLIN, 0};
-  const int r = ::poll(&p, 1, timeout_ms);
-  return r < 0 ? (errno == EINTR ? 0 : -1) : r > 0 ? 1 : 0;
+  using clk = std::chrono::steady_clock;
+  const auto deadline = clk::now() + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
+    int ms = timeout_ms;
+    if (timeout_ms > 0) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clk::now()).count();
+      ms = left > 0 ? static_cast<int>(left) : 0;
+    }
+    pollfd p{fd, POLLIN, 0};
+    const int r = ::poll(&p, 1, ms);
+    if (r > 0) return 1;
+    if (r == 0) return 0;
+    if (errno != EINTR) return -1;  // a signal: wait out the rest
+  }
 }
 
 /// Starts the embedded node (or shares the one running with the same
@@ -149,6 +186,11 @@ void embedded_detach() {
   std::lock_guard<std::mutex> lk(g_emb.mu);
   if (--g_emb.refs > 0) return;
   void* n = g_emb.node.exchange(nullptr);
+  // Threads inside the node (a wait on another context, a poll) leave it:
+  // waits end early (their callers look again and find no node), passes
+  // are short. Only then is it freed.
+  g_emb.ops->interrupt(n);
+  while (g_emb.inflight.load() > 0) ::usleep(50);
   g_emb.ops->stop(n);
   g_emb.ended = true;
 }
@@ -257,8 +299,10 @@ int call(uroce_context* ctx, std::uint16_t type, const void* body, std::uint32_t
   std::size_t got = 0, want = sizeof(uroce_msg_hdr);
   bool have_hdr = false;
   while (got < want) {
-    // Embedded mode: the node that answers runs on this thread.
-    if (ctx->embedded && wait_fd(ctx->sock, -1) < 0) return set_error(errno, "waiting for the embedded node");
+    // With an embedded node in this process the wait turns it: it may be
+    // the one that answers (even for a context opened by its socket path).
+    if (g_emb.node.load(std::memory_order_relaxed) && wait_fd(ctx->sock, -1) < 0)
+      return set_error(errno, "waiting for the embedded node");
     const ssize_t n = abi::recv_with_fds(ctx->sock, in + got, want - got, 0, [&](int fd) {
       if (fd_in && fds_got < nfd_in) fd_in[fds_got++] = fd;
       else ::close(fd);
@@ -414,8 +458,11 @@ int uroce_cm_disconnect(uroce_context* ctx, std::uint32_t id) {
 
 int uroce_cm_get_event(uroce_context* ctx, int timeout_ms, uroce_cm_event* ev) {
   if (!ctx || !ev) return set_error(EINVAL, "no context or event");
-  // Events wait in the daemon; ask every millisecond until one comes.
-  for (int waited = 0;; ++waited) {
+  // Events wait in the daemon (or the embedded node); ask about every
+  // millisecond until one comes or the deadline passes.
+  using clk = std::chrono::steady_clock;
+  const auto deadline = clk::now() + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
     uroce_cm_event_msg r{};
     const int rc = call(ctx, UROCE_MSG_CM_EVENT, nullptr, 0, -1, &r, sizeof r);
     if (rc == 0) {
@@ -435,8 +482,9 @@ int uroce_cm_get_event(uroce_context* ctx, int timeout_ms, uroce_cm_event* ev) {
       return 0;
     }
     if (rc != EAGAIN) return rc;
-    if (waited >= timeout_ms) return timeout_ms == 0 ? rc : set_error(ETIMEDOUT, "no CM event in time");
-    if (g_emb.node.load(std::memory_order_acquire)) (void)wait_fd(-1, 1);  // turns the node's loop meanwhile
+    if (timeout_ms == 0) return rc;
+    if (timeout_ms > 0 && clk::now() >= deadline) return set_error(ETIMEDOUT, "no CM event in time");
+    if (g_emb.node.load(std::memory_order_relaxed)) (void)wait_fd(-1, 1);  // turns the node's loop meanwhile
     else ::usleep(1000);
   }
 }

@@ -8,7 +8,9 @@
  * The fast path (uroce_post_send, uroce_post_recv, uroce_poll_cq) writes and
  * reads rings in memory shared with uroced: no system call, no copy, while
  * the daemon is awake. A daemon that has gone to sleep says so in the
- * session page, and a post then rings its doorbell (one send).
+ * session page, and a post then rings its doorbell (one send). In embedded
+ * mode (below) a post, and a poll that finds nothing, also run one pass of
+ * the pipeline on the calling thread (the port's I/O included).
  * Registered memory is shared too: allocate it with uroce_alloc_buf, or
  * register ordinary memory, which is then remapped in place onto shared
  * memory (its contents are kept; whole pages are remapped, so keep MRs on
@@ -25,7 +27,8 @@
  * manual, as libfabric's FI_PROGRESS_MANUAL: posting, polling and waiting in
  * liburoce turn the loop, on any context, and a blocking wait keeps ARP, the
  * CM and timers running. An application that waits on a descriptor of its
- * own (a channel fd in its epoll) calls uroce_progress while it does. One
+ * own (a channel fd, a TCP socket) waits with uroce_wait_fd, or keeps
+ * calling uroce_progress while it does. One
  * embedded node per process, and once it has stopped (the last context
  * closed) it cannot be started again, as DPDK's EAL cannot.
  *
@@ -83,10 +86,11 @@ struct uroce_context* uroce_open_device_by_name(const char* name);
  * ABI version. */
 struct uroce_context* uroce_open_device(const char* socket_path);
 
-/* Embedded mode: one turn of the node's loop (receive, transport, timers,
- * transmit; the control sockets about every millisecond). Returns the work
- * done; 0 and nothing done in daemon mode. Posting and polling call it
- * already. */
+/* Embedded mode: one turn of this process's node (receive, transport,
+ * timers, transmit; the control sockets about every millisecond), whichever
+ * context `ctx` is (progress is the process's; `ctx` may be NULL). Returns
+ * the work done; 0, with nothing done, in a process without an embedded
+ * node. Posting and polling call it already. */
 int uroce_progress(struct uroce_context* ctx);
 
 /* Waits until `fd` is readable (1), `timeout_ms` passes (0; -1 waits without
@@ -214,7 +218,7 @@ int uroce_poll_cq_wait(struct uroce_cq* cq, int num_entries, struct ibv_wc* wc, 
  * (rping, ib_*_bw -R) can connect to us and we to it. The QP must be RC in
  * RESET or INIT; the agent takes it to RTS (and to ERR on disconnect).
  * Events are rdma_cm's; uroce_cm_get_event waits up to timeout_ms
- * (ETIMEDOUT; 0 polls once, EAGAIN when there is none). */
+ * (ETIMEDOUT; 0 polls once, EAGAIN when there is none; negative: no end). */
 enum uroce_cm_event_type {
   UROCE_CM_EVENT_CONNECT_REQUEST = 4, /* RDMA_CM_EVENT_CONNECT_REQUEST: accept or reject it */
   UROCE_CM_EVENT_UNREACHABLE = 7,     /* no answer, or the handshake failed (status: reason) */

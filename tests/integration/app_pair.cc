@@ -890,6 +890,32 @@ int cm(const char* sa, const char* sb) {
 }
 
 /// The device list finds `want` devices, and each one opens and answers.
+/// Embedded mode's life: two contexts share the process's node; the node
+/// outlives the first close; after the last one it is gone, and a new open
+/// is refused with the reason (DPDK's EAL cannot start twice).
+int reopen(const char* spec) {
+  uroce_context* a = uroce_open_device(spec);
+  uroce_context* b = uroce_open_device(spec);
+  check(a && b, "two contexts open the embedded node");
+  ibv_gid ga{}, gb{};
+  check(a && b && uroce_query_gid(a, 1, 0, &ga) == 0 && uroce_query_gid(b, 1, 0, &gb) == 0 &&
+            std::memcmp(ga.raw, gb.raw, 16) == 0,
+        "both see the one node's GID");
+  if (a) uroce_close_device(a);
+  uroce_cq* cq = b ? uroce_create_cq(b, 16, nullptr, nullptr, 0) : nullptr;
+  check(cq != nullptr, "the node outlives the first close: the second context creates a CQ");
+  if (cq) uroce_destroy_cq(cq);
+  std::string other = std::string(spec) + " --log-level error";
+  check(uroce_open_device(other.c_str()) == nullptr && std::strstr(uroce_last_error(), "other options"),
+        "a second node with other options is refused");
+  if (b) uroce_close_device(b);
+  uroce_context* c = uroce_open_device(spec);
+  check(c == nullptr && std::strstr(uroce_last_error(), "cannot start twice"),
+        "after the last close a new node is refused, with the reason");
+  std::printf("%d passed, %d failed\n", g_pass, g_fail);
+  return g_fail == 0 ? 0 : 1;
+}
+
 int devices(int want) {
   int n = -1;
   uroce_device** list = uroce_get_device_list(&n);
@@ -1307,6 +1333,7 @@ int main(int argc, char** argv) {
   if (argc >= 4 && std::string(argv[1]) == "srq") return srq(argv[2], argv[3]);
   if (argc >= 4 && std::string(argv[1]) == "cm") return cm(argv[2], argv[3]);
   if (argc >= 3 && std::string(argv[1]) == "devices") return devices(std::atoi(argv[2]));
+  if (argc >= 3 && std::string(argv[1]) == "reopen") return reopen(argv[2]);
   if (argc >= 5 && std::string(argv[1]) == "oob") return oob(argv[2], argv[3], std::atoi(argv[4]));
   if (argc >= 4 && std::string(argv[1]) == "rtrflood") return rtrflood(argv[2], std::atol(argv[3]));
   if (argc >= 4 && std::string(argv[1]) == "seams") return seams(argv[2], std::atoi(argv[3]));

@@ -101,4 +101,11 @@ check "no --port: refused" "[ $rc3 -ne 0 ] && [ $rc3 -lt 128 ] && grep -q -- '--
 check "a missing plugin: refused, named" "[ $rc4 -ne 0 ] && [ $rc4 -lt 128 ] && grep -q 'nonexistent.so' '$TMP/bad4.out'"
 UROCE_EMBEDDED="$(spec b)" "$APP" devices 1 > "$TMP/dev.out" 2>&1; rc=$?
 check "\$UROCE_EMBEDDED lists one device, embedded, and it opens" "[ $rc -eq 0 ] && grep -q '^device embedded ' '$TMP/dev.out'"
+echo "== the node's life: shared by two contexts, gone after the last close, not restartable"
+before=$(ls -d /tmp/uroce-embedded-* 2>/dev/null | sort | tr '\n' ' ')
+"$APP" reopen "embedded:$(spec b)" > "$TMP/reopen.out" 2>&1; rc=$?
+after=$(ls -d /tmp/uroce-embedded-* 2>/dev/null | sort | tr '\n' ' ')
+grep FAIL "$TMP/reopen.out" | sed 's/^/  /'
+check "reopen: all checks pass" "[ $rc -eq 0 ] && grep -qE '^[1-9][0-9]* passed, 0 failed' '$TMP/reopen.out'"
+check "the private socket directory is removed with the node" "[ '$before' = '$after' ]"
 finish
