@@ -102,6 +102,10 @@ class Node {
   bool embedded_ = false;
   NodeOptions opts_;
   boost::asio::io_context io_;
+  // Keeps io_ from running out of work: an io_context polled with nothing
+  // outstanding stops, and a stopped one returns at once from every later
+  // run_one, which turned a node without sockets into a spinning one.
+  boost::asio::executor_work_guard<boost::asio::io_context::executor_type> io_work_{io_.get_executor()};
   std::vector<std::unique_ptr<dpdk::Port>> ports_;
   std::vector<std::unique_ptr<Pipeline>> pipes_;
   std::unique_ptr<TrafficApp> app_;

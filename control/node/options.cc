@@ -89,7 +89,7 @@ ParseResult parse_options(int argc, const char* const* argv, NodeOptions& out, s
       ("poll-tick-us", po::value(&idle_cfg.tick_us),
        "sleep between polls while warm; bounds RX latency on PMDs without interrupts (default 20)")
       ("idle-warm-ms", po::value(&idle_cfg.warm_ms), "after this long without work, sleeps double (default 10)")
-      ("idle-max-us", po::value(&idle_cfg.max_sleep_us), "longest idle sleep in us; 0 = always busy-poll (default 2000)")
+      ("idle-max-us", po::value(&idle_cfg.max_sleep_us), "longest idle sleep in us; 0 = always busy-poll (default 20000)")
       ("busy-poll", po::bool_switch(&busy_poll), "never sleep: poll all the time (for dedicated, pinned cores)")
       ("duration", po::value(&duration), "stop after this many seconds (0 = run until stopped)")
       ("log-level", po::value(&log_level), "debug, info, warn or error (default info)")

@@ -5,7 +5,7 @@
 # second: round trips complete at once only if frames end the daemons'
 # sleeps (on the tick, 300 send_lat round trips would take minutes). The
 # same with the node embedded in each uroce-perf. memif has no RX interrupt,
-# and says so.
+# and says so; and a daemon with nothing to wait on but its timer sleeps.
 . "$(dirname "$0")/lib.sh"
 need_root
 PERF=${UROCE_PERF:?path to uroce-perf}
@@ -68,4 +68,14 @@ start_daemon "" ma --port net_memif0 --vdev "net_memif0,role=server,socket=$TMP/
 for i in $(seq 50); do [ -S "$TMP/m.ctl" ] && break; sleep 0.1; done
 st=$(ctl "$TMP/m.ctl" status)
 check "memif: rx_interrupts false" "[ \$(jget '$st' wait.rx_interrupts) = False ]"
+for p in $PIDS; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; PIDS=""
+
+echo "== a daemon with no sockets at all sleeps when idle (its io_context never runs dry)"
+# An io_context with nothing outstanding stops, and then returns from every
+# wait at once: such a daemon once spun a whole core while "sleeping".
+start_daemon "" mb --port net_memif0 --vdev "net_memif0,role=server,socket=$TMP/m2.sock" --ip 10.98.1.2 --lcore 0
+pid=$LAST_PID; sleep 1.5
+hz=$(getconf CLK_TCK); t0=$(awk '{print $14+$15}' "/proc/$pid/stat"); sleep 3; t1=$(awk '{print $14+$15}' "/proc/$pid/stat")
+echo "  idle daemon without sockets: $(( (t1 - t0) * 100 / (hz * 3) ))% of a core over 3 s"
+check "it used under half a core (a spinning loop uses all of one)" "[ $(( (t1 - t0) * 2 )) -lt $(( hz * 3 )) ]"
 finish

@@ -256,7 +256,8 @@ TEST(Dataplane, AnIdleSleepEndsAtTheEnginesNextTimer) {
   Engine eng(c);
   Neighbors neigh(eng.neighbors(), c.mac, c.ip);
   Dataplane dp(eng, port, neigh);
-  IdleConfig ic;  // spin 5 us, tick 20 us, warm 10 ms, backing off to 2 ms
+  IdleConfig ic;  // spin 5 us, tick 20 us, warm 10 ms, backing off to ...
+  ic.max_sleep_us = 2000;  // ... 2 ms here (the default is longer)
   dp.set_idle(ic);
   const std::uint64_t t0 = 1'000'000'000;
   // Long idle with nothing armed: the backoff reaches its 2 ms ceiling.
@@ -358,6 +359,30 @@ TEST(Dataplane, TwoPipelinesResolveEachOtherAndCarryRcTraffic) {
   EXPECT_EQ(0, std::memcmp(h[0].mem.data(), h[1].mem.data() + 8192, 5000));
   EXPECT_GT(h[1].dp->counter(DpCounter::rx_roce), 0u);
   EXPECT_GT(h[0].dp->counter(DpCounter::tx_replies) + h[1].dp->counter(DpCounter::tx_replies), 0u);
+}
+
+TEST(Dataplane, APortThatWakesOnRxNeedsNoPollTick) {
+  using namespace transport;
+  MemPort port(kMacA), sink(kMacB);
+  port.peer = &sink;
+  EngineConfig c;
+  c.mac = kMacA;
+  c.ip = IpAddr::from_v4(10, 0, 0, 1);
+  Engine eng(c);
+  Neighbors neigh(eng.neighbors(), c.mac, c.ip);
+  Dataplane dp(eng, port, neigh);
+  IdleConfig ic;  // spin 5 us, tick 20 us, warm 10 ms
+  dp.set_idle(ic);
+  const std::uint64_t t0 = 1'000'000'000;
+  // Polling PMD: just past the spin, the loop sleeps one tick.
+  EXPECT_EQ(dp.idle_sleep_ns(0, t0), 0u);
+  EXPECT_EQ(dp.idle_sleep_ns(0, t0 + 6'000), std::uint64_t{ic.tick_us} * 1000);
+  // A port whose RX interrupt ends the sleep: past the spin, the longest
+  // sleep at once; work still means poll again, and the spin comes first.
+  dp.set_rx_wakes(true);
+  EXPECT_EQ(dp.idle_sleep_ns(1, t0), 0u) << "work: poll again";
+  EXPECT_EQ(dp.idle_sleep_ns(0, t0 + 1'000), 0u) << "within the spin";
+  EXPECT_EQ(dp.idle_sleep_ns(0, t0 + 7'000), std::uint64_t{ic.max_sleep_us} * 1000);
 }
 
 }  // namespace
