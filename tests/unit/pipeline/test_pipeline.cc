@@ -246,16 +246,27 @@ class MemPort : public PortIo {
   std::vector<std::vector<std::uint8_t>> cur_;
 };
 
+/// One pipeline over an in-memory port whose frames go to a sink nobody
+/// reads: for the idle policy, which only needs the engine's timers.
+struct LonePipeline {
+  MemPort port{kMacA}, sink{kMacB};
+  transport::EngineConfig c = [] {
+    transport::EngineConfig e;
+    e.mac = kMacA;
+    e.ip = IpAddr::from_v4(10, 0, 0, 1);
+    return e;
+  }();
+  transport::Engine eng{c};
+  Neighbors neigh{eng.neighbors(), c.mac, c.ip};
+  Dataplane dp{eng, port, neigh};
+  LonePipeline() { port.peer = &sink; }
+};
+
 TEST(Dataplane, AnIdleSleepEndsAtTheEnginesNextTimer) {
   using namespace transport;
-  MemPort port(kMacA), sink(kMacB);
-  port.peer = &sink;
-  EngineConfig c;
-  c.mac = kMacA;
-  c.ip = IpAddr::from_v4(10, 0, 0, 1);
-  Engine eng(c);
-  Neighbors neigh(eng.neighbors(), c.mac, c.ip);
-  Dataplane dp(eng, port, neigh);
+  LonePipeline lp;
+  Engine& eng = lp.eng;
+  Dataplane& dp = lp.dp;
   IdleConfig ic;  // spin 5 us, tick 20 us, warm 10 ms, backing off to ...
   ic.max_sleep_us = 2000;  // ... 2 ms here (the default is longer)
   dp.set_idle(ic);
@@ -363,14 +374,9 @@ TEST(Dataplane, TwoPipelinesResolveEachOtherAndCarryRcTraffic) {
 
 TEST(Dataplane, APortThatWakesOnRxNeedsNoPollTick) {
   using namespace transport;
-  MemPort port(kMacA), sink(kMacB);
-  port.peer = &sink;
-  EngineConfig c;
-  c.mac = kMacA;
-  c.ip = IpAddr::from_v4(10, 0, 0, 1);
-  Engine eng(c);
-  Neighbors neigh(eng.neighbors(), c.mac, c.ip);
-  Dataplane dp(eng, port, neigh);
+  LonePipeline lp;
+  Engine& eng = lp.eng;
+  Dataplane& dp = lp.dp;
   IdleConfig ic;  // spin 5 us, tick 20 us, warm 10 ms
   dp.set_idle(ic);
   const std::uint64_t t0 = 1'000'000'000;
