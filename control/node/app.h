@@ -104,6 +104,7 @@ class TrafficApp {
   // Server progress
   std::uint64_t recv_ok_ = 0, recv_bad_ = 0, next_send_id_ = 0;
   std::uint64_t flushed_ = 0;  // completions with WR_FLUSH_ERR delivered after a stop
+  std::uint64_t sends_ok_ = 0;  // SENDs that completed successfully (sends_ counts those posted)
   std::uint64_t clients_ = 0, total_ok_ = 0;  // server: clients served, SENDs verified in all
   bool stopped_ = false;
   void shutdown();

@@ -15,6 +15,7 @@
 #include <rte_launch.h>
 #include <rte_lcore.h>
 
+#include "control/node/accept_guard.h"
 #include "control/node/app.h"
 #include "control/node/sessions.h"
 #include "drivers/dpdk/dpdk_port.h"
@@ -32,6 +33,9 @@ int g_log_level = 1;  // the node's --log-level (one node per process)
 /// The longest control line taken; a longer one is refused and its
 /// connection closed, so a client cannot make the daemon buffer without end.
 constexpr std::size_t kMaxControlLine = 4096;
+/// Control connections served at once, and how long one may stay silent.
+constexpr std::size_t kMaxControlConns = 64;
+constexpr std::chrono::seconds kControlIdle{5};
 }  // namespace
 
 std::uint64_t now_ns() {
@@ -146,7 +150,8 @@ nlohmann::ordered_json Node::status() const {
                  {"rx_interrupts", pipes_[0]->dp->rx_wakes()},
                  {"rx_wakes", rx_wakes_}};
   }
-  o["limits"] = {{"control_line_bytes", kMaxControlLine}};
+  o["limits"] = sessions_ ? sessions_->limits_status() : nlohmann::ordered_json::object();
+  o["limits"]["control_line_bytes"] = kMaxControlLine;
   for (std::size_t k = 0; k < pipes_.size(); ++k) {
     const Pipeline& p = *pipes_[k];
     const std::string pre = k == 0 ? "" : "_" + std::to_string(k);
@@ -211,14 +216,26 @@ class Node::ControlServer {
 
  private:
   struct Conn : std::enable_shared_from_this<Conn> {
-    explicit Conn(asio::local::stream_protocol::socket s, Node& d) : sock(std::move(s)), in(kMaxControlLine), d(d) {}
+    Conn(asio::local::stream_protocol::socket s, Node& d, std::shared_ptr<std::size_t> open)
+        : sock(std::move(s)), in(kMaxControlLine), d(d), deadline(sock.get_executor()), open(std::move(open)) {
+      ++*this->open;
+    }
+    ~Conn() { --*open; }
     asio::local::stream_protocol::socket sock;
     asio::streambuf in;  // bounded: async_read_until fails once it holds kMaxControlLine bytes without a newline
     std::string out;
     Node& d;
+    asio::steady_timer deadline;  // a client that says nothing is closed after kControlIdle
+    std::shared_ptr<std::size_t> open;  // shared: a Conn may outlive the server in the io_context
     void start() {
       auto self = shared_from_this();
+      deadline.expires_after(kControlIdle);
+      deadline.async_wait([self](boost::system::error_code ec) {
+        boost::system::error_code ignored;
+        if (!ec) self->sock.close(ignored);
+      });
       asio::async_read_until(sock, in, '\n', [self](boost::system::error_code ec, std::size_t) {
+        self->deadline.cancel();
         if (ec == asio::error::not_found) {  // no newline within the limit: refuse, answer once, close
           self->out = error("control line longer than " + std::to_string(kMaxControlLine) + " bytes") + "\n";
           asio::async_write(self->sock, asio::buffer(self->out), [self](boost::system::error_code, std::size_t) {
@@ -273,12 +290,29 @@ class Node::ControlServer {
   };
   void accept() {
     acceptor_.async_accept([this](boost::system::error_code ec, asio::local::stream_protocol::socket s) {
-      if (!ec) std::make_shared<Conn>(std::move(s), d_)->start();
+      if (ec == asio::error::operation_aborted) return;
+      if (ec) {  // out of descriptors or worse: shed, pause, accept again (no spin)
+        guard_.failed(acceptor_.native_handle(), ec.value());
+        pause_.expires_after(AcceptGuard::pause());
+        pause_.async_wait([this](boost::system::error_code e) {
+          if (!e) accept();
+        });
+        return;
+      }
+      if (*open_ >= kMaxControlConns) {  // a flood of clients: this one is closed at once
+        boost::system::error_code ignored;
+        s.close(ignored);
+      } else {
+        std::make_shared<Conn>(std::move(s), d_, open_)->start();
+      }
       accept();
     });
   }
   asio::local::stream_protocol::acceptor acceptor_;
   Node& d_;
+  AcceptGuard guard_;
+  asio::steady_timer pause_{acceptor_.get_executor()};
+  std::shared_ptr<std::size_t> open_ = std::make_shared<std::size_t>(0);  // connections being served
 };
 
 /// How the main lcore blocks when its pipeline is idle: in the io_context,
@@ -446,7 +480,7 @@ std::unique_ptr<Node> Node::start(const NodeOptions& o, bool embedded, std::stri
   if (!o.app_socket.empty()) {
     try {
       n->sessions_ = std::make_unique<SessionServer>(
-          n->io_, o.app_socket, o.app_socket_mode, *n->pipes_[0]->eng, SessionLimits{},
+          n->io_, o.app_socket, o.app_socket_mode, *n->pipes_[0]->eng, o.limits,
           [](void* ctx, const wire::IpAddr& ip) { static_cast<pipeline::Dataplane*>(ctx)->resolve(ip); },
           n->pipes_[0]->dp.get());
     } catch (const std::exception& e) {

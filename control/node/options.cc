@@ -10,6 +10,7 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <tuple>
 
 #include <rte_config.h>  // RTE_MAX_LCORE
 
@@ -50,6 +51,8 @@ ParseResult parse_options(int argc, const char* const* argv, NodeOptions& out, s
   std::vector<std::string> vdevs, neighbors;
   bool no_huge = out.no_huge, app_forever = false, tx_copy = out.tx_copy, no_rx_intr = !out.rx_interrupts;
   pipeline::IdleConfig idle_cfg = out.idle;
+  SessionLimits lim = out.limits;
+  std::uint64_t max_mr_mb = lim.max_mr_bytes >> 20;
   bool busy_poll = false;
   unsigned mem_mb = out.mem_mb, vlan = out.vlan, pcp = out.pcp, dscp = out.dscp, ecn = out.ecn, mtu = 1024, app_port = 18515, app_depth = 32,
            timeout = 14, retry_cnt = 7, lcore = 0;
@@ -83,6 +86,17 @@ ParseResult parse_options(int argc, const char* const* argv, NodeOptions& out, s
       ("fault-rx", po::value(&fault_rx), "RX fault injection, e.g. drop=0.01,dup=0.01,reorder=0.02")
       ("fault-tx", po::value(&fault_tx), "TX fault injection, same syntax")
       ("tx-copy", po::bool_switch(&tx_copy), "always copy payloads into mbufs (no external-buffer zero-copy)")
+      ("max-sessions", po::value(&lim.max_sessions), "application sessions in all (default 256)")
+      ("max-sessions-per-uid", po::value(&lim.max_sessions_per_uid), "sessions one uid may hold (default 64)")
+      ("max-unhelloed", po::value(&lim.max_unhelloed), "connections yet to say hello (default 64)")
+      ("hello-timeout-ms", po::value(&lim.hello_timeout_ms), "a connection silent this long is closed (default 2000)")
+      ("max-qps", po::value(&lim.max_qps), "QPs per session (default 256)")
+      ("max-qps-per-uid", po::value(&lim.max_qps_per_uid), "QPs one uid may hold over its sessions (default 512)")
+      ("max-cqs", po::value(&lim.max_cqs), "CQs per session (default 256)")
+      ("max-mrs", po::value(&lim.max_mrs), "MRs per session (default 1024)")
+      ("max-mr-mb", po::value(&max_mr_mb), "registered MiB per session (default 4096)")
+      ("max-pending-rtr", po::value(&lim.max_pending_rtr), "RTRs parked for ARP per session (default 16)")
+      ("max-pending-rtr-total", po::value(&lim.max_pending_rtr_total), "RTRs parked for ARP in all (default 256)")
       ("no-rx-interrupts", po::bool_switch(&no_rx_intr),
        "poll on the tick even where the PMD has RX interrupts (net_tap, net_af_xdp, NICs)")
       ("idle-spin-us", po::value(&idle_cfg.spin_us), "keep polling this long after the last work, then sleep (default 5)")
@@ -213,6 +227,19 @@ ParseResult parse_options(int argc, const char* const* argv, NodeOptions& out, s
     return bad("--idle-spin-us 0..1000000, --poll-tick-us 1..1000000, --idle-warm-ms 0..60000, --idle-max-us 0..1000000");
   if (busy_poll) idle_cfg.max_sleep_us = 0;
   if (retry_cnt > 7) return bad("--retry-cnt must be 0..7");
+  for (const auto& [name, v, hi] : {std::tuple{"--max-sessions", lim.max_sessions, 65536u},
+                                    {"--max-sessions-per-uid", lim.max_sessions_per_uid, 65536u},
+                                    {"--max-unhelloed", lim.max_unhelloed, 65536u},
+                                    {"--hello-timeout-ms", lim.hello_timeout_ms, 600000u},
+                                    {"--max-qps", lim.max_qps, 65536u},
+                                    {"--max-qps-per-uid", lim.max_qps_per_uid, 65536u},
+                                    {"--max-cqs", lim.max_cqs, 65536u},
+                                    {"--max-mrs", lim.max_mrs, 1u << 20},
+                                    {"--max-pending-rtr", lim.max_pending_rtr, 65536u},
+                                    {"--max-pending-rtr-total", lim.max_pending_rtr_total, 1u << 20}})
+    if (v < 1 || v > hi) return bad(std::string(name) + " must be 1.." + std::to_string(hi));
+  if (max_mr_mb < 1 || max_mr_mb > (1ull << 30)) return bad("--max-mr-mb must be 1..1073741824");
+  lim.max_mr_bytes = max_mr_mb << 20;
   pipeline::FaultConfig frx, ftx;
   std::string err;
   if (!pipeline::FaultConfig::parse(fault_rx, frx, err)) return bad("--fault-rx: " + err);
@@ -271,6 +298,7 @@ ParseResult parse_options(int argc, const char* const* argv, NodeOptions& out, s
   out.idle = idle_cfg;
   out.duration = duration;
   out.app = ao;
+  out.limits = lim;
   out.app_pipeline = app_pipe_idx;
   return ParseResult::kOk;
 }

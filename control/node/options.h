@@ -18,6 +18,19 @@
 
 namespace uroce::control {
 
+/// What applications may hold, per session, per uid and in all. Every limit
+/// is an option (and so a config-file key) and is reported in the status.
+struct SessionLimits {
+  std::uint32_t max_qps = 256, max_cqs = 256, max_mrs = 1024, max_pds = 64, max_srqs = 64;  // per session
+  /// MODIFY_QP(RTR)s parked while the peer's address resolves: per session, and in all.
+  std::uint32_t max_pending_rtr = 16, max_pending_rtr_total = 256;
+  std::uint64_t max_mr_bytes = 1ull << 32;  // per session
+  std::uint32_t max_sessions = 256, max_sessions_per_uid = 64;
+  std::uint32_t max_qps_per_uid = 512;  // the engine's table holds 1024: one user cannot take it all
+  /// Connections that have not said hello yet, and how long one may wait.
+  std::uint32_t max_unhelloed = 64, hello_timeout_ms = 2000;
+};
+
 struct NodeOptions {
   std::vector<std::string> ports;  // ethdev names, one pipeline each (times shards)
   std::vector<wire::IpAddr> ips;   // one per port
@@ -39,6 +52,7 @@ struct NodeOptions {
   pipeline::IdleConfig idle;
   double duration = 0;  // seconds; 0 = until stopped
   int log_level = 1;    // 0 debug, 1 info, 2 warn, 3 error
+  SessionLimits limits;
   AppOptions app;       // the built-in traffic generator (uroced --app)
   unsigned app_pipeline = 0;
 };

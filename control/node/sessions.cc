@@ -32,6 +32,12 @@ struct Mapping {
   }
 };
 
+std::uint64_t now_ms() {
+  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                        std::chrono::steady_clock::now().time_since_epoch())
+                                        .count());
+}
+
 std::uint64_t now_ns() {
   return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                         std::chrono::steady_clock::now().time_since_epoch())
@@ -98,6 +104,7 @@ struct SessionServer::Session {
   std::uint64_t mr_bytes = 0;
   int pid = -1;  // the application's, from SO_PEERCRED
   int uid = -1;
+  std::uint64_t accepted_ms = 0;  // a session that has not said hello by hello_timeout_ms is closed
   // The session page and the doorbell (minor 4): the application rings the
   // doorbell after a post only while the page says the daemon may block.
   Mapping page_map;
@@ -116,7 +123,8 @@ struct SessionServer::Session {
 
 SessionServer::SessionServer(asio::io_context& io, const std::string& path, unsigned mode, Engine& eng,
                              const SessionLimits& limits, Resolve resolve, void* resolve_ctx)
-    : resolve_(resolve), resolve_ctx_(resolve_ctx), acceptor_(io), eng_(eng), limits_(limits), path_(path) {
+    : resolve_(resolve), resolve_ctx_(resolve_ctx), acceptor_(io), eng_(eng), limits_(limits), accept_pause_(io),
+      path_(path) {
   ::unlink(path.c_str());
   asio::local::stream_protocol::endpoint ep(path);
   acceptor_.open(ep.protocol());
@@ -166,9 +174,27 @@ SessionServer::~SessionServer() {
 
 void SessionServer::accept() {
   acceptor_.async_accept([this](boost::system::error_code ec, asio::local::stream_protocol::socket sock) {
-    if (!ec) {
+    if (ec == asio::error::operation_aborted) return;  // the server is going away
+    if (ec) {
+      // Out of descriptors, or any other failure: shed what waits, pause,
+      // accept again; never a spin (accept_guard.h).
+      guard_.failed(acceptor_.native_handle(), ec.value());
+      accept_pause_.expires_after(AcceptGuard::pause());
+      accept_pause_.async_wait([this](boost::system::error_code e) {
+        if (!e) accept();
+      });
+      return;
+    }
+    std::size_t unhelloed = 0;
+    for (const auto& [id, o] : sessions_) unhelloed += o->hello ? 0 : 1;
+    if (unhelloed >= limits_.max_unhelloed) {
+      ++refused_.unhelloed;  // too many connections that have not said hello: this one is closed at once
+      boost::system::error_code ignored;
+      sock.close(ignored);
+    } else {
       auto s = std::make_shared<Session>(std::move(sock));
       s->id = next_session_++;
+      s->accepted_ms = now_ms();
       ucred cred{};
       socklen_t clen = sizeof cred;
       if (::getsockopt(s->sock.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &clen) == 0) {
@@ -229,12 +255,6 @@ void SessionServer::on_readable(const std::shared_ptr<Session>& s) {
 
 namespace {
 
-std::uint64_t now_ms() {
-  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                        std::chrono::steady_clock::now().time_since_epoch())
-                                        .count());
-}
-
 void send_reply_fds(int sock, const uroce_msg_hdr& req, int err, const std::string& why, const void* body,
                     std::size_t blen, const int* fds, std::size_t nfds) {
   std::uint8_t out[UROCE_MSG_MAX];
@@ -282,6 +302,23 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
       if (!take(m)) return;
       if (!uroce_abi_compatible(m.major, m.minor)) return fail(EPROTO, "ABI major version mismatch");
       if (s.hello) return fail(EPROTO, "hello twice");
+      {
+        std::uint32_t all = 0, mine = 0;
+        for (const auto& [id, o] : sessions_)
+          if (o->hello) {
+            ++all;
+            mine += o->uid == s.uid ? 1 : 0;
+          }
+        if (all >= limits_.max_sessions) {
+          ++refused_.sessions;
+          return fail(EUSERS, "too many sessions on this daemon (max_sessions " + std::to_string(limits_.max_sessions) + ")");
+        }
+        if (mine >= limits_.max_sessions_per_uid) {
+          ++refused_.sessions_per_uid;
+          return fail(EUSERS, "too many sessions for uid " + std::to_string(s.uid) + " (max_sessions_per_uid " +
+                                  std::to_string(limits_.max_sessions_per_uid) + ")");
+        }
+      }
       s.legacy = m.minor < 5;  // does not write the posts word
       int page_fd = -1, pair[2] = {-1, -1};
       if (!make_shared(UROCE_SESSION_PAGE_BYTES, s.page_map, page_fd)) return fail(ENOMEM, "cannot create the session page");
@@ -415,6 +452,15 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
       uroce_create_qp_msg m;
       if (!take(m, offsetof(uroce_create_qp_msg, srq))) return;
       if (s.qps.size() >= limits_.max_qps) return fail(EDQUOT, "too many QPs for this session");
+      {
+        std::size_t of_uid = 0;
+        for (const auto& [id, o] : sessions_) of_uid += o->uid == s.uid ? o->qps.size() : 0;
+        if (of_uid >= limits_.max_qps_per_uid) {
+          ++refused_.qps_per_uid;
+          return fail(EDQUOT, "too many QPs for uid " + std::to_string(s.uid) + " (max_qps_per_uid " +
+                                  std::to_string(limits_.max_qps_per_uid) + ")");
+        }
+      }
       auto pd = s.pds.find(m.pd);
       auto scq = s.cqs.find(m.send_cq), rcq = s.cqs.find(m.recv_cq);
       if (pd == s.pds.end() || scq == s.cqs.end() || rcq == s.cqs.end())
@@ -642,6 +688,31 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
   }
 }
 
+nlohmann::ordered_json SessionServer::limits_status() const {
+  const SessionLimits& l = limits_;
+  return {{"max_sessions", l.max_sessions},
+          {"max_sessions_per_uid", l.max_sessions_per_uid},
+          {"max_unhelloed", l.max_unhelloed},
+          {"hello_timeout_ms", l.hello_timeout_ms},
+          {"max_qps", l.max_qps},
+          {"max_qps_per_uid", l.max_qps_per_uid},
+          {"max_cqs", l.max_cqs},
+          {"max_mrs", l.max_mrs},
+          {"max_mr_bytes", l.max_mr_bytes},
+          {"max_pds", l.max_pds},
+          {"max_srqs", l.max_srqs},
+          {"max_pending_rtr", l.max_pending_rtr},
+          {"max_pending_rtr_total", l.max_pending_rtr_total},
+          {"refused",
+           {{"sessions", refused_.sessions},
+            {"sessions_per_uid", refused_.sessions_per_uid},
+            {"unhelloed", refused_.unhelloed},
+            {"hello_timeouts", refused_.hello_timeouts},
+            {"qps_per_uid", refused_.qps_per_uid},
+            {"accept_errors", guard_.errors()},
+            {"emfile_drops", guard_.dropped()}}}};
+}
+
 nlohmann::ordered_json SessionServer::describe() const {
   auto list = nlohmann::ordered_json::array();
   for (const auto& [id, s] : sessions_) {
@@ -778,6 +849,22 @@ void SessionServer::set_sleeping(bool sleeping) {
 
 std::size_t SessionServer::step() {
   std::size_t work = retry_pending() + cm_->poll(now_ns());
+  // Connections that never say hello are closed after hello_timeout_ms
+  // (looked for every 100 ms), so silent clients cannot hold descriptors.
+  if (const std::uint64_t t = now_ms(); t - last_sweep_ms_ >= 100) {
+    last_sweep_ms_ = t;
+    for (auto it = sessions_.begin(); it != sessions_.end();) {
+      Session& s = *it->second;
+      if (!s.hello && t - s.accepted_ms > limits_.hello_timeout_ms) {
+        ++refused_.hello_timeouts;
+        close(s);
+        it = sessions_.erase(it);
+        ++work;
+      } else {
+        ++it;
+      }
+    }
+  }
   // The engine reads the rings itself; all that is left here is to tell it
   // which QPs' producers have published: those of a session whose posts
   // word moved since the last look.

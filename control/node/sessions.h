@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "control/node/accept_guard.h"
+#include "control/node/options.h"
 #include "stack/abi/ring.h"
 #include "stack/abi/session_proto.h"
 #include "stack/cm/agent.h"
@@ -26,13 +28,6 @@
 #include "stack/wire/addr.h"
 
 namespace uroce::control {
-
-struct SessionLimits {
-  std::uint32_t max_qps = 256, max_cqs = 256, max_mrs = 1024, max_pds = 64, max_srqs = 64;
-  /// MODIFY_QP(RTR)s parked while the peer's address resolves: per session, and in all.
-  std::uint32_t max_pending_rtr = 16, max_pending_rtr_total = 256;
-  std::uint64_t max_mr_bytes = 1ull << 32;
-};
 
 class SessionServer {
  public:
@@ -56,6 +51,8 @@ class SessionServer {
   [[nodiscard]] nlohmann::ordered_json describe() const;
   /// The CM agent's counters.
   [[nodiscard]] nlohmann::ordered_json cm_status() const;
+  /// The limits in force, and what they refused.
+  [[nodiscard]] nlohmann::ordered_json limits_status() const;
 
   struct Session;
 
@@ -96,6 +93,12 @@ class SessionServer {
   SessionLimits limits_;
   std::map<std::uint32_t, std::shared_ptr<Session>> sessions_;
   std::uint32_t next_session_ = 1;
+  AcceptGuard guard_;  // accepting out of descriptors: shed and pause, never spin
+  boost::asio::steady_timer accept_pause_;
+  std::uint64_t last_sweep_ms_ = 0;
+  struct Refusals {
+    std::uint64_t sessions = 0, sessions_per_uid = 0, unhelloed = 0, hello_timeouts = 0, qps_per_uid = 0;
+  } refused_;
   bool sleeping_ = false;
   std::uint64_t doorbells_ = 0;
   std::string path_;

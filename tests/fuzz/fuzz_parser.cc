@@ -15,7 +15,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     volatile std::uint8_t sink = 0;
     for (auto b : pkt.payload()) sink = sink ^ b;
     (void)uroce::tools::describe(pkt);
-    (void)uroce::tools::packet_json_fields(pkt);
+    (void)uroce::tools::packet_json(pkt).dump();
   }
   static uroce::tools::Decoder dec(1024);
   (void)dec.add(uroce::wire::ConstBytes(data, size), pkt);

@@ -890,6 +890,44 @@ int cm(const char* sa, const char* sb) {
 }
 
 /// The device list finds `want` devices, and each one opens and answers.
+/// Per-uid limits: `nsess` sessions on one daemon, each creating RC QPs
+/// until the daemon refuses. Prints, per session, how many it got and why it
+/// stopped ("open: ..." for a session refused at hello); the script checks
+/// the totals against the limits it gave the daemon.
+int qpcap(const char* sock, int nsess) {
+  std::vector<uroce_context*> ctxs;
+  int total = 0;
+  for (int i = 0; i < nsess; ++i) {
+    uroce_context* ctx = uroce_open_device(sock);
+    if (!ctx) {
+      std::printf("session %d: open: %s\n", i, uroce_last_error());
+      continue;
+    }
+    ctxs.push_back(ctx);
+    uroce_pd* pd = uroce_alloc_pd(ctx);
+    uroce_cq* cq = pd ? uroce_create_cq(ctx, 16, nullptr, nullptr, 0) : nullptr;
+    int got = 0;
+    std::string why = "no PD or CQ";
+    while (cq && got < 300) {
+      uroce_qp_init_attr ia{};
+      ia.send_cq = ia.recv_cq = cq;
+      ia.qp_type = IBV_QPT_RC;
+      ia.cap.max_send_wr = ia.cap.max_recv_wr = 4;
+      if (!uroce_create_qp(pd, &ia)) {
+        why = uroce_last_error();
+        break;
+      }
+      ++got;
+    }
+    total += got;
+    std::printf("session %d: %d QPs (%s)\n", i, got, why.c_str());
+  }
+  std::printf("total %d QPs\n", total);
+  std::fflush(stdout);
+  for (uroce_context* c : ctxs) uroce_close_device(c);
+  return 0;
+}
+
 /// Embedded mode's life: two contexts share the process's node; the node
 /// outlives the first close; after the last one it is gone, and a new open
 /// is refused with the reason (DPDK's EAL cannot start twice).
@@ -1334,6 +1372,7 @@ int main(int argc, char** argv) {
   if (argc >= 4 && std::string(argv[1]) == "cm") return cm(argv[2], argv[3]);
   if (argc >= 3 && std::string(argv[1]) == "devices") return devices(std::atoi(argv[2]));
   if (argc >= 3 && std::string(argv[1]) == "reopen") return reopen(argv[2]);
+  if (argc >= 4 && std::string(argv[1]) == "qpcap") return qpcap(argv[2], std::atoi(argv[3]));
   if (argc >= 5 && std::string(argv[1]) == "oob") return oob(argv[2], argv[3], std::atoi(argv[4]));
   if (argc >= 4 && std::string(argv[1]) == "rtrflood") return rtrflood(argv[2], std::atol(argv[3]));
   if (argc >= 4 && std::string(argv[1]) == "seams") return seams(argv[2], std::atoi(argv[3]));

@@ -125,6 +125,69 @@ d1=$(jget "$(ctl "$TMP/a.ctl" status)" port.cqe_dropped)
 echo "  CQs overflowed: $((o1 - o0)); completions dropped in all: $d1"
 check "cqoverflow: counted (port.cq_overflows +1, port.cqe_dropped > 0)" "[ $((o1 - o0)) -eq 1 ] && [ ${d1:-0} -ge 1 ]"
 
+echo "== silent connections: out of descriptors, the daemon sheds and pauses, never spins; silence times out (row 10)"
+# flood SOCK N SECS: N connections that never say hello, held SECS seconds;
+# prints how many connected
+flood() { /usr/bin/python3 - "$@" <<'PY'
+import socket, sys, time
+path, n, secs = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+socks = []
+for _ in range(n):
+    s = socket.socket(socket.AF_UNIX); s.setblocking(False)
+    try: s.connect(path)
+    except OSError: pass
+    socks.append(s)
+print(len(socks), flush=True)
+time.sleep(secs)
+PY
+}
+cpu_pct() {  # PID SECS: CPU use over SECS, percent of a core
+  local hz t0 t1; hz=$(getconf CLK_TCK); t0=$(awk '{print $14+$15}' "/proc/$1/stat"); sleep "$2"
+  t1=$(awk '{print $14+$15}' "/proc/$1/stat"); echo $(( (t1 - t0) * 100 / (hz * $2) ))
+}
+CS=/tmp/uroce-hostile-$$.app  # outside $TMP (0700): another uid connects to it below
+prlimit --nofile=256:256 "$UROCED" --no-huge --mem-mb 256 --file-prefix dc-$$ --port net_memif0 \
+  --vdev "net_memif0,role=server,socket=$TMP/mc.sock" --ip 10.98.0.3 --lcore 0 --app-socket "$CS" --app-socket-mode 0666 \
+  --ctl-socket "$TMP/c.ctl" --max-unhelloed 1000 --hello-timeout-ms 1000 > "$TMP/dc.out" 2> "$TMP/dc.err" &
+C_PID=$!; PIDS="$PIDS $C_PID"
+for i in $(seq 50); do [ -S "$CS" ] && [ -S "$TMP/c.ctl" ] && break; sleep 0.1; done
+flood "$CS" 600 3 > "$TMP/flood.out" & fp=$!
+sleep 1; busy=$(cpu_pct $C_PID 1)
+wait $fp; sleep 1.5
+st=$(ctl "$TMP/c.ctl" status)
+echo "  600 silent connections at a 256-descriptor limit: daemon CPU ${busy}% meanwhile; accept errors $(jget "$st" limits.refused.accept_errors), dropped at EMFILE $(jget "$st" limits.refused.emfile_drops), hello timeouts $(jget "$st" limits.refused.hello_timeouts)"
+check "row 10: out of descriptors, the daemon does not spin (under half a core)" "[ $busy -lt 50 ]"
+check "row 10: connections shed at EMFILE, silent ones closed after the hello timeout, all counted" \
+  "[ \$(jget '$st' limits.refused.emfile_drops) -gt 0 ] && [ \$(jget '$st' limits.refused.hello_timeouts) -gt 0 ]"
+check "row 10: afterwards the control socket answers and the daemon is alive" "[ -n '$st' ] && kill -0 $C_PID"
+kill $C_PID; wait $C_PID 2>/dev/null
+
+echo "== sessions and QPs per uid (row 9), and connections awaiting hello capped"
+"$UROCED" --no-huge --mem-mb 256 --file-prefix dd-$$ --port net_memif0 \
+  --vdev "net_memif0,role=server,socket=$TMP/md.sock" --ip 10.98.0.4 --lcore 0 --app-socket "$CS" --app-socket-mode 0666 \
+  --ctl-socket "$TMP/d.ctl" --max-qps 32 --max-qps-per-uid 40 --max-sessions-per-uid 3 --max-unhelloed 16 \
+  --hello-timeout-ms 1000 > "$TMP/dd.out" 2> "$TMP/dd.err" &
+D_PID=$!; PIDS="$PIDS $D_PID"
+for i in $(seq 50); do [ -S "$CS" ] && [ -S "$TMP/d.ctl" ] && break; sleep 0.1; done
+"$APP" qpcap "$CS" 5 > "$TMP/qpcap.out" 2>&1
+sed 's/^/  root: /' "$TMP/qpcap.out"
+check "row 9: one uid gets 40 QPs over its sessions (32 in one), then a clear refusal naming the uid" \
+  "grep -q '^total 40 QPs' '$TMP/qpcap.out' && grep -q '^session 0: 32 QPs (too many QPs for this session)' '$TMP/qpcap.out' && grep -q 'too many QPs for uid 0' '$TMP/qpcap.out'"
+check "row 9: its fourth and fifth sessions are refused at hello" "[ \$(grep -c 'open: too many sessions for uid 0' '$TMP/qpcap.out') -eq 2 ]"
+setpriv --reuid=65534 --regid=65534 --clear-groups "$APP" qpcap "$CS" 1 > "$TMP/qpcap2.out" 2>&1
+sed 's/^/  nobody: /' "$TMP/qpcap2.out"
+check "row 9: another uid still gets its QPs" "grep -q '^session 0: 32 QPs' '$TMP/qpcap2.out'"
+flood "$CS" 40 0.5 > /dev/null
+st=$(ctl "$TMP/d.ctl" status)
+echo "  refused: $(echo "$st" | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["limits"]["refused"])')"
+check "connections awaiting hello beyond 16 are closed at once, and counted" "[ \$(jget '$st' limits.refused.unhelloed) -ge 20 ]"
+check "the refusals are counted per kind" \
+  "[ \$(jget '$st' limits.refused.qps_per_uid) -ge 1 ] && [ \$(jget '$st' limits.refused.sessions_per_uid) -eq 2 ]"
+"$UROCE_CTL" --socket "$TMP/d.ctl" status | grep -A1 '^limits:' | sed 's/^/  /'
+check "uroce-ctl status shows the limits and the refusals" \
+  "'$UROCE_CTL' --socket '$TMP/d.ctl' status | grep -q '^limits: sessions 256 (3 per uid), QPs 32 per session and 40 per uid'"
+kill $D_PID; wait $D_PID 2>/dev/null; rm -f "$CS"
+
 echo "== afterwards: the daemon is alive and a well-behaved application passes every operation"
 check "daemon A is alive" "kill -0 $A_PID"
 "$APP" ops "$TMP/a.app" "$TMP/b.app" > "$TMP/ops.out" 2>&1; rc=$?

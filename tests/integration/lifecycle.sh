@@ -34,6 +34,8 @@ ms=$(( ($(date +%s%N) - t0) / 1000000 ))
 echo "  client: $(cat "$TMP/cli.out") (exit $crc after ${ms} ms)"
 check "the client stopped gracefully (exit 0)" "[ $crc -eq 0 ]"
 check "its outstanding WRs were flushed and delivered" "grep -qE 'stopped by signal; [1-9][0-9]* outstanding WRs flushed' '$TMP/cli.out'"
+check "a stopped run claims no SEND verified by the server (row 14): it says they are unverified" \
+  "grep -q 'SENDs completed, not verified by the server' '$TMP/cli.out' && ! grep -q 'SENDs verified by the server' '$TMP/cli.out'"
 check "the log shows the stop sequence" "grep -q 'stopping: flushing QPs' '$TMP/cli.err' && grep -q 'uroced stopped' '$TMP/cli.err'"
 check "within 3 s" "[ $ms -lt 3000 ]"
 sleep 0.5

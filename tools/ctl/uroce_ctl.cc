@@ -81,6 +81,17 @@ void render(const pt::ptree& st, const pt::ptree* prev, double secs) {
                 num(*c, "duplicates"), num(*c, "rejects_sent"), num(*c, "established"), num(*c, "disconnected"),
                 num(*c, "bad_mads"), num(*c, "unmatched"));
   }
+  if (auto l = st.get_child_optional("limits"); l && l->count("max_sessions")) {
+    std::printf("\nlimits: sessions %lu (%lu per uid), QPs %lu per session and %lu per uid, CQs %lu, MRs %lu, "
+                "%lu connections awaiting hello (%lu ms)\n",
+                num(*l, "max_sessions"), num(*l, "max_sessions_per_uid"), num(*l, "max_qps"), num(*l, "max_qps_per_uid"),
+                num(*l, "max_cqs"), num(*l, "max_mrs"), num(*l, "max_unhelloed"), num(*l, "hello_timeout_ms"));
+    std::printf("  refused: sessions %lu, per uid %lu, awaiting hello %lu, hello timeouts %lu, QPs per uid %lu, "
+                "accept errors %lu (EMFILE drops %lu)\n",
+                num(*l, "refused.sessions"), num(*l, "refused.sessions_per_uid"), num(*l, "refused.unhelloed"),
+                num(*l, "refused.hello_timeouts"), num(*l, "refused.qps_per_uid"), num(*l, "refused.accept_errors"),
+                num(*l, "refused.emfile_drops"));
+  }
   for (unsigned k = 0; k < n; ++k) {
     const std::string pre = k == 0 ? "" : "_" + std::to_string(k);
     const auto& p = st.get_child("pipeline" + pre);

@@ -115,47 +115,61 @@ std::string describe(const wire::Packet& pkt) {
   return s;
 }
 
-std::string packet_json_fields(const wire::Packet& pkt) {
-  std::string s;
-  appendf(s, "\"src\": \"%s\", \"dst\": \"%s\", ", pkt.src.to_string().c_str(), pkt.dst.to_string().c_str());
-  appendf(s, "\"ipver\": %d, \"vlan\": %d, \"dscp\": %u, \"ecn\": %u, \"sport\": %u, ",
-          pkt.ipver == wire::IpVersion::kV4 ? 4 : 6, pkt.has_vlan ? static_cast<int>(pkt.vlan_tci) : -1,
-          pkt.dscp, pkt.ecn, pkt.sport);
-  appendf(s, "\"opcode\": %u, \"opcode_name\": \"%.*s\", ", pkt.opcode, static_cast<int>(pkt.info->name.size()),
-          pkt.info->name.data());
-  appendf(s, "\"se\": %d, \"migreq\": %d, \"fecn\": %d, \"becn\": %d, \"ackreq\": %d, ", pkt.se, pkt.migreq,
-          pkt.fecn, pkt.becn, pkt.ackreq);
-  appendf(s, "\"pkey\": %u, \"destqp\": %u, \"psn\": %u, \"padcnt\": %u, \"payload_len\": %u, \"icrc\": %u",
-          pkt.pkey, pkt.destqp, pkt.psn.value(), pkt.padcnt, pkt.payload_len, pkt.icrc);
-  if (const auto* h = pkt.deth()) appendf(s, ", \"deth_qkey\": %u, \"deth_src_qp\": %u", h->qkey.get(), h->src_qp.get());
-  if (const auto* h = pkt.feth()) appendf(s, ", \"feth\": %u", h->bits.get());
-  if (const auto* h = pkt.reth())
-    appendf(s, ", \"reth_va\": %" PRIu64 ", \"reth_rkey\": %u, \"reth_len\": %u", h->va.get(), h->rkey.get(),
-            h->dma_len.get());
-  if (const auto* h = pkt.atomic_eth()) {
-    appendf(s, ", \"atomic_va\": %" PRIu64 ", \"atomic_rkey\": %u", h->va.get(), h->rkey.get());
-    appendf(s, ", \"atomic_swap_add\": %" PRIu64 ", \"atomic_compare\": %" PRIu64, h->swap_add.get(),
-            h->compare.get());
+nlohmann::ordered_json packet_json(const wire::Packet& pkt) {
+  nlohmann::ordered_json j;
+  j["src"] = pkt.src.to_string();
+  j["dst"] = pkt.dst.to_string();
+  j["ipver"] = pkt.ipver == wire::IpVersion::kV4 ? 4 : 6;
+  j["vlan"] = pkt.has_vlan ? static_cast<int>(pkt.vlan_tci) : -1;
+  j["dscp"] = pkt.dscp;
+  j["ecn"] = pkt.ecn;
+  j["sport"] = pkt.sport;
+  j["opcode"] = pkt.opcode;
+  j["opcode_name"] = std::string(pkt.info->name);
+  j["se"] = static_cast<int>(pkt.se);
+  j["migreq"] = static_cast<int>(pkt.migreq);
+  j["fecn"] = static_cast<int>(pkt.fecn);
+  j["becn"] = static_cast<int>(pkt.becn);
+  j["ackreq"] = static_cast<int>(pkt.ackreq);
+  j["pkey"] = pkt.pkey;
+  j["destqp"] = pkt.destqp;
+  j["psn"] = pkt.psn.value();
+  j["padcnt"] = pkt.padcnt;
+  j["payload_len"] = pkt.payload_len;
+  j["icrc"] = pkt.icrc;
+  if (const auto* h = pkt.deth()) {
+    j["deth_qkey"] = h->qkey.get();
+    j["deth_src_qp"] = h->src_qp.get();
   }
-  if (const auto* h = pkt.aeth()) appendf(s, ", \"aeth_syndrome\": %u, \"aeth_msn\": %u", h->syndrome, h->msn.get());
-  if (const auto* h = pkt.atomic_ack()) appendf(s, ", \"atomic_ack_orig\": %" PRIu64, h->orig.get());
-  if (const auto* h = pkt.immdt()) appendf(s, ", \"imm\": %u", h->imm.get());
-  if (const auto* h = pkt.ieth()) appendf(s, ", \"ieth_rkey\": %u", h->rkey.get());
-  return s;
+  if (const auto* h = pkt.feth()) j["feth"] = h->bits.get();
+  if (const auto* h = pkt.reth()) {
+    j["reth_va"] = h->va.get();
+    j["reth_rkey"] = h->rkey.get();
+    j["reth_len"] = h->dma_len.get();
+  }
+  if (const auto* h = pkt.atomic_eth()) {
+    j["atomic_va"] = h->va.get();
+    j["atomic_rkey"] = h->rkey.get();
+    j["atomic_swap_add"] = h->swap_add.get();
+    j["atomic_compare"] = h->compare.get();
+  }
+  if (const auto* h = pkt.aeth()) {
+    j["aeth_syndrome"] = h->syndrome;
+    j["aeth_msn"] = h->msn.get();
+  }
+  if (const auto* h = pkt.atomic_ack()) j["atomic_ack_orig"] = h->orig.get();
+  if (const auto* h = pkt.immdt()) j["imm"] = h->imm.get();
+  if (const auto* h = pkt.ieth()) j["ieth_rkey"] = h->rkey.get();
+  return j;
 }
 
-std::string summary_json(const QpKey& key, const QpSummary& q) {
-  std::string s;
-  appendf(s, "{\"dst\": \"%s\", \"destqp\": %u, ", key.dst.to_string().c_str(), key.destqp);
-  appendf(s, "\"packets\": %" PRIu64 ", \"payload_bytes\": %" PRIu64 ", \"messages\": %" PRIu64 ", ", q.packets,
-          q.payload_bytes, q.messages);
-  appendf(s, "\"psn_gaps\": %" PRIu64 ", \"psn_repeats\": %" PRIu64 ", \"acks\": %" PRIu64 ", \"naks\": {",
-          q.psn_gaps, q.psn_repeats, q.acks);
-  for (unsigned c = 0; c < 5; ++c)
-    appendf(s, "%s\"%s\": %" PRIu64, c ? ", " : "", std::string(nak_name(c)).c_str(), q.naks[c]);
-  appendf(s, "}, \"rnr_naks\": %" PRIu64 ", \"cnps\": %" PRIu64 ", \"ecn_ce\": %" PRIu64 "}", q.rnr_naks, q.cnps,
-          q.ecn_ce);
-  return s;
+nlohmann::ordered_json summary_json(const QpKey& key, const QpSummary& q) {
+  nlohmann::ordered_json naks = nlohmann::ordered_json::object();
+  for (unsigned c = 0; c < 5; ++c) naks[std::string(nak_name(c))] = q.naks[c];
+  return {{"dst", key.dst.to_string()}, {"destqp", key.destqp},       {"packets", q.packets},
+          {"payload_bytes", q.payload_bytes}, {"messages", q.messages}, {"psn_gaps", q.psn_gaps},
+          {"psn_repeats", q.psn_repeats},     {"acks", q.acks},          {"naks", naks},
+          {"rnr_naks", q.rnr_naks},           {"cnps", q.cnps},          {"ecn_ce", q.ecn_ce}};
 }
 
 }  // namespace uroce::tools

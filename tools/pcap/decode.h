@@ -8,6 +8,8 @@
 #include <string>
 #include <tuple>
 
+#include <nlohmann/json.hpp>
+
 #include "stack/wire/addr.h"
 #include "stack/wire/parser.h"
 
@@ -69,11 +71,12 @@ class Decoder {
 /// extension header fields, e.g. "RC_RDMA_WRITE_FIRST dqp=0x11 psn=5 A=0 va=0x.. rkey=0x.. len=4096".
 [[nodiscard]] std::string describe(const wire::Packet& pkt);
 
-/// The frame as a JSON object (keys as in tests/conformance/README.md), without
-/// the enclosing frame number and time, which the caller adds.
-[[nodiscard]] std::string packet_json_fields(const wire::Packet& pkt);
+/// The frame's fields as a JSON object (keys as in tests/conformance/README.md),
+/// without the frame number and time, which the caller adds.
+[[nodiscard]] nlohmann::ordered_json packet_json(const wire::Packet& pkt);
 
-[[nodiscard]] std::string summary_json(const QpKey& key, const QpSummary& s);
+/// One QP's summary as a JSON object.
+[[nodiscard]] nlohmann::ordered_json summary_json(const QpKey& key, const QpSummary& s);
 
 [[nodiscard]] std::string_view nak_name(unsigned code);
 

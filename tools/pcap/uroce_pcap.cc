@@ -9,10 +9,13 @@
 #include <getopt.h>
 
 #include <cinttypes>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "drivers/pcap/pcap_io.h"
 #include "tools/pcap/decode.h"
@@ -73,15 +76,6 @@ bool parse_args(int argc, char** argv, Options& o) {
   return true;
 }
 
-std::string json_escape(const std::string& s) {
-  std::string r;
-  for (char ch : s) {
-    if (ch == '"' || ch == '\\') r += '\\';
-    if (static_cast<unsigned char>(ch) < 0x20) continue;
-    r += ch;
-  }
-  return r;
-}
 
 /// Decodes one file; returns false on I/O error. Sets `bad` on malformed frames.
 bool decode_file(const Options& o, const std::string& path, bool& bad) {
@@ -94,9 +88,10 @@ bool decode_file(const Options& o, const std::string& path, bool& bad) {
   pcapio::Frame f;
   wire::Packet pkt;
   std::uint64_t index = 0;
-  bool first_json = true;
-  if (o.json) std::printf("{\"file\": \"%s\", \"frames\": [", json_escape(path).c_str());
-  else if (!o.quiet) std::printf("# %s\n", path.c_str());
+  // --json: one document per file, made by the JSON library and written
+  // when the file is read.
+  nlohmann::ordered_json doc = {{"file", path}, {"frames", nlohmann::ordered_json::array()}};
+  if (!o.json && !o.quiet) std::printf("# %s\n", path.c_str());
 
   while (reader.next(f)) {
     ++index;
@@ -104,15 +99,15 @@ bool decode_file(const Options& o, const std::string& path, bool& bad) {
     if (!st.ok() && !st.roce) continue;  // not RoCE
     const double t = static_cast<double>(f.ts_sec) + static_cast<double>(f.ts_usec) * 1e-6;
     if (o.json) {
-      std::printf("%s\n  {\"frame\": %" PRIu64 ", \"time\": %.6f, \"status\": \"%s\", \"icrc_ok\": %s",
-                  first_json ? "" : ",", index, t, st.to_string().c_str(),
-                  st.reject == wire::Reject::kBadIcrc ? "false" : (st.ok() ? "true" : "null"));
+      nlohmann::ordered_json fr = {{"frame", index}, {"time", std::round(t * 1e6) / 1e6}, {"status", st.to_string()}};
+      if (st.reject == wire::Reject::kBadIcrc) fr["icrc_ok"] = false;
+      else if (st.ok()) fr["icrc_ok"] = true;
+      else fr["icrc_ok"] = nullptr;
       if (st.ok() || st.reject == wire::Reject::kBadIcrc) {
         // A bad-ICRC frame parsed completely before the check, so its fields are meaningful.
-        std::printf(", %s", tools::packet_json_fields(pkt).c_str());
+        fr.update(tools::packet_json(pkt));
       }
-      std::printf("}");
-      first_json = false;
+      doc["frames"].push_back(std::move(fr));
     } else if (!o.quiet) {
       if (st.ok() || st.reject == wire::Reject::kBadIcrc) {
         std::printf("%6" PRIu64 " %.6f %s > %s %s icrc=%s\n", index, t, pkt.src.to_string().c_str(),
@@ -129,15 +124,12 @@ bool decode_file(const Options& o, const std::string& path, bool& bad) {
 
   const tools::Totals& tot = dec.totals();
   if (o.json) {
-    std::printf("],\n \"totals\": {\"frames\": %" PRIu64 ", \"roce\": %" PRIu64 ", \"non_roce\": %" PRIu64
-                ", \"malformed\": %" PRIu64 ", \"bad_icrc\": %" PRIu64 "},\n \"qps\": [",
-                tot.frames, tot.roce, tot.non_roce, tot.malformed, tot.bad_icrc);
-    bool first = true;
-    for (const auto& [key, s] : dec.qps()) {
-      std::printf("%s\n  %s", first ? "" : ",", tools::summary_json(key, s).c_str());
-      first = false;
-    }
-    std::printf("]}\n");
+    doc["totals"] = {{"frames", tot.frames},       {"roce", tot.roce},         {"non_roce", tot.non_roce},
+                     {"malformed", tot.malformed}, {"bad_icrc", tot.bad_icrc}};
+    doc["qps"] = nlohmann::ordered_json::array();
+    for (const auto& [key, s] : dec.qps()) doc["qps"].push_back(tools::summary_json(key, s));
+    // Names from a capture file may hold any bytes: invalid UTF-8 is replaced.
+    std::printf("%s\n", doc.dump(1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   } else {
     std::printf("\n%-16s %-8s %8s %10s %6s %5s %5s %6s %6s %4s %4s %4s\n", "dst", "destqp", "packets", "bytes",
                 "msgs", "gaps", "reps", "acks", "naks", "rnr", "cnp", "ce");

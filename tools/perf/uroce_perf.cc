@@ -25,6 +25,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "stack/verbs/uroce_verbs.h"
 #include "tools/perf/perftest_oob.h"
 #include "tools/perf/wait.h"
@@ -613,24 +615,32 @@ void print_lat_row(const LatResult& r) {
               r.t_avg, r.t_stdev, r.p99, r.p999);
 }
 
-std::string bw_json(const Options& o, const BwResult& r) {
-  char b[256];
-  std::snprintf(b, sizeof b,
-                "{\"bytes\": %lu, \"iterations\": %lu, \"bw_peak\": %.4f, \"bw_average\": %.4f, \"msg_rate_mpps\": %.6f, "
-                "\"unit\": \"%s\"}",
-                static_cast<unsigned long>(r.size), static_cast<unsigned long>(r.iters), unit(o, r.peak), unit(o, r.avg),
-                r.rate / 1e6, o.gbits ? "Gb/sec" : "MB/sec");
-  return b;
+/// `v` to `digits` decimals, as the text report prints it.
+double rounded(double v, int digits) {
+  const double k = std::pow(10.0, digits);
+  return std::round(v * k) / k;
 }
 
-std::string lat_json(const LatResult& r) {
-  char b[320];
-  std::snprintf(b, sizeof b,
-                "{\"bytes\": %lu, \"iterations\": %lu, \"t_min\": %.3f, \"t_max\": %.3f, \"t_typical\": %.3f, "
-                "\"t_avg\": %.3f, \"t_stdev\": %.3f, \"p99\": %.3f, \"p99_9\": %.3f, \"unit\": \"usec\"}",
-                static_cast<unsigned long>(r.size), static_cast<unsigned long>(r.iters), r.t_min, r.t_max, r.t_typical,
-                r.t_avg, r.t_stdev, r.p99, r.p999);
-  return b;
+nlohmann::ordered_json bw_json(const Options& o, const BwResult& r) {
+  return {{"bytes", r.size},
+          {"iterations", r.iters},
+          {"bw_peak", rounded(unit(o, r.peak), 4)},
+          {"bw_average", rounded(unit(o, r.avg), 4)},
+          {"msg_rate_mpps", rounded(r.rate / 1e6, 6)},
+          {"unit", o.gbits ? "Gb/sec" : "MB/sec"}};
+}
+
+nlohmann::ordered_json lat_json(const LatResult& r) {
+  return {{"bytes", r.size},
+          {"iterations", r.iters},
+          {"t_min", rounded(r.t_min, 3)},
+          {"t_max", rounded(r.t_max, 3)},
+          {"t_typical", rounded(r.t_typical, 3)},
+          {"t_avg", rounded(r.t_avg, 3)},
+          {"t_stdev", rounded(r.t_stdev, 3)},
+          {"p99", rounded(r.p99, 3)},
+          {"p99_9", rounded(r.p999, 3)},
+          {"unit", "usec"}};
 }
 
 // ------------------------------------------------------------------- main
@@ -814,7 +824,7 @@ int run(const Options& o) {
   if (!o.json) print_info(c, o);
   std::fflush(stdout);  // scripts read the addresses while the run goes on
 
-  std::vector<std::string> rows;
+  nlohmann::ordered_json rows = nlohmann::ordered_json::array();
   if (o.kind == Kind::kBw) {
     if (!o.json) print_bw_header(o);
     oob.set_timeout(o.timeout_ms + static_cast<int>(o.duration * 1000) * static_cast<int>(sizes.size()) + 600000);
@@ -873,12 +883,13 @@ int run(const Options& o) {
   // The close: write_lat has none; the others a key round then "done".
   if (o.test != "write_lat" && !ex(oob.close_connection(c.mine[0]))) return 1;
   if (o.json) {
-    std::printf("{\"test\": \"%s\", \"role\": \"%s\", \"device\": \"%s\", \"qps\": %u, \"mtu\": %u, \"peer_version\": "
-                "\"%s\", \"results\": [",
-                o.test.c_str(), client ? "client" : "server", c.devname.c_str(), o.qps, 128u << c.mtu,
-                peer_version.c_str());
-    for (std::size_t i = 0; i < rows.size(); ++i) std::printf("%s%s", i ? ", " : "", rows[i].c_str());
-    std::printf("]}\n");
+    // Through the JSON library: a device name or a peer's version string
+    // may hold quotes, backslashes or bytes that are not UTF-8.
+    const nlohmann::ordered_json doc = {{"test", o.test},       {"role", client ? "client" : "server"},
+                                        {"device", c.devname},  {"qps", o.qps},
+                                        {"mtu", 128u << c.mtu}, {"peer_version", peer_version},
+                                        {"results", rows}};
+    std::printf("%s\n", doc.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   } else {
     std::printf("%s", kLine);
   }
