@@ -26,6 +26,10 @@ check "--duration -5: refused" "run_bad dneg '--duration must be' $ME --ip 10.98
 check "--duration nan: refused" "run_bad dnan '--duration must be' $ME --ip 10.98.0.1 --duration nan"
 check "--app-socket-mode 0999: not octal, refused" "run_bad m9 'must be octal' $ME --ip 10.98.0.1 --app-socket-mode 0999"
 check "--app-socket-mode 4777: no setuid bits, refused" "run_bad m4 'must be octal' $ME --ip 10.98.0.1 --app-socket-mode 4777"
+check "an option named %original_token%: refused at once (Boost would loop on it; found by fuzzing)" \
+  "run_bad pct 'holds a %name% token' $ME --ip 10.98.0.1 '--%original_token%'"
+printf 'port = net_memif0\n%%original_token%% = 1\n' > "$TMP/pct.conf"
+check "a config file with a %name% token: refused at once" "run_bad pctc 'holds a %name% token' --config $TMP/pct.conf"
 check "--app-socket-group with no such group: refused" \
   "run_bad grp 'no group named' $ME --ip 10.98.0.1 --app-socket-group no-such-group-$$"
 

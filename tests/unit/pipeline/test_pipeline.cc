@@ -373,9 +373,7 @@ TEST(Dataplane, TwoPipelinesResolveEachOtherAndCarryRcTraffic) {
 }
 
 TEST(Dataplane, APortThatWakesOnRxNeedsNoPollTick) {
-  using namespace transport;
   LonePipeline lp;
-  Engine& eng = lp.eng;
   Dataplane& dp = lp.dp;
   IdleConfig ic;  // spin 5 us, tick 20 us, warm 10 ms
   dp.set_idle(ic);
