@@ -18,6 +18,7 @@ seed() {  # TARGET DIR: fill the corpus
   local t=$1 d=$2
   case $t in
     parser)
+      mkdir -p "$d.frames"
       "$build/tests/conformance/gen_frames" --count 400 --v6-count 100 --seed 5 --out "$d.frames" --corpus "$d" > /dev/null ;;
     cm)
       # The CM MADs of the real captures: UD SENDs to QP1, the MAD after BTH+DETH, before the ICRC.
