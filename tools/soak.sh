@@ -59,13 +59,13 @@ timeout $((SECS + 60)) "$PERF" write_bw -d "$TMP/b.app" -p $PORT -D "$SECS" -s 4
   echo "$k $fails" > "$TMP/rping.result"
 ) & rp=$!
 # Churn: an application that opens both daemons and runs the op matrix,
-# SIGKILLed after 0.5-2 s, every 3 s.
+# SIGKILLed after 0.5-1.9 s, every 2-3.5 s.
 (
   n=0
   end=$(( $(date +%s) + SECS ))
   while [ "$(date +%s)" -lt "$end" ]; do
     "$APP" ops "$TMP/a.app" "$TMP/b.app" > /dev/null 2>&1 & v=$!
-    sleep "0.$(( 5 + RANDOM % 15 ))"
+    d=$((5 + RANDOM % 15)); sleep "$((d / 10)).$((d % 10))"  # 0.5-1.9 s
     kill -9 $v 2>/dev/null; wait $v 2>/dev/null
     n=$((n + 1))
     sleep 1.5
@@ -82,6 +82,7 @@ sa=$(ctl "$TMP/a.ctl" status); sb=$(ctl "$TMP/b.ctl" status)
 read -r rounds rfails < "$TMP/rping.result"
 churned=$(cat "$TMP/churn.result")
 column -t "$out/samples.tsv" | sed 's/^/  /'
+rm -f "$out/summary.json"
 /usr/bin/python3 - "$sa" "$sb" "$out/samples.tsv" "$out/summary.json" <<'PY'
 import json, sys
 a, b = json.loads(sys.argv[1]), json.loads(sys.argv[2])
@@ -99,7 +100,8 @@ s = {
 json.dump(s, open(sys.argv[4], "w"), indent=1)
 print("  " + json.dumps(s))
 PY
-sum=$(cat "$out/summary.json")
+sum=$(cat "$out/summary.json" 2>/dev/null)
+check "the final status of both daemons was read and summarised" "[ -n '$sum' ]"
 echo "  write_bw: $(grep -A1 '#bytes' "$TMP/bw.cli" | tail -1 | tr -s ' ')"
 echo "  rping: $rounds rounds of 200 validated pings, $rfails failures; applications SIGKILLed: $churned"
 check "both daemons alive after $SECS s" "kill -0 $A && kill -0 $B"

@@ -235,7 +235,8 @@ class Node::ControlServer {
         if (!ec) self->sock.close(ignored);
       });
       asio::async_read_until(sock, in, '\n', [self](boost::system::error_code ec, std::size_t) {
-        self->deadline.cancel();
+        // The deadline stays armed through the reply's write: a client that
+        // never reads it is closed too.
         if (ec == asio::error::not_found) {  // no newline within the limit: refuse, answer once, close
           self->out = error("control line longer than " + std::to_string(kMaxControlLine) + " bytes") + "\n";
           asio::async_write(self->sock, asio::buffer(self->out), [self](boost::system::error_code, std::size_t) {
@@ -249,7 +250,8 @@ class Node::ControlServer {
         std::string line;
         std::getline(is, line);
         self->out = self->handle(line) + "\n";
-        asio::async_write(self->sock, asio::buffer(self->out), [self](boost::system::error_code, std::size_t) {});
+        asio::async_write(self->sock, asio::buffer(self->out),
+                          [self](boost::system::error_code, std::size_t) { self->deadline.cancel(); });
       });
     }
     static std::string error(const std::string& why) {
@@ -351,6 +353,7 @@ class Node::MainWait {
     if (!rx_ || rx_pending_) return;
     rx_pending_ = true;
     rx_->async_wait(asio::posix::descriptor_base::wait_read, [this](boost::system::error_code ec) {
+      if (ec == asio::error::operation_aborted) return;  // the waiter is going away
       rx_pending_ = false;
       if (!ec) ++*rx_wakes_;
     });
@@ -449,7 +452,9 @@ std::unique_ptr<Node> Node::start(const NodeOptions& o, bool embedded, std::stri
       p->dp->set_idle(o.idle);
       // The main lcore's sleeps end when a frame comes if the port has an
       // RX interrupt; worker shards read rings, and keep the poll tick.
-      p->dp->set_rx_wakes(sh == 0 && pi == 0 && port->rx_interrupt_fd() >= 0);
+      // (A sharded port's shard 0 also sends the workers' frames, which raise
+      // no interrupt: it keeps the tick.)
+      p->dp->set_rx_wakes(o.shards == 1 && pi == 0 && port->rx_interrupt_fd() >= 0);
       if (!o.capture.empty()) {
         // One file per pipeline: the first is FILE, the others FILE.N.
         const std::string path = n->pipes_.empty() ? o.capture : o.capture + "." + std::to_string(n->pipes_.size());
@@ -547,7 +552,7 @@ int Node::run(const volatile sig_atomic_t& stop) {
   std::uint64_t last_ctl = 0, stop_at = 0;
   int rc = 0;
   MainWait waiter(io_);
-  dpdk::Port* rx_port = main_pipe.port->rx_interrupt_fd() >= 0 ? main_pipe.port : nullptr;
+  dpdk::Port* rx_port = main_pipe.dp->rx_wakes() ? main_pipe.port : nullptr;
   if (rx_port) waiter.watch_rx(rx_port->rx_interrupt_fd(), &rx_wakes_);
   for (;;) {
     std::uint64_t now = now_ns();
@@ -615,7 +620,7 @@ int Node::wait_readable(int fd, int timeout_ms) {
   // The awaited descriptor, and the port's RX interrupt where it has one
   // (a frame then ends a sleep; without one the poll tick bounds it).
   dpdk::Port* port = pipes_[0]->port;
-  const int rx_fd = port->rx_interrupt_fd();
+  const int rx_fd = pipes_[0]->dp->rx_wakes() ? port->rx_interrupt_fd() : -1;
   pollfd p[2] = {{fd, POLLIN, 0}, {rx_fd, POLLIN, 0}};
   const nfds_t nfds = fd >= 0 ? 1 : 0;
   bool armed = false;

@@ -201,6 +201,8 @@ void SessionServer::accept() {
         s->pid = cred.pid;
         s->uid = static_cast<int>(cred.uid);
       }
+      // (A peer whose credentials cannot be read is refused at hello: the
+      // per-uid limits need its uid.)
       sessions_[s->id] = s;
       wait_read(s);
     }
@@ -302,6 +304,7 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
       if (!take(m)) return;
       if (!uroce_abi_compatible(m.major, m.minor)) return fail(EPROTO, "ABI major version mismatch");
       if (s.hello) return fail(EPROTO, "hello twice");
+      if (s.uid < 0) return fail(EACCES, "cannot read the peer's credentials (SO_PEERCRED)");
       {
         std::uint32_t all = 0, mine = 0;
         for (const auto& [id, o] : sessions_)
