@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sched.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,6 +22,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <new>
 #include <atomic>
 #include <string>
 #include <vector>
@@ -72,8 +74,26 @@ struct EmbeddedNode {
   std::string options, sock;
   int refs = 0;
   bool ended = false;  // started once and stopped: the EAL cannot start again
+  bool atfork = false;  // the fork handler is registered
+  bool forked = false;  // this process is a fork() child of the node's
 };
 EmbeddedNode g_emb;
+
+/// In a child made by fork(), the parent's node is not this process's: its
+/// memory is a copy, but its sockets and its port's descriptors are shared
+/// with the parent, so a child that turned it would take the parent's
+/// session requests (and answer them from its copy) or its frames. The
+/// child forgets the node: it never turns it, and cannot start another (the
+/// EAL's state was copied). Its embedded contexts are unusable, as verbs
+/// objects are across fork; contexts it opens on a daemon work. The child
+/// has one thread: the mutex, which another thread of the parent may have
+/// held, is made anew.
+void forget_node_in_child() {
+  g_emb.node.store(nullptr);
+  g_emb.inflight.store(0);
+  new (&g_emb.mu) std::mutex();
+  g_emb.forked = true;
+}
 
 /// The node, held for one call into it (nullptr: none). The last close
 /// takes the node away first and then waits until no call holds it, so a
@@ -144,6 +164,11 @@ bool embedded_attach(const std::string& options, std::string& sock, std::string&
     sock = g_emb.sock;
     return true;
   }
+  if (g_emb.forked) {
+    why = "this process is a fork() child of one that runs an embedded node: the node is the parent's, and DPDK's EAL "
+          "state was copied, so it cannot run one of its own";
+    return false;
+  }
   if (g_emb.ended) {
     why = "the embedded node of this process was stopped, and DPDK's EAL cannot start twice in one process";
     return false;
@@ -178,6 +203,7 @@ bool embedded_attach(const std::string& options, std::string& sock, std::string&
   g_emb.options = options;
   g_emb.sock = sock = path;
   g_emb.refs = 1;
+  if (!g_emb.atfork) g_emb.atfork = ::pthread_atfork(nullptr, nullptr, forget_node_in_child) == 0;
   g_emb.node.store(n, std::memory_order_release);
   return true;
 }
@@ -186,6 +212,7 @@ void embedded_detach() {
   std::lock_guard<std::mutex> lk(g_emb.mu);
   if (--g_emb.refs > 0) return;
   void* n = g_emb.node.exchange(nullptr);
+  if (!n) return;  // a child of fork(): the node is the parent's
   // Threads inside the node (a wait on another context, a poll) leave it:
   // waits end early (their callers look again and find no node), passes
   // are short. Only then is it freed.

@@ -1350,6 +1350,51 @@ int cqoverflow(const char* sa, const char* sb) {
   return g_fail ? 1 : 0;
 }
 
+/// fork() in an embedded-mode process: the child must not turn the
+/// parent's node (its sockets and port are shared with the parent; a child
+/// that turned its copy would take the parent's requests). While a child
+/// calls uroce_progress and uroce_wait_fd for a while, the parent creates,
+/// queries and destroys QPs without a failure; the child's progress does
+/// nothing, and it cannot open an embedded device of its own.
+int forked(const char* spec) {
+  End a;
+  check(open_end(a, spec, false), "the embedded application opens");
+  const pid_t child = fork();
+  if (child == 0) {
+    int turned = 0;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(1500);
+    while (std::chrono::steady_clock::now() < until) {
+      turned += uroce_progress(nullptr) > 0;
+      (void)uroce_wait_fd(-1, 1);
+    }
+    uroce_context* mine = uroce_open_device(spec);
+    const bool refused = !mine && std::strstr(uroce_last_error(), "fork() child");
+    std::printf("child: %d turns did work; own embedded device: %s\n", turned, mine ? "opened" : uroce_last_error());
+    std::fflush(stdout);
+    _exit(turned == 0 && refused ? 0 : 1);
+  }
+  int ok = 0, bad = 0;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(1500);
+  while (std::chrono::steady_clock::now() < until) {
+    uroce_qp* q = rc_qp(a);
+    ibv_qp_attr qa{};
+    uroce_qp_init_attr qi{};
+    const bool good = q && uroce_query_qp(q, &qa, IBV_QP_STATE, &qi) == 0 && qa.qp_state == IBV_QPS_RESET &&
+                      uroce_destroy_qp(q) == 0;
+    good ? ++ok : ++bad;
+    if (!good) std::printf("  parent: %s\n", uroce_last_error());
+  }
+  int status = -1;
+  waitpid(child, &status, 0);
+  std::printf("parent: %d QP create/query/destroy rounds, %d failed\n", ok, bad);
+  check(ok > 20 && bad == 0, "the parent's requests all succeed while the child runs");
+  check(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+        "the child's progress did nothing, and it may not start an embedded node of its own");
+  uroce_close_device(a.ctx);
+  std::printf("%d passed, %d failed\n", g_pass, g_fail);
+  return g_fail ? 1 : 0;
+}
+
 int main(int argc, char** argv) {
   alarm(60);  // a blocking call that never returns is a failure, not a hang
   if (argc >= 4 && std::string(argv[1]) == "ops") return ops(argv[2], argv[3]);
@@ -1370,6 +1415,7 @@ int main(int argc, char** argv) {
   if (argc >= 4 && std::string(argv[1]) == "events") return events(argv[2], argv[3]);
   if (argc >= 4 && std::string(argv[1]) == "srq") return srq(argv[2], argv[3]);
   if (argc >= 4 && std::string(argv[1]) == "cm") return cm(argv[2], argv[3]);
+  if (argc >= 3 && std::string(argv[1]) == "fork") return forked(argv[2]);
   if (argc >= 3 && std::string(argv[1]) == "devices") return devices(std::atoi(argv[2]));
   if (argc >= 3 && std::string(argv[1]) == "reopen") return reopen(argv[2]);
   if (argc >= 4 && std::string(argv[1]) == "qpcap") return qpcap(argv[2], std::atoi(argv[3]));

@@ -79,6 +79,12 @@ for m in ops events srq cm; do
   check "$m: all checks pass, A embedded and B on uroced" "[ $rc -eq 0 ] && grep -qE '^[1-9][0-9]* passed, 0 failed' '$TMP/$m.out'"
 done
 
+echo "== fork() in an embedded application: the child leaves the parent's node alone"
+EF="embedded:--port net_memif0 --vdev net_memif0,role=client,socket=$TMP/m.sock,bsize=8192 --ip 10.97.0.1 --lcore 0 --no-huge --mem-mb 256 --file-prefix embf-$$"
+timeout 60 "$APP" fork "$EF" > "$TMP/fork.out" 2>&1; rc=$?
+grep -E 'FAIL|child:|parent:' "$TMP/fork.out" | head -5 | sed 's/^/  /'
+check "fork: the parent's requests succeed while the child turns nothing" "[ $rc -eq 0 ] && grep -qE '^[1-9][0-9]* passed, 0 failed' '$TMP/fork.out'"
+
 echo "== the control socket of an embedded node: status while it runs; stop refused"
 "$APP" hold "$EA" 3 > "$TMP/hold.out" 2>&1 & hp=$!
 for i in $(seq 50); do grep -q qpn "$TMP/hold.out" && break; sleep 0.1; done
