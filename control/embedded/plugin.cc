@@ -49,10 +49,6 @@ void* start(const char* options, char* sock, std::size_t sock_len, char* err, st
     put(err, err_len, pr == ParseResult::kHelp ? "embedded mode takes uroced's options:\n" + text : text);
     return nullptr;
   }
-  if (o.app.role != uroce::control::AppOptions::Role::kNone) {
-    put(err, err_len, "--app (uroced's built-in traffic) has no place in embedded mode: the application is the app");
-    return nullptr;
-  }
   if (o.ports.size() != 1 || o.shards != 1) {
     put(err, err_len, "embedded mode runs one pipeline: one --port, --shards 1");
     return nullptr;

@@ -1,5 +1,6 @@
 #include "control/node/node.h"
 
+#include <execinfo.h>
 #include <poll.h>
 #include <sys/prctl.h>
 #include <time.h>
@@ -16,7 +17,6 @@
 #include <rte_lcore.h>
 
 #include "control/node/accept_guard.h"
-#include "control/node/app.h"
 #include "control/node/sessions.h"
 #include "drivers/dpdk/dpdk_port.h"
 #include "drivers/pcap/pcap_io.h"
@@ -42,6 +42,41 @@ std::uint64_t now_ns() {
   timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+}
+
+namespace {
+volatile sig_atomic_t* g_stop_flag = nullptr;
+const char* g_host_name = "uroced";
+
+void on_stop_signal(int) {
+  if (g_stop_flag) *g_stop_flag = 1;
+}
+
+/// A crash leaves a backtrace on stderr (async-signal-safe calls only), so a
+/// rare failure in CI can be read from the log.
+void on_fatal_signal(int sig) {
+  static const char kMsg[] = ": fatal signal, backtrace:\n";
+  (void)!::write(2, g_host_name, std::strlen(g_host_name));
+  (void)!::write(2, kMsg, sizeof kMsg - 1);
+  void* frames[48];
+  backtrace_symbols_fd(frames, backtrace(frames, 48), 2);
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
+}
+}  // namespace
+
+void host_crash_signals(const char* name) {
+  g_host_name = name;
+  ::signal(SIGSEGV, on_fatal_signal);
+  ::signal(SIGBUS, on_fatal_signal);
+  ::signal(SIGABRT, on_fatal_signal);
+}
+
+void host_stop_signals(volatile sig_atomic_t* stop) {
+  g_stop_flag = stop;
+  ::signal(SIGTERM, on_stop_signal);
+  ::signal(SIGINT, on_stop_signal);
+  ::signal(SIGPIPE, SIG_IGN);
 }
 
 void log(int level, const std::string& msg, const std::string& kv) {
@@ -117,7 +152,7 @@ void capture_cb(void* ctx, wire::ConstBytes frame, bool /*tx*/, std::uint64_t /*
   w->write(frame, ts.tv_sec, ts.tv_nsec / 1000);
 }
 
-std::size_t app_cb(void* ctx, std::uint64_t now) { return static_cast<TrafficApp*>(ctx)->step(now); }
+std::size_t stage_cb(void* ctx, std::uint64_t now) { return static_cast<Stage*>(ctx)->step(now); }
 std::size_t sessions_cb(void* ctx, std::uint64_t) { return static_cast<SessionServer*>(ctx)->step(); }
 
 void learn_cb(void*, const wire::IpAddr& ip, const wire::MacAddr& mac) {
@@ -138,7 +173,7 @@ nlohmann::ordered_json Node::status() const {
   using json = nlohmann::ordered_json;
   json o;
   o["pipelines"] = pipes_.size();
-  o["app"] = app_ ? (app_->finished() ? "done" : "running") : "none";
+  o["stage"] = stage_ ? (stage_->finished() ? "done" : "running") : "none";
   o["sessions"] = sessions_ ? sessions_->sessions() : 0;
   o["session_list"] = sessions_ ? sessions_->describe() : json::array();
   o["cm"] = sessions_ ? sessions_->cm_status() : json::object();
@@ -370,7 +405,7 @@ class Node::MainWait {
 
 Node::Node() = default;
 
-std::unique_ptr<Node> Node::start(const NodeOptions& o, bool embedded, std::string& err) {
+std::unique_ptr<Node> Node::start(const NodeOptions& o, bool embedded, std::string& err, const StageSpec& stage) {
   g_log_level = o.log_level;
   std::unique_ptr<Node> n(new Node());
   n->embedded_ = embedded;
@@ -468,7 +503,7 @@ std::unique_ptr<Node> Node::start(const NodeOptions& o, bool embedded, std::stri
       char macs[24];
       std::snprintf(macs, sizeof macs, "%02x:%02x:%02x:%02x:%02x:%02x", ec.mac[0], ec.mac[1], ec.mac[2], ec.mac[3],
                     ec.mac[4], ec.mac[5]);
-      log(1, embedded ? "uroce embedded node started" : "uroced started",
+      log(1, embedded ? "uroce embedded node started" : std::string(g_host_name) + " started",
           "port=" + o.ports[pi] + " shard=" + std::to_string(sh) + "/" + std::to_string(o.shards) +
               " lcore=" + std::to_string(p->lcore) + " ip=" + ec.ip.to_string() + " mac=" + macs + " " +
               port->describe() + " fault_rx=\"" + o.fault_rx.to_string() + "\" fault_tx=\"" + o.fault_tx.to_string() +
@@ -477,10 +512,19 @@ std::unique_ptr<Node> Node::start(const NodeOptions& o, bool embedded, std::stri
     }
     n->ports_.push_back(std::move(port));
   }
-  if (o.app.role != AppOptions::Role::kNone) {
-    Pipeline& ap = *n->pipes_[o.app_pipeline];
-    n->app_ = std::make_unique<TrafficApp>(*ap.eng, *ap.dp, *ap.neigh, o.app);
-    ap.dp->set_app(app_cb, n->app_.get());
+  if (stage.make) {
+    if (stage.pipeline >= n->pipes_.size()) {
+      err = "the stage's pipeline " + std::to_string(stage.pipeline) + " does not exist (the node has " +
+            std::to_string(n->pipes_.size()) + ")";
+      return nullptr;
+    }
+    if (!o.app_socket.empty() && stage.pipeline == 0) {
+      err = "pipeline 0 serves the application socket (--app-socket): it cannot run a stage too";
+      return nullptr;
+    }
+    Pipeline& sp = *n->pipes_[stage.pipeline];
+    n->stage_ = stage.make(*sp.eng, *sp.dp, *sp.neigh);
+    sp.dp->set_app(stage_cb, n->stage_.get());
   }
   if (!o.app_socket.empty()) {
     try {
@@ -528,11 +572,11 @@ std::unique_ptr<Node> Node::start(const NodeOptions& o, bool embedded, std::stri
 Node::~Node() {
   workers_stop_ = true;
   if (workers_launched_) rte_eal_mp_wait_lcore();
-  if (started_) log(1, embedded_ ? "uroce embedded node stopped" : "uroced stopped", "status=" + status_json());
+  if (started_) log(1, embedded_ ? "uroce embedded node stopped" : std::string(g_host_name) + " stopped", "status=" + status_json());
   for (auto& p : pipes_)
     if (p->capture) p->capture->close();
   ctl_.reset();
-  app_.reset();
+  stage_.reset();
   sessions_.reset();
   pipes_.clear();
   ports_.clear();
@@ -567,15 +611,15 @@ int Node::run(const volatile sig_atomic_t& stop) {
       // Graceful stop: QPs to ERR, completions delivered, then exit.
       log(1, "stopping: flushing QPs");
       stop_at = now;
-      if (app_) app_->request_shutdown();
+      if (stage_) stage_->request_shutdown();
     }
-    if (app_ && app_->finished()) {
-      rc = app_->exit_code();
-      std::printf("%s\n", app_->summary().c_str());
+    if (stage_ && stage_->finished()) {
+      rc = stage_->exit_code();
+      std::printf("%s\n", stage_->summary().c_str());
       std::fflush(stdout);
       break;
     }
-    if (stop_at && (!app_ || now - stop_at > 2'000'000'000ull)) break;
+    if (stop_at && (!stage_ || now - stop_at > 2'000'000'000ull)) break;
     const std::uint64_t sleep_ns = main_pipe.dp->idle_sleep_ns(work, now);
     if (sleep_ns == 0) continue;
     // Going to block. Tell the applications first, then look at every ring

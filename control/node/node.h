@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -35,6 +36,7 @@ namespace uroce::pcapio {
 class Writer;
 }
 namespace uroce::pipeline {
+class Dataplane;
 class Neighbors;
 }
 namespace uroce::transport {
@@ -44,7 +46,23 @@ class Engine;
 namespace uroce::control {
 
 class SessionServer;
-class TrafficApp;
+
+/// A host program's own stage on one pipeline, run in that pipeline's loop
+/// on its lcore, on the engine directly (uroce-traffic's verified traffic
+/// generator). The main lcore asks it to stop and reads whether it has
+/// finished; the node's run() ends when it has, with its exit code.
+class Stage {
+ public:
+  virtual ~Stage() = default;
+  /// One turn of the stage; returns the work done (0: idle).
+  virtual std::size_t step(std::uint64_t now) = 0;
+  /// Graceful stop, from any thread: the stage winds down in step().
+  virtual void request_shutdown() = 0;
+  /// From any thread; once true, exit_code() and summary() are final.
+  [[nodiscard]] virtual bool finished() const = 0;
+  [[nodiscard]] virtual int exit_code() const = 0;
+  [[nodiscard]] virtual std::string summary() const = 0;
+};
 
 /// Structured log line on stderr: ts=... level=... msg="..." key=value...
 /// Lines below the node's --log-level are not written.
@@ -52,14 +70,33 @@ void log(int level, const std::string& msg, const std::string& kv = "");
 
 std::uint64_t now_ns();
 
+/// For a process that hosts a node (uroced, uroce-traffic): a crash
+/// (SIGSEGV, SIGBUS, SIGABRT) leaves "NAME: fatal signal" and a backtrace
+/// on stderr before the default action. NAME also names the process in
+/// the node's "started" and "stopped" log lines (default "uroced").
+void host_crash_signals(const char* name);
+/// SIGTERM and SIGINT set `*stop` (for Node::run); SIGPIPE is ignored.
+void host_stop_signals(volatile sig_atomic_t* stop);
+
+/// A stage for Node::start: made from pipeline `pipeline`'s engine,
+/// dataplane and neighbours before any worker lcore starts.
+struct StageSpec {
+  using Factory =
+      std::function<std::unique_ptr<Stage>(transport::Engine&, pipeline::Dataplane&, pipeline::Neighbors&)>;
+  unsigned pipeline = 0;
+  Factory make;  // empty: no stage
+};
+
 class Node {
  public:
   /// Brings up the EAL, the ports, the pipelines and the sockets the options
   /// name. `embedded`: inside an application (a "stop" on the control socket
   /// is refused: the node stops when the application closes the device).
   /// nullptr and why on failure; the EAL cannot be started again in the
-  /// same process after that.
-  static std::unique_ptr<Node> start(const NodeOptions& o, bool embedded, std::string& err);
+  /// same process after that. `stage`: a host program's own stage (refused
+  /// on pipeline 0 when it serves the application socket).
+  static std::unique_ptr<Node> start(const NodeOptions& o, bool embedded, std::string& err,
+                                     const StageSpec& stage = {});
   /// Stops the worker lcores, closes captures, frees everything and cleans
   /// up the EAL.
   ~Node();
@@ -68,9 +105,10 @@ class Node {
 
   /// The daemon's loop: spins, then blocks in the io_context on doorbells,
   /// sockets and the poll tick, until `stop` is set (a signal), a stop
-  /// command comes, --duration runs out or the built-in app finishes.
+  /// command comes, --duration runs out or the attached stage finishes.
   /// Returns the exit code.
   int run(const volatile sig_atomic_t& stop);
+
 
   /// Embedded mode, manual progress: one pass of the main pipeline, and the
   /// control plane's sockets about every millisecond. Returns the work done.
@@ -108,7 +146,7 @@ class Node {
   boost::asio::executor_work_guard<boost::asio::io_context::executor_type> io_work_{io_.get_executor()};
   std::vector<std::unique_ptr<dpdk::Port>> ports_;
   std::vector<std::unique_ptr<Pipeline>> pipes_;
-  std::unique_ptr<TrafficApp> app_;
+  std::unique_ptr<Stage> stage_;
   std::unique_ptr<SessionServer> sessions_;
   std::unique_ptr<ControlServer> ctl_;
   bool eal_up_ = false, workers_launched_ = false;

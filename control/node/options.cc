@@ -49,7 +49,7 @@ bool has_placeholder(std::string_view s) {
 
 }  // namespace
 
-ParseResult parse_options(const std::string& line, NodeOptions& out, std::string& text) {
+ParseResult parse_options(const std::string& line, NodeOptions& out, std::string& text, const ExtraOptions& extra) {
   std::vector<std::string> words;
   try {
     words = po::split_unix(line);
@@ -59,34 +59,30 @@ ParseResult parse_options(const std::string& line, NodeOptions& out, std::string
   }
   std::vector<const char*> argv = {"uroce"};
   for (const auto& w : words) argv.push_back(w.c_str());
-  return parse_options(static_cast<int>(argv.size()), argv.data(), out, text);
+  return parse_options(static_cast<int>(argv.size()), argv.data(), out, text, extra);
 }
 
-ParseResult parse_options(int argc, const char* const* argv, NodeOptions& out, std::string& text) {
+ParseResult parse_options(int argc, const char* const* argv, NodeOptions& out, std::string& text,
+                          const ExtraOptions& extra) {
   std::vector<std::string> port_names, ip_texts;
   std::string lcores_text, app_socket;
   std::string app_socket_mode_text = "0660", app_socket_group;
-  unsigned shards = 1, app_pipe_idx = 0;
-  std::string config, capture_path, ctl_path, fault_rx, fault_tx, app_role, app_peer, app_ops,
-      eal_extra, file_prefix, log_level;
+  unsigned shards = 1;
+  std::string config, capture_path, ctl_path, fault_rx, fault_tx, eal_extra, file_prefix, log_level;
   std::vector<std::string> vdevs, neighbors;
-  bool no_huge = out.no_huge, app_forever = false, tx_copy = out.tx_copy, no_rx_intr = !out.rx_interrupts;
+  bool no_huge = out.no_huge, tx_copy = out.tx_copy, no_rx_intr = !out.rx_interrupts;
   pipeline::IdleConfig idle_cfg = out.idle;
   SessionLimits lim = out.limits;
   std::uint64_t max_mr_mb = lim.max_mr_bytes >> 20;
   bool busy_poll = false;
-  unsigned mem_mb = out.mem_mb, vlan = out.vlan, pcp = out.pcp, dscp = out.dscp, ecn = out.ecn, mtu = 1024, app_port = 18515, app_depth = 32,
-           timeout = 14, retry_cnt = 7, lcore = 0;
-  std::uint64_t app_messages = 1000;
-  std::uint32_t app_size = 4096;
+  unsigned mem_mb = out.mem_mb, vlan = out.vlan, pcp = out.pcp, dscp = out.dscp, ecn = out.ecn, lcore = 0;
   double duration = 0;
 
-  po::options_description opts("uroced options");
+  po::options_description opts("node options");
   opts.add_options()("help,h", "show this help")("config,c", po::value(&config), "config file (key = value)")
       ("port", po::value(&port_names)->composing(), "ethdev to use, e.g. net_memif0, net_af_packet0 or a PCI address (repeatable)")
       ("shards", po::value(&shards), "pipelines per port, one lcore each; QPs sharded by QPN (default 1)")
       ("lcores", po::value(&lcores_text), "lcores for the pipelines, e.g. 0,1 (default: --lcore and the next ones)")
-      ("app-pipeline", po::value(&app_pipe_idx), "which pipeline runs the built-in app (default 0)")
       ("app-socket", po::value(&app_socket), "Unix socket where applications (liburoce) attach")
       ("app-socket-mode", po::value(&app_socket_mode_text), "permissions of the application socket, octal (default 0660)")
       ("app-socket-group", po::value(&app_socket_group), "group that owns the application socket (default: the daemon's)")
@@ -127,18 +123,8 @@ ParseResult parse_options(int argc, const char* const* argv, NodeOptions& out, s
       ("idle-max-us", po::value(&idle_cfg.max_sleep_us), "longest idle sleep in us; 0 = always busy-poll (default 20000)")
       ("busy-poll", po::bool_switch(&busy_poll), "never sleep: poll all the time (for dedicated, pinned cores)")
       ("duration", po::value(&duration), "stop after this many seconds (0 = run until stopped)")
-      ("log-level", po::value(&log_level), "debug, info, warn or error (default info)")
-      ("app", po::value(&app_role), "built-in RC traffic: server or client")
-      ("app-peer", po::value(&app_peer), "client: host of the server's TCP exchange")
-      ("app-port", po::value(&app_port), "TCP port of the exchange (default 18515)")
-      ("app-messages", po::value(&app_messages), "messages to run (default 1000)")
-      ("app-size", po::value(&app_size), "message size in bytes, >= 8 (default 4096)")
-      ("app-ops", po::value(&app_ops), "operations: send,write,read,atomic (default all)")
-      ("app-depth", po::value(&app_depth), "messages in flight (default 32)")
-      ("app-forever", po::bool_switch(&app_forever), "server: keep serving clients")
-      ("mtu", po::value(&mtu), "path MTU: 256, 512, 1024, 2048 or 4096 (default 1024)")
-      ("timeout", po::value(&timeout), "QP timeout exponent 0..31: 4.096 us * 2^timeout (default 14)")
-      ("retry-cnt", po::value(&retry_cnt), "QP retry count 0..7 (default 7)");
+      ("log-level", po::value(&log_level), "debug, info, warn or error (default info)");
+  if (extra.desc) opts.add(*extra.desc);
   po::variables_map vm;
   for (int i = 1; i < argc; ++i)
     if (has_placeholder(argv[i])) {
@@ -230,18 +216,12 @@ ParseResult parse_options(int argc, const char* const* argv, NodeOptions& out, s
   if (lcores.size() != npipes)
     return bad("need " + std::to_string(npipes) + " lcores (ports x shards), --lcores gives " + std::to_string(lcores.size()));
   if (!app_socket.empty() && npipes != 1) return bad("--app-socket needs a single pipeline for now (one port, --shards 1)");
-  if (!app_socket.empty() && !app_role.empty()) return bad("--app-socket and the built-in --app are exclusive");
-  if (app_pipe_idx >= npipes) return bad("--app-pipeline must be below the number of pipelines (" + std::to_string(npipes) + ")");
   if (dscp > 63) return bad("--dscp must be 0..63");
   if (vm.count("vlan") && (vlan < 1 || vlan > 4094)) return bad("--vlan must be 1..4094");
   if (pcp > 7) return bad("--pcp must be 0..7");
   if (ecn > 3) return bad("--ecn must be 0..3");
-  if (mtu != 256 && mtu != 512 && mtu != 1024 && mtu != 2048 && mtu != 4096)
-    return bad("--mtu must be 256, 512, 1024, 2048 or 4096");
-  if (timeout > 31) return bad("--timeout must be 0..31");
   if (!std::isfinite(duration) || duration < 0 || duration > 1e7) return bad("--duration must be 0..10000000 seconds");
   if (mem_mb < 64 || mem_mb > (1u << 20)) return bad("--mem-mb must be 64..1048576");
-  if (app_port < 1 || app_port > 65535) return bad("--app-port must be 1..65535");
   if (lcore >= RTE_MAX_LCORE) return bad("--lcore must be below " + std::to_string(RTE_MAX_LCORE));
   // The socket's mode is octal, as chmod(1) reads it: 0660 or 660. Only
   // permission bits; other users are never given write access by default.
@@ -264,7 +244,6 @@ ParseResult parse_options(int argc, const char* const* argv, NodeOptions& out, s
       idle_cfg.max_sleep_us > 1'000'000)
     return bad("--idle-spin-us 0..1000000, --poll-tick-us 1..1000000, --idle-warm-ms 0..60000, --idle-max-us 0..1000000");
   if (busy_poll) idle_cfg.max_sleep_us = 0;
-  if (retry_cnt > 7) return bad("--retry-cnt must be 0..7");
   for (const auto& [name, v, hi] : {std::tuple{"--max-sessions", lim.max_sessions, 65536u},
                                     {"--max-sessions-per-uid", lim.max_sessions_per_uid, 65536u},
                                     {"--max-unhelloed", lim.max_unhelloed, 65536u},
@@ -282,25 +261,6 @@ ParseResult parse_options(int argc, const char* const* argv, NodeOptions& out, s
   std::string err;
   if (!pipeline::FaultConfig::parse(fault_rx, frx, err)) return bad("--fault-rx: " + err);
   if (!pipeline::FaultConfig::parse(fault_tx, ftx, err)) return bad("--fault-tx: " + err);
-  AppOptions ao;
-  if (!app_role.empty()) {
-    if (app_role == "server") ao.role = AppOptions::Role::kServer;
-    else if (app_role == "client") ao.role = AppOptions::Role::kClient;
-    else return bad("--app must be server or client");
-    if (ao.role == AppOptions::Role::kClient && app_peer.empty()) return bad("--app client needs --app-peer");
-    if (app_size < 8 || app_size > (64u << 20)) return bad("--app-size must be 8 bytes .. 64 MiB");
-    if (app_depth == 0 || app_depth > 1024) return bad("--app-depth must be 1..1024");
-    if (!app_ops.empty() && !parse_ops(app_ops, ao.ops, err)) return bad("--app-ops: " + err);
-    ao.peer_host = app_peer;
-    ao.port = static_cast<std::uint16_t>(app_port);
-    ao.messages = app_messages;
-    ao.size = app_size;
-    ao.depth = app_depth;
-    ao.mtu = static_cast<ibv_mtu>(__builtin_ctz(mtu) - 7);
-    ao.timeout = static_cast<std::uint8_t>(timeout);
-    ao.retry_cnt = static_cast<std::uint8_t>(retry_cnt);
-    ao.forever = app_forever;
-  }
   std::vector<std::pair<wire::IpAddr, wire::MacAddr>> statics;
   for (const auto& n : neighbors) {
     const auto eq = n.find('=');
@@ -335,9 +295,11 @@ ParseResult parse_options(int argc, const char* const* argv, NodeOptions& out, s
   out.rx_interrupts = !no_rx_intr;
   out.idle = idle_cfg;
   out.duration = duration;
-  out.app = ao;
   out.limits = lim;
-  out.app_pipeline = app_pipe_idx;
+  if (extra.check) {
+    std::string why = extra.check(npipes);
+    if (!why.empty()) return bad(why);
+  }
   return ParseResult::kOk;
 }
 

@@ -1,20 +1,25 @@
 // A node's options: what uroced takes on its command line or in its config
 // file, and what an embedded-mode application gives in its device spec
 // (UROCE_EMBEDDED or "embedded:OPTIONS"). One parser for both, so the two
-// modes cannot drift: every option means the same in each.
+// modes cannot drift: every option means the same in each. A program that
+// hosts a node itself (uroce-traffic) adds its own options to the same parser.
 #pragma once
 
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "control/node/app.h"
 #include "stack/pipeline/dataplane.h"
 #include "stack/pipeline/fault.h"
 #include "stack/wire/addr.h"
+
+namespace boost::program_options {
+class options_description;
+}
 
 namespace uroce::control {
 
@@ -53,20 +58,29 @@ struct NodeOptions {
   double duration = 0;  // seconds; 0 = until stopped
   int log_level = 1;    // 0 debug, 1 info, 2 warn, 3 error
   SessionLimits limits;
-  AppOptions app;       // the built-in traffic generator (uroced --app)
-  unsigned app_pipeline = 0;
 };
 
 enum class ParseResult { kOk, kHelp, kError };
+
+/// Options a host program adds to the node's (uroce-traffic's): parsed in
+/// the same pass, from flags and the config file alike, and listed in the
+/// help. `check` runs after the node's own options are good, with the
+/// number of pipelines; it returns "" or why the program's options are wrong.
+struct ExtraOptions {
+  const boost::program_options::options_description* desc = nullptr;
+  std::function<std::string(std::size_t pipelines)> check;
+};
 
 /// Parses uroced's options (argv[0] is the program name and is skipped), a
 /// config file named by --config included, and checks them. `out` holds the
 /// defaults on entry (embedded mode prefers warnings-only logging); an
 /// option given replaces its default. On kHelp, `text` is the help; on
 /// kError, why.
-ParseResult parse_options(int argc, const char* const* argv, NodeOptions& out, std::string& text);
+ParseResult parse_options(int argc, const char* const* argv, NodeOptions& out, std::string& text,
+                          const ExtraOptions& extra = {});
 
 /// The same from one string, split as a shell would (quotes kept together).
-ParseResult parse_options(const std::string& line, NodeOptions& out, std::string& text);
+ParseResult parse_options(const std::string& line, NodeOptions& out, std::string& text,
+                          const ExtraOptions& extra = {});
 
 }  // namespace uroce::control

@@ -6,9 +6,7 @@
 //
 // Every option can also come from a config file (key = value, same names).
 
-#include <execinfo.h>
 #include <signal.h>
-#include <unistd.h>
 
 #include <cstdio>
 #include <iostream>
@@ -20,27 +18,11 @@
 using namespace uroce;
 
 namespace {
-
 volatile sig_atomic_t g_stop = 0;
-void on_signal(int) { g_stop = 1; }
-
-/// A crash leaves a backtrace on stderr (async-signal-safe calls only), so a
-/// rare failure in CI can be read from the log.
-void on_fatal_signal(int sig) {
-  static const char kMsg[] = "uroced: fatal signal, backtrace:\n";
-  (void)!::write(2, kMsg, sizeof kMsg - 1);
-  void* frames[48];
-  backtrace_symbols_fd(frames, backtrace(frames, 48), 2);
-  ::signal(sig, SIG_DFL);
-  ::raise(sig);
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  ::signal(SIGSEGV, on_fatal_signal);
-  ::signal(SIGBUS, on_fatal_signal);
-  ::signal(SIGABRT, on_fatal_signal);
+  control::host_crash_signals("uroced");
   control::NodeOptions o;
   std::string text;
   switch (control::parse_options(argc, argv, o, text)) {
@@ -59,9 +41,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "uroced: %s\n", err.c_str());
     return 2;
   }
-  signal(SIGTERM, on_signal);
-  signal(SIGINT, on_signal);
-  signal(SIGPIPE, SIG_IGN);
+  control::host_stop_signals(&g_stop);
   const int rc = node->run(g_stop);
   node.reset();
   return rc;

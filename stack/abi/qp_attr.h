@@ -2,7 +2,7 @@
 // session protocol's uroce_modify_qp_msg (MODIFY_QP requests, QUERY
 // replies), and the one RESET -> INIT -> RTR -> RTS bring-up sequence that
 // every caller uses -- the CM agent, liburoce's uroce_connect_qp, the
-// built-in app, the benches and the tests -- whether it modifies through
+// uroce-traffic, the benches and the tests -- whether it modifies through
 // the engine or through liburoce.
 #pragma once
 

@@ -12,14 +12,14 @@ if [ $rc -ne 0 ]; then
   echo "SKIP: net_af_xdp is not usable on this kernel: $why"
   exit 77
 fi
-start_daemon "$NS_A" srv --port net_af_xdp0 --vdev "net_af_xdp0,iface=veth0" --ip 10.90.2.1 --lcore 0 --app server
+start_traffic "$NS_A" srv --port net_af_xdp0 --vdev "net_af_xdp0,iface=veth0" --ip 10.90.2.1 --lcore 0 --role server
 sleep 1
-start_daemon "$NS_B" cli --port net_af_xdp0 --vdev "net_af_xdp0,iface=veth0" --ip 10.90.2.2 --lcore 1 \
-  --app client --app-peer 10.90.1.1 --app-messages 2000
+start_traffic "$NS_B" cli --port net_af_xdp0 --vdev "net_af_xdp0,iface=veth0" --ip 10.90.2.2 --lcore 1 \
+  --role client --peer 10.90.1.1 --messages 2000
 cpid=$LAST_PID
 wait "$cpid"; crc=$?
 wait
 echo "  client: $(cat "$TMP/cli.out")"
-check "af_xdp: client verified all traffic" "[ $crc -eq 0 ] && grep -q 'uroce app: OK' '$TMP/cli.out'"
+check "af_xdp: client verified all traffic" "[ $crc -eq 0 ] && grep -q 'uroce-traffic: OK' '$TMP/cli.out'"
 check "af_xdp: server verified every SEND" "grep -q ', 0 bad' '$TMP/srv.out'"
 finish

@@ -97,13 +97,13 @@ check "the holding application ran to its end" "[ $hrc -eq 0 ]"
 
 echo "== bad specs are refused with a reason, not a crash"
 UROCE_EMBEDDED="--port net_memif0 --bogus" "$PERF" send_lat -p $BASE 127.0.0.1 > "$TMP/bad1.out" 2>&1; rc1=$?
-UROCE_EMBEDDED="$(spec a '--app server')" "$PERF" send_lat -p $BASE 127.0.0.1 > "$TMP/bad2.out" 2>&1; rc2=$?
+UROCE_EMBEDDED="$(spec a '--duration 5')" "$PERF" send_lat -p $BASE 127.0.0.1 > "$TMP/bad2.out" 2>&1; rc2=$?
 UROCE_EMBEDDED="--ip 10.97.0.9" "$PERF" send_lat -p $BASE 127.0.0.1 > "$TMP/bad3.out" 2>&1; rc3=$?
 UROCE_EMBEDDED_PLUGIN=/nonexistent.so UROCE_EMBEDDED="$(spec a)" "$PERF" send_lat -p $BASE 127.0.0.1 > "$TMP/bad4.out" 2>&1; rc4=$?
 UROCE_EMBEDDED='--port net_memif0 --ip 10.97.0.9 \3' "$PERF" send_lat -p $BASE 127.0.0.1 > "$TMP/bad5.out" 2>&1; rc5=$?
 for f in bad1 bad2 bad3 bad4 bad5; do echo "  $f: $(grep -v '^$' "$TMP/$f.out" | tail -1)"; done
 check "an unknown option: refused, named" "[ $rc1 -ne 0 ] && [ $rc1 -lt 128 ] && grep -q 'bogus' '$TMP/bad1.out'"
-check "--app in embedded mode: refused" "[ $rc2 -ne 0 ] && [ $rc2 -lt 128 ] && grep -q 'no place in embedded mode' '$TMP/bad2.out'"
+check "--duration in embedded mode: refused" "[ $rc2 -ne 0 ] && [ $rc2 -lt 128 ] && grep -q 'no place in embedded mode' '$TMP/bad2.out'"
 check "no --port: refused" "[ $rc3 -ne 0 ] && [ $rc3 -lt 128 ] && grep -q -- '--port is required' '$TMP/bad3.out'"
 check "a missing plugin: refused, named" "[ $rc4 -ne 0 ] && [ $rc4 -lt 128 ] && grep -q 'nonexistent.so' '$TMP/bad4.out'"
 check "a spec with a bad escape: refused, not thrown at the application (found by fuzzing)" \

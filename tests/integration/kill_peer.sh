@@ -6,12 +6,12 @@ need_root
 make_link
 AFP="iface=veth0,framesz=9216,blocksz=36864,framecnt=512"
 # timeout 12: 4.096 us * 2^12 = 16.8 ms; retry_cnt 3: fails after ~4 timeouts (67 ms), well under 2 s.
-start_daemon "$NS_A" srv --port net_af_packet0 --vdev "net_af_packet0,$AFP" --ip 10.90.2.1 --lcore 0 --app server --timeout 12 --retry-cnt 3
+start_traffic "$NS_A" srv --port net_af_packet0 --vdev "net_af_packet0,$AFP" --ip 10.90.2.1 --lcore 0 --role server --timeout 12 --retry-cnt 3
 spid=$LAST_PID
 sleep 1
 start=$(date +%s%N)
-start_daemon "$NS_B" cli --port net_af_packet0 --vdev "net_af_packet0,$AFP" --ip 10.90.2.2 --lcore 1 \
-  --app client --app-peer 10.90.1.1 --app-messages 100000000 --app-size 4096 --timeout 12 --retry-cnt 3
+start_traffic "$NS_B" cli --port net_af_packet0 --vdev "net_af_packet0,$AFP" --ip 10.90.2.2 --lcore 1 \
+  --role client --peer 10.90.1.1 --messages 100000000 --size 4096 --timeout 12 --retry-cnt 3
 cpid=$LAST_PID
 sleep 1.5
 kill -9 "$spid"

@@ -72,12 +72,16 @@ no_loss() { ip netns exec "$NS_S" nft delete table bridge uroce_loss 2>/dev/null
 
 # start_daemon NS NAME ARGS... : runs uroced in NS ("" = here), output in
 # $TMP/NAME.{out,err}; sets LAST_PID (call it directly, not in $(...)).
-start_daemon() {
-  local ns=$1 name=$2; shift 2
+# start_traffic NS NAME ARGS... : the same for uroce-traffic (a node with
+# verified RC traffic as its stage: --role server|client, --peer, ...).
+start_daemon() { start_node "$UROCED" "$@"; }
+start_traffic() { start_node "${UROCE_TRAFFIC:?path to uroce-traffic}" "$@"; }
+start_node() {
+  local bin=$1 ns=$2 name=$3; shift 3
   if [ -n "$ns" ]; then
-    ip netns exec "$ns" "$UROCED" --no-huge --mem-mb 256 --file-prefix "$name-$$" "$@" > "$TMP/$name.out" 2> "$TMP/$name.err" &
+    ip netns exec "$ns" "$bin" --no-huge --mem-mb 256 --file-prefix "$name-$$" "$@" > "$TMP/$name.out" 2> "$TMP/$name.err" &
   else
-    "$UROCED" --no-huge --mem-mb 256 --file-prefix "$name-$$" "$@" > "$TMP/$name.out" 2> "$TMP/$name.err" &
+    "$bin" --no-huge --mem-mb 256 --file-prefix "$name-$$" "$@" > "$TMP/$name.out" 2> "$TMP/$name.err" &
   fi
   LAST_PID=$!
   PIDS="$PIDS $LAST_PID"

@@ -11,17 +11,17 @@ run() {  # tag msgs size srv-extra -- cli-extra
   local sx=() cx=() side=s
   for a in "$@"; do if [ "$a" = "--" ]; then side=c; elif [ $side = s ]; then sx+=("$a"); else cx+=("$a"); fi; done
   rm -f "$SOCK"
-  start_daemon "" "srv-$tag" --port net_memif0 --vdev "net_memif0,role=server,socket=$SOCK" --ip 10.91.0.1 --lcore 0 \
-    --app server --app-size "$size" --ctl-socket "$TMP/srv-$tag.ctl" "${sx[@]}"
+  start_traffic "" "srv-$tag" --port net_memif0 --vdev "net_memif0,role=server,socket=$SOCK" --ip 10.91.0.1 --lcore 0 \
+    --role server --size "$size" --ctl-socket "$TMP/srv-$tag.ctl" "${sx[@]}"
   sleep 1
-  start_daemon "" "cli-$tag" --port net_memif0 --vdev "net_memif0,role=client,socket=$SOCK" --ip 10.91.0.2 --lcore 1 \
-    --app client --app-peer 127.0.0.1 --app-messages "$msgs" --app-size "$size" --ctl-socket "$TMP/cli-$tag.ctl" "${cx[@]}"
+  start_traffic "" "cli-$tag" --port net_memif0 --vdev "net_memif0,role=client,socket=$SOCK" --ip 10.91.0.2 --lcore 1 \
+    --role client --peer 127.0.0.1 --messages "$msgs" --size "$size" --ctl-socket "$TMP/cli-$tag.ctl" "${cx[@]}"
 }
 wait_pair() {  # tag
   local cpid=$(echo $PIDS | awk '{print $NF}') spid=$(echo $PIDS | awk '{print $(NF-1)}')
   wait "$cpid"; local crc=$?; wait "$spid"; local src=$?
   echo "  client: $(cat "$TMP/cli-$1.out")"
-  check "$1: client verified all traffic" "[ $crc -eq 0 ] && grep -q 'uroce app: OK' '$TMP/cli-$1.out'"
+  check "$1: client verified all traffic" "[ $crc -eq 0 ] && grep -q 'uroce-traffic: OK' '$TMP/cli-$1.out'"
   check "$1: server verified every SEND" "[ $src -eq 0 ] && grep -q ', 0 bad' '$TMP/srv-$1.out'"
 }
 
@@ -31,8 +31,8 @@ wait_pair clean
 
 echo "== memif, faults injected by the daemons (server at start, changed at run time over its control socket)"
 rm -f "$SOCK"
-start_daemon "" srv-faulty --port net_memif0 --vdev "net_memif0,role=server,socket=$SOCK" --ip 10.91.0.1 --lcore 0 \
-  --app server --app-size 4096 --ctl-socket "$TMP/srv-faulty.ctl" --timeout 10 --fault-rx drop=0.02,dup=0.02,reorder=0.03,corrupt=0.01
+start_traffic "" srv-faulty --port net_memif0 --vdev "net_memif0,role=server,socket=$SOCK" --ip 10.91.0.1 --lcore 0 \
+  --role server --size 4096 --ctl-socket "$TMP/srv-faulty.ctl" --timeout 10 --fault-rx drop=0.02,dup=0.02,reorder=0.03,corrupt=0.01
 for i in $(seq 1 50); do [ -S "$TMP/srv-faulty.ctl" ] && break; sleep 0.1; done
 reply=$(ctl "$TMP/srv-faulty.ctl" "fault tx drop=0.02,dup=0.01,rule=drop:0x11:5")
 check "faulty: the control socket changes faults at run time" "echo '$reply' | grep -q '\"ok\": true'"
@@ -41,8 +41,8 @@ check "faulty: a bad fault spec gets a clear error, config unchanged" "echo '$re
 st=$(ctl "$TMP/srv-faulty.ctl" status)
 check "faulty: status shows the new TX config" "echo '$st' | grep -q '\"fault_tx\": {\"config\": \"drop=0.02,dup=0.01'"
 check "faulty: status still shows the RX config" "echo '$st' | grep -q '\"fault_rx\": {\"config\": \"drop=0.02,dup=0.02,reorder=0.03'"
-start_daemon "" cli-faulty --port net_memif0 --vdev "net_memif0,role=client,socket=$SOCK" --ip 10.91.0.2 --lcore 1 \
-  --app client --app-peer 127.0.0.1 --app-messages 3000 --app-size 4096 --timeout 10
+start_traffic "" cli-faulty --port net_memif0 --vdev "net_memif0,role=client,socket=$SOCK" --ip 10.91.0.2 --lcore 1 \
+  --role client --peer 127.0.0.1 --messages 3000 --size 4096 --timeout 10
 wait_pair faulty
 srv_err=$(cat "$TMP/srv-faulty.err")
 icrc=$(echo "$srv_err" | grep -o '"rx_icrc_err": *[0-9]*' | head -1 | sed 's/.*: *//')

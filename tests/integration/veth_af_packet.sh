@@ -9,18 +9,18 @@ make_link
 AFP="iface=veth0,framesz=9216,blocksz=36864,framecnt=512"
 run_pair() {  # tag messages size extra-args-for-both...
   local tag=$1 msgs=$2 size=$3; shift 3
-  start_daemon "$NS_A" "srv-$tag" --port net_af_packet0 --vdev "net_af_packet0,$AFP" --ip 10.90.2.1 --lcore 0 \
-    --app server --app-size "$size" --capture "$TMP/srv-$tag.pcap" --ctl-socket "$TMP/srv-$tag.ctl" "$@"
+  start_traffic "$NS_A" "srv-$tag" --port net_af_packet0 --vdev "net_af_packet0,$AFP" --ip 10.90.2.1 --lcore 0 \
+    --role server --size "$size" --capture "$TMP/srv-$tag.pcap" --ctl-socket "$TMP/srv-$tag.ctl" "$@"
   sleep 1
-  start_daemon "$NS_B" "cli-$tag" --port net_af_packet0 --vdev "net_af_packet0,$AFP" --ip 10.90.2.2 --lcore 1 \
-    --app client --app-peer 10.90.1.1 --app-messages "$msgs" --app-size "$size" --capture "$TMP/cli-$tag.pcap" "$@"
+  start_traffic "$NS_B" "cli-$tag" --port net_af_packet0 --vdev "net_af_packet0,$AFP" --ip 10.90.2.2 --lcore 1 \
+    --role client --peer 10.90.1.1 --messages "$msgs" --size "$size" --capture "$TMP/cli-$tag.pcap" "$@"
   local cpid=$(echo $PIDS | awk '{print $NF}')
   local spid=$(echo $PIDS | awk '{print $(NF-1)}')
   wait "$cpid"; local crc=$?
   wait "$spid"; local src=$?
   echo "  client: $(cat "$TMP/cli-$tag.out")"
   echo "  server: $(cat "$TMP/srv-$tag.out")"
-  check "$tag: client verified all traffic (rc=$crc)" "[ $crc -eq 0 ] && grep -q 'uroce app: OK' '$TMP/cli-$tag.out'"
+  check "$tag: client verified all traffic (rc=$crc)" "[ $crc -eq 0 ] && grep -q 'uroce-traffic: OK' '$TMP/cli-$tag.out'"
   check "$tag: server verified every SEND (rc=$src)" "[ $src -eq 0 ] && grep -q ', 0 bad' '$TMP/srv-$tag.out'"
   if [ -n "$UROCE_PCAP" ]; then
     check "$tag: uroce-pcap --strict reads the client capture" "'$UROCE_PCAP' --strict --quiet '$TMP/cli-$tag.pcap' > /dev/null"

@@ -2,13 +2,15 @@
 # Daemon-to-daemon figures over virtual links, with the raw PMD ceiling on
 # the same vdevs in the same run:
 #   uroce: message rate (64-byte SENDs) and goodput (64 KiB SENDs, MTU 4096),
-#          two uroced over net_memif and over veth/net_af_packet;
+#          two uroce-traffic processes (a node each, traffic on the engine
+#          directly, no liburoce hop) over net_memif and over veth/net_af_packet;
 #   ceiling: dpdk-testpmd txonly -> rxonly on the same vdev pair.
 # Needs root (namespaces). Prints a table.
 #   tools/bench/daemon_bench.sh [BUILD_DIR]
 set -u
 build=${1:-build}
 export UROCED=$(realpath "$build/control/uroced") UROCE_PCAP=$(realpath "$build/tools/uroce-pcap")
+export UROCE_TRAFFIC=$(realpath "$build/tools/traffic/uroce-traffic")
 . "$(dirname "$0")/../../tests/integration/lib.sh"
 need_root
 make_link
@@ -19,17 +21,17 @@ app() {  # link msgs size mtu -> prints "msg/s MB/s"
   local link=$1 msgs=$2 size=$3 mtu=$4 sv cv
   if [ "$link" = memif ]; then
     rm -f "$TMP/m.sock"
-    start_daemon "" bsrv --port net_memif0 --vdev "net_memif0,role=server,socket=$TMP/m.sock,bsize=8192" --ip 10.91.0.1 --lcore 0 \
-      --app server --app-size "$size" --app-ops send --app-depth 64 --mtu "$mtu" --idle-max-us 0
+    start_traffic "" bsrv --port net_memif0 --vdev "net_memif0,role=server,socket=$TMP/m.sock,bsize=8192" --ip 10.91.0.1 --lcore 0 \
+      --role server --size "$size" --ops send --depth 64 --mtu "$mtu" --idle-max-us 0
     sleep 1
-    start_daemon "" bcli --port net_memif0 --vdev "net_memif0,role=client,socket=$TMP/m.sock,bsize=8192" --ip 10.91.0.2 --lcore 1 \
-      --app client --app-peer 127.0.0.1 --app-messages "$msgs" --app-size "$size" --app-ops send --app-depth 64 --mtu "$mtu" --idle-max-us 0
+    start_traffic "" bcli --port net_memif0 --vdev "net_memif0,role=client,socket=$TMP/m.sock,bsize=8192" --ip 10.91.0.2 --lcore 1 \
+      --role client --peer 127.0.0.1 --messages "$msgs" --size "$size" --ops send --depth 64 --mtu "$mtu" --idle-max-us 0
   else
-    start_daemon "$NS_A" bsrv --port net_af_packet0 --vdev "net_af_packet0,$AFP" --ip 10.90.2.1 --lcore 0 \
-      --app server --app-size "$size" --app-ops send --app-depth 64 --mtu "$mtu" --idle-max-us 0
+    start_traffic "$NS_A" bsrv --port net_af_packet0 --vdev "net_af_packet0,$AFP" --ip 10.90.2.1 --lcore 0 \
+      --role server --size "$size" --ops send --depth 64 --mtu "$mtu" --idle-max-us 0
     sleep 1
-    start_daemon "$NS_B" bcli --port net_af_packet0 --vdev "net_af_packet0,$AFP" --ip 10.90.2.2 --lcore 1 \
-      --app client --app-peer 10.90.1.1 --app-messages "$msgs" --app-size "$size" --app-ops send --app-depth 64 --mtu "$mtu" --idle-max-us 0
+    start_traffic "$NS_B" bcli --port net_af_packet0 --vdev "net_af_packet0,$AFP" --ip 10.90.2.2 --lcore 1 \
+      --role client --peer 10.90.1.1 --messages "$msgs" --size "$size" --ops send --depth 64 --mtu "$mtu" --idle-max-us 0
   fi
   wait $LAST_PID
   wait

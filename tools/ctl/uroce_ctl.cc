@@ -59,7 +59,7 @@ void render(const pt::ptree& st, const pt::ptree* prev, double secs) {
     std::snprintf(b, sizeof b, " (%.0f/s)", r);
     return b;
   };
-  std::printf("uroced: %u pipeline%s, app %s\n", n, n == 1 ? "" : "s", st.get<std::string>("app", "?").c_str());
+  std::printf("node: %u pipeline%s, stage %s\n", n, n == 1 ? "" : "s", st.get<std::string>("stage", "?").c_str());
   if (auto ss = st.get_child_optional("session_list"); ss && !ss->empty()) {
     std::printf("\nsessions:\n  %-6s %-8s %4s %4s %12s %4s  %s\n", "id", "pid", "PDs", "MRs", "MR bytes", "CQs", "QPs");
     for (const auto& [_, x] : *ss) {

@@ -1,4 +1,4 @@
-#include "control/node/exchange.h"
+#include "tools/traffic/exchange.h"
 
 #include <poll.h>
 #include <sys/socket.h>
@@ -7,7 +7,7 @@
 #include <chrono>
 #include <cstring>
 
-namespace uroce::control {
+namespace uroce::traffic {
 
 namespace {
 template <typename T>
@@ -104,4 +104,4 @@ bool recv_all(int fd, void* buf, std::size_t n, int timeout_ms) {
   return true;
 }
 
-}  // namespace uroce::control
+}  // namespace uroce::traffic

@@ -9,7 +9,7 @@
 #include "stack/wire/addr.h"
 #include "stack/wire/be.h"
 
-namespace uroce::control {
+namespace uroce::traffic {
 
 struct PeerInfo {
   std::uint32_t qpn = 0;
@@ -34,4 +34,4 @@ bool decode(const std::uint8_t in[kExchangeBytes], PeerInfo& p, std::string& err
 bool send_all(int fd, const void* buf, std::size_t n, int timeout_ms);
 bool recv_all(int fd, void* buf, std::size_t n, int timeout_ms);
 
-}  // namespace uroce::control
+}  // namespace uroce::traffic

@@ -1,4 +1,4 @@
-#include "control/node/app.h"
+#include "tools/traffic/app.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -13,7 +13,7 @@
 #include <random>
 #include <sstream>
 
-namespace uroce::control {
+namespace uroce::traffic {
 
 namespace {
 constexpr unsigned kAccess = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
@@ -87,19 +87,6 @@ TrafficApp::~TrafficApp() {
   if (listen_fd_ >= 0) ::close(listen_fd_);
 }
 
-std::string TrafficApp::state_name() const {
-  switch (state_) {
-    case State::kListen: return "listening";
-    case State::kConnecting: return "connecting";
-    case State::kExchange: return "exchanging";
-    case State::kResolve: return "resolving";
-    case State::kRun: return "running";
-    case State::kFinish: return "finishing";
-    case State::kDone: return "done";
-  }
-  return "?";
-}
-
 bool TrafficApp::open_listener() {
   listen_fd_ = ::socket(AF_INET6, SOCK_STREAM, 0);
   if (listen_fd_ < 0) return false;
@@ -117,7 +104,7 @@ bool TrafficApp::open_listener() {
 
 void TrafficApp::fail(const std::string& why) {
   failed_ = true;
-  summary_ = "uroce app FAILED: " + why;
+  summary_ = "uroce-traffic FAILED: " + why;
   state_ = State::kDone;  // step() publishes done_ once everything is written
 }
 
@@ -416,7 +403,7 @@ std::size_t TrafficApp::run_server() {
     std::uint8_t msg[16];
     if (!recv_all(fd_, msg, sizeof msg, kExchangeTimeoutMs)) {
       // The client went away: its QP is gone too.
-      summary_ = "uroce app: client disconnected after " + std::to_string(recv_ok_) + " SENDs";
+      summary_ = "uroce-traffic: client disconnected after " + std::to_string(recv_ok_) + " SENDs";
       finish();
       return work;
     }
@@ -452,8 +439,8 @@ void TrafficApp::finish() {
   std::ostringstream s;
   if (o_.role == AppOptions::Role::kClient) {
     const std::uint64_t retx = qp_ ? qp_->ctr[QpCounter::retransmitted_pkts] : 0;
-    if (stopped_) s << "uroce app: stopped by signal; " << flushed_ << " outstanding WRs flushed and delivered; ";
-    else if (!failed_) s << "uroce app: OK ";
+    if (stopped_) s << "uroce-traffic: stopped by signal; " << flushed_ << " outstanding WRs flushed and delivered; ";
+    else if (!failed_) s << "uroce-traffic: OK ";
     else s << summary_ << "\n  ";
     // Only a run that ends with the exchange has the server's word on its
     // SENDs; a stopped one reports what completed, and says it is unverified
@@ -469,7 +456,7 @@ void TrafficApp::finish() {
       ++clients_;
       total_ok_ += recv_ok_;
     }
-    s << "uroce app server: " << recv_ok_ << " SENDs verified, " << recv_bad_ << " bad";
+    s << "uroce-traffic server: " << recv_ok_ << " SENDs verified, " << recv_bad_ << " bad";
     if (o_.forever) s << " (" << clients_ << " clients served, " << total_ok_ << " SENDs verified in all)";
     if (stopped_) s << "; stopped by signal, " << flushed_ << " posted receives flushed and delivered";
   }
@@ -488,4 +475,4 @@ void TrafficApp::finish() {
   }
 }
 
-}  // namespace uroce::control
+}  // namespace uroce::traffic

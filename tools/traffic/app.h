@@ -1,10 +1,13 @@
-// A built-in RC application inside uroced, until applications attach through
-// liburoce: two daemons exchange connection details over TCP (perftest-style)
-// and run verified SEND, WRITE, READ and ATOMIC traffic. Every payload is
-// checked: SENDs by the server, WRITEs by reading them back, READs against a
-// pattern the server laid down, atomics by their running value.
+// uroce-traffic's verified RC traffic: two processes, each hosting a node
+// (control/node) with this as its stage on the engine directly, exchange
+// connection details over TCP (perftest-style, exchange.h) and run SEND,
+// WRITE, READ and ATOMIC traffic. Every payload is checked: SENDs by the
+// server, WRITEs by reading them back, READs against a pattern the server
+// laid down, atomics by their running value. With no liburoce hop, it shows
+// what the engine and the port alone give, next to applications over
+// liburoce (uroce-perf in daemon or embedded mode).
 //
-// It runs as the dataplane's application stage and never blocks the loop for
+// It runs as its pipeline's application stage and never blocks the loop for
 // long: accept and connect are polled; only the 64-byte exchange itself waits
 // (a few ms at most, with a deadline).
 #pragma once
@@ -15,12 +18,13 @@
 #include <string>
 #include <vector>
 
-#include "control/node/exchange.h"
+#include "control/node/node.h"
+#include "tools/traffic/exchange.h"
 #include "stack/pipeline/dataplane.h"
 #include "stack/pipeline/neigh.h"
 #include "stack/transport/engine.h"
 
-namespace uroce::control {
+namespace uroce::traffic {
 
 struct AppOptions {
   enum class Role { kNone, kServer, kClient } role = Role::kNone;
@@ -40,24 +44,22 @@ struct AppOptions {
 /// Parses "send,write,read,atomic" into opcodes; false on an unknown name.
 bool parse_ops(const std::string& s, std::vector<ibv_wr_opcode>& out, std::string& err);
 
-class TrafficApp {
+class TrafficApp final : public control::Stage {
  public:
   TrafficApp(transport::Engine& eng, pipeline::Dataplane& dp, pipeline::Neighbors& neigh, const AppOptions& o);
-  ~TrafficApp();
+  ~TrafficApp() override;
 
   /// The application stage: returns work done.
-  std::size_t step(std::uint64_t now);
+  std::size_t step(std::uint64_t now) override;
   /// Graceful stop: the QP goes to ERR, so every outstanding WR is flushed and
   /// its completion delivered before the app reports. Safe to call from any
   /// thread: the app's own lcore acts on it in step().
-  void request_shutdown() { stop_requested_.store(true, std::memory_order_release); }
+  void request_shutdown() override { stop_requested_.store(true, std::memory_order_release); }
 
   /// Readable from any thread.
-  [[nodiscard]] bool finished() const { return done_.load(std::memory_order_acquire); }
-  [[nodiscard]] int exit_code() const { return failed_ ? 1 : 0; }
-  [[nodiscard]] const std::string& summary() const { return summary_; }
-  [[nodiscard]] transport::Qp* qp() const { return qp_; }
-  [[nodiscard]] std::string state_name() const;
+  [[nodiscard]] bool finished() const override { return done_.load(std::memory_order_acquire); }
+  [[nodiscard]] int exit_code() const override { return failed_ ? 1 : 0; }
+  [[nodiscard]] std::string summary() const override { return summary_; }
 
  private:
   enum class State { kListen, kConnecting, kExchange, kResolve, kRun, kFinish, kDone };
@@ -114,4 +116,4 @@ class TrafficApp {
   std::atomic<bool> done_{false};
 };
 
-}  // namespace uroce::control
+}  // namespace uroce::traffic
