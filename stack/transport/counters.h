@@ -50,6 +50,7 @@ namespace uroce::transport {
   X(rx_quarantined, "frames for a destroyed RC QP still in quarantine, other than retries it re-ACKs, dropped") \
   X(quarantine_acks, "retries of a destroyed RC QP's last messages answered from quarantine") \
   X(rx_wrong_peer, "frames from an address other than the QP's peer") \
+  X(rx_wrong_transport, "frames whose opcode is of another transport than the QP's (RC, UC, UD), dropped (IBTA 9.6.1.1)") \
   X(cq_overflows, "CQs that overflowed (IBV_EVENT_CQ_ERR raised, their QPs moved to ERR)") \
   X(cqe_dropped, "completions dropped because their CQ had overflowed") \
   X(bad_wqe, "work requests taken from a ring malformed, or posted in a state that takes none, completed with LOC_QP_OP_ERR") \

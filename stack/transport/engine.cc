@@ -936,7 +936,7 @@ RxVerdict Engine::rx(wire::ConstBytes frame, std::uint64_t now) {
   const bool type_ok = (t == wire::Transport::kRc && qp->type == IBV_QPT_RC) ||
                        (t == wire::Transport::kUc && qp->type == IBV_QPT_UC) ||
                        (t == wire::Transport::kUd && qp->type == IBV_QPT_UD);
-  if (!type_ok) return drop(PortCounter::rx_malformed, RxVerdict::kMalformed);
+  if (!type_ok) return drop(PortCounter::rx_wrong_transport, RxVerdict::kMalformed);
   if (qp->type != IBV_QPT_UD && !(pkt.src == qp->remote_ip)) return drop(PortCounter::rx_wrong_peer, RxVerdict::kWrongPeer);
   if (pkt.payload_len > qp->mtu) return drop(PortCounter::rx_malformed, RxVerdict::kMalformed);
   // A CM peer reaches QP1 before anything else: learn its MAC from the frame

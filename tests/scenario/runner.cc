@@ -576,9 +576,16 @@ std::optional<std::uint64_t> field_of(const w::Packet& p, const std::string& key
   "psn", "ackreq", "se", "dqp", "len", "ecn", "syndrome", "msn", "va", "rkey", "dmalen", "swap", "add", "cmp", \
       "orig", "imm", "inv_rkey", "qkey", "sqp", "fill"
 
+/// An IPv4 address given as a 32-bit number (0x0a000002 is 10.0.0.2).
+w::IpAddr ipv4_of(std::uint64_t v) {
+  if (v > 0xffffffffull) fail("an IPv4 address is a 32-bit number");
+  return w::IpAddr::from_v4(static_cast<std::uint8_t>(v >> 24), static_cast<std::uint8_t>(v >> 16),
+                            static_cast<std::uint8_t>(v >> 8), static_cast<std::uint8_t>(v));
+}
+
 void Runner::cmd_inject(const Line& l) {
   need_qp(l);
-  allow(l, {FRAME_FIELDS});
+  allow(l, {FRAME_FIELDS, "pkey", "src_ip", "dst_ip"});
   const std::uint8_t opc = opcode_by_name(l.positional);
   if (!l.kv.contains("psn")) fail("inject needs psn=");
   const auto [first, count] = psn_range(l.kv.at("psn"));
@@ -586,8 +593,9 @@ void Runner::cmd_inject(const Line& l) {
     w::FrameSpec s;
     s.eth_dst = kDutMac;
     s.eth_src = kPeerMac;
-    s.src = kPeerIp;
-    s.dst = kDutIp;
+    s.src = l.kv.contains("src_ip") ? ipv4_of(num(l, "src_ip", 0)) : kPeerIp;
+    s.dst = l.kv.contains("dst_ip") ? ipv4_of(num(l, "dst_ip", 0)) : kDutIp;
+    s.pkey = static_cast<std::uint16_t>(num(l, "pkey", 0xffff));
     s.udp_sport = w::udp_sport_for(peer_qpn_, qp_->qpn);
     s.opcode = opc;
     s.psn = first + i;
