@@ -442,7 +442,6 @@ std::unique_ptr<Node> Node::start(const NodeOptions& o, bool embedded, std::stri
     while (es >> a) eal.push_back(a);
   }
   if (!dpdk::eal_init(eal, err)) return nullptr;
-  n->eal_up_ = true;
 
   const std::uint64_t seed = now_ns();
   for (std::size_t pi = 0; pi < o.ports.size(); ++pi) {
@@ -580,7 +579,7 @@ Node::~Node() {
   sessions_.reset();
   pipes_.clear();
   ports_.clear();
-  if (eal_up_) dpdk::eal_cleanup();
+  // The EAL stays up until the process exits (dpdk_port.h says why).
 }
 
 std::size_t Node::one_pass(std::uint64_t now) {

@@ -149,7 +149,7 @@ class Node {
   std::unique_ptr<Stage> stage_;
   std::unique_ptr<SessionServer> sessions_;
   std::unique_ptr<ControlServer> ctl_;
-  bool eal_up_ = false, workers_launched_ = false;
+  bool workers_launched_ = false;
   std::atomic<bool> workers_stop_{false};
   std::atomic<bool> stop_requested_{false};
   std::atomic_flag turning_ = ATOMIC_FLAG_INIT;  // a thread is in progress() or wait_readable()

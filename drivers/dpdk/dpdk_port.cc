@@ -1,5 +1,6 @@
 #include "drivers/dpdk/dpdk_port.h"
 
+#include <rte_alarm.h>
 #include <rte_eal.h>
 #include <rte_errno.h>
 #include <rte_ethdev.h>
@@ -9,9 +10,12 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <thread>
 
 namespace uroce::dpdk {
 
@@ -32,19 +36,6 @@ bool eal_init(const std::vector<std::string>& args, std::string& err) {
     return false;
   }
   return true;
-}
-
-void eal_cleanup() {
-  // DPDK 22.11's EAL interrupt thread keeps running through rte_eal_cleanup.
-  // When a memif's peer goes away, that thread runs a deferred unregister
-  // callback that touches rte_malloc memory; if our heap is already gone, it
-  // faults. A fault in that callback was seen once, in the memif benchmark
-  // with both daemons stopped together (a rare exit crash of the two-port
-  // test may be the same); it did not reproduce in ~90 tries, so this
-  // narrows the window rather than proving a fix: let such callbacks run.
-  timespec settle{0, 100'000'000};
-  nanosleep(&settle, nullptr);
-  rte_eal_cleanup();
 }
 
 /// One pipeline's view of the port: its TX queue, and RX either from the
@@ -252,12 +243,42 @@ std::unique_ptr<Port> Port::open(const PortOptions& o, std::string& err) {
 
 Port::~Port() {
   if (!impl_) return;
-  for (auto& q : impl_->queues) {
-    q->rx_done();
-    q->tx_flush();
+  // Stop and close on the EAL's interrupt thread. A driver runs its own
+  // callbacks there: memif's control channel handler disconnects the port
+  // when the peer hangs up (freeing its regions, closing its queues' fds,
+  // then freeing the channel in a pending-unregister callback). Done from
+  // this thread, our stop and close would race that handler: two
+  // disconnects at once, and queues used after close frees them. The
+  // interrupt thread runs
+  // one callback at a time, alarms included, so done there it cannot
+  // overlap a driver's callback, and every earlier one has finished.
+  struct Teardown {
+    Impl* m;
+    std::atomic<bool> done{false};
+  };
+  auto* t = new Teardown{impl_.get()};
+  rte_eal_alarm_callback run = [](void* arg) {
+    auto* td = static_cast<Teardown*>(arg);
+    Impl& m = *td->m;
+    for (auto& q : m.queues) {
+      q->rx_done();
+      q->tx_flush();
+    }
+    rte_eth_dev_stop(m.port_id);
+    rte_eth_dev_close(m.port_id);
+    td->done.store(true, std::memory_order_release);
+  };
+  if (rte_thread_is_intr() || rte_eal_alarm_set(1, run, t) != 0) run(t);  // no interrupt thread to ask: here
+  const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (!t->done.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < limit)
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  if (!t->done.load(std::memory_order_acquire)) {
+    // The callback may still run: leave it its state.
+    std::fprintf(stderr, "uroce: port %u did not stop within 5 s on the interrupt thread\n", impl_->port_id);
+    (void)impl_.release();
+    return;
   }
-  rte_eth_dev_stop(impl_->port_id);
-  rte_eth_dev_close(impl_->port_id);
+  delete t;
   std::vector<rte_ring*> all = impl_->rings;
   if (impl_->tx_funnel) all.push_back(impl_->tx_funnel);
   for (rte_ring* r : all) {

@@ -13,8 +13,26 @@
 namespace uroce::dpdk {
 
 /// Initialises the EAL with `args` (as on a DPDK command line, without argv[0]).
+///
+/// There is no cleanup: the EAL's memory stays mapped until the process
+/// exits. DPDK 22.11's interrupt thread runs on through rte_eal_cleanup
+/// (nothing stops or joins it) and rebuilds its epoll set from every
+/// registered interrupt source whenever one comes or goes, cleanup's own
+/// unregistrations included. Sources a driver freed without unregistering
+/// (memif's) stay in that list, so a rebuild during or after the heap's
+/// unmapping reads unmapped memory: the crash at shutdown in
+/// eal-intr-thread (rte_intr_fd_get). A 100 ms sleep before
+/// rte_eal_cleanup only made it rarer; how rare depends on timing alone
+/// (tools/restart_stress.sh: the old order without the sleep, 0 crashes in
+/// 105 cycles; ports stopped on the interrupt thread with rte_eal_cleanup
+/// right after, 3 in 20, every one in that thread). With the memory mapped the
+/// thread reads only stale memory, and the exit ends it. Cleanup would
+/// otherwise unlink the multi-process socket (the next start with the same
+/// --file-prefix replaces it) and unmap what the kernel reclaims at exit;
+/// an embedded node's application keeps the EAL's memory until it exits
+/// (DPDK cannot start twice in a process either way). Ports are stopped on
+/// the interrupt thread itself (Port::~Port).
 bool eal_init(const std::vector<std::string>& args, std::string& err);
-void eal_cleanup();
 
 struct PortOptions {
   std::string name;  // ethdev name: a vdev given with --vdev, or a PCI address
