@@ -18,6 +18,7 @@
 
 #include "control/node/accept_guard.h"
 #include "control/node/sessions.h"
+#include "control/node/sigbus_guard.h"
 #include "drivers/dpdk/dpdk_port.h"
 #include "drivers/pcap/pcap_io.h"
 #include "stack/pipeline/dataplane.h"
@@ -524,6 +525,15 @@ std::unique_ptr<Node> Node::start(const NodeOptions& o, bool embedded, std::stri
     Pipeline& sp = *n->pipes_[stage.pipeline];
     n->stage_ = stage.make(*sp.eng, *sp.dp, *sp.neigh);
     sp.dp->set_app(stage_cb, n->stage_.get());
+  }
+  if (!o.app_socket.empty() && !embedded) {
+    // Applications' memory is mapped here: a fault in it must cost only the
+    // application (sigbus_guard.h). Room for every MR the limits allow.
+    const std::size_t ranges = std::min<std::size_t>(std::size_t{o.limits.max_sessions} * o.limits.max_mrs, 1u << 20);
+    if (!sigbus_guard::install(ranges)) {
+      err = "cannot install the SIGBUS guard for applications' memory";
+      return nullptr;
+    }
   }
   if (!o.app_socket.empty()) {
     try {

@@ -15,6 +15,7 @@
 #include "stack/abi/doorbell.h"
 #include "stack/abi/fd_msg.h"
 #include "stack/abi/qp_attr.h"
+#include "control/node/sigbus_guard.h"
 
 namespace uroce::control {
 
@@ -26,7 +27,10 @@ namespace {
 struct Mapping {
   void* addr = nullptr;
   std::size_t len = 0;
+  int guard = -1;  // an application's own memory: its sigbus_guard slot
   void unmap() {
+    sigbus_guard::unguard(guard);
+    guard = -1;
     if (addr && addr != MAP_FAILED) ::munmap(addr, len);
     addr = nullptr;
   }
@@ -378,6 +382,7 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
       map.len = m.length;
       map.addr = ::mmap(nullptr, m.length, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], static_cast<off_t>(m.offset));
       if (map.addr == MAP_FAILED) return fail(errno, "cannot map the MR's memory");
+      map.guard = sigbus_guard::guard(map.addr, map.len, s.id);  // a fault in it costs the session, not the daemon
       Mr* mr = eng_.reg_mr_iova(pd->second, map.addr, m.length, m.access, m.app_va);
       if (!mr) {
         map.unmap();
@@ -712,6 +717,7 @@ nlohmann::ordered_json SessionServer::limits_status() const {
             {"unhelloed", refused_.unhelloed},
             {"hello_timeouts", refused_.hello_timeouts},
             {"qps_per_uid", refused_.qps_per_uid},
+            {"memory_faults", refused_.memory_faults},
             {"accept_errors", guard_.errors()},
             {"emfile_drops", guard_.dropped()}}}};
 }
@@ -852,6 +858,21 @@ void SessionServer::set_sleeping(bool sleeping) {
 
 std::size_t SessionServer::step() {
   std::size_t work = retry_pending() + cm_->poll(now_ns());
+  // An application's memory that faulted (SIGBUS, caught by sigbus_guard
+  // and replaced): its session ends, as if the application had died.
+  if (const std::uint64_t c = sigbus_guard::caught(); c != sigbus_seen_) {
+    sigbus_seen_ = c;
+    std::vector<std::uint32_t> owners;
+    sigbus_guard::take_poisoned([&owners](std::uint32_t owner) { owners.push_back(owner); });
+    for (std::uint32_t id : owners) {
+      auto it = sessions_.find(id);
+      if (it == sessions_.end()) continue;
+      ++refused_.memory_faults;
+      close(*it->second);
+      sessions_.erase(it);
+      ++work;
+    }
+  }
   // Connections that never say hello are closed after hello_timeout_ms
   // (looked for every 100 ms), so silent clients cannot hold descriptors.
   if (const std::uint64_t t = now_ms(); t - last_sweep_ms_ >= 100) {
