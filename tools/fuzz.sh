@@ -4,13 +4,16 @@
 # (default 10 million), seeded from the project's fixtures and the shared
 # real captures (read in place). Prints, per target, the executions, the
 # rate, the coverage and the crashes; writes OUT/fuzz.tsv.
-#   tools/fuzz.sh [ASAN_BUILD_DIR] [OUT_DIR]     (FUZZ_RUNS=N, FUZZ_TARGETS="parser cm options")
+#   tools/fuzz.sh [ASAN_BUILD_DIR] [OUT_DIR]     (FUZZ_RUNS=N, FUZZ_TARGETS="parser cm options transport session",
+#                                                 FUZZ_SECONDS=N to bound each target's time instead)
 set -u
 build=$(realpath "${1:-build-asan}")
 out=$(mkdir -p "${2:-fuzz-out}" && realpath "${2:-fuzz-out}")
 src=$(cd "$(dirname "$0")/.." && pwd)
 runs=${FUZZ_RUNS:-10000000}
-targets=${FUZZ_TARGETS:-"parser cm options"}
+targets=${FUZZ_TARGETS:-"parser cm options transport session"}
+limit=()
+[ -n "${FUZZ_SECONDS:-}" ] && limit=(-max_total_time="$FUZZ_SECONDS")
 captures=$src/../shared/captures
 printf 'target\truns\tseconds\texecs_per_s\tcov\tft\tcrashes\n' > "$out/fuzz.tsv"
 
@@ -40,7 +43,7 @@ for f in sys.argv[2:]:
 print(n, "MADs")
 PY
       ;;
-    options) cp "$src"/tests/fuzz/seeds/options/* "$d/" ;;
+    options|transport|session) cp "$src"/tests/fuzz/seeds/$t/* "$d/" ;;
   esac
 }
 
@@ -52,7 +55,7 @@ for t in $targets; do
   seed "$t" "$corpus"
   echo "== $t: $runs runs ($(ls "$corpus" | wc -l) seeds)"
   t0=$(date +%s.%N)
-  "$bin" -runs="$runs" -max_len=9000 -print_final_stats=1 -artifact_prefix="$out/crashes-$t/" "$corpus" \
+  "$bin" -runs="$runs" "${limit[@]}" -max_len=9000 -print_final_stats=1 -artifact_prefix="$out/crashes-$t/" "$corpus" \
     > "$out/$t.log" 2>&1
   rc=$?
   t1=$(date +%s.%N)
