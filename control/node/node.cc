@@ -64,7 +64,6 @@ void on_fatal_signal(int sig) {
   ::signal(sig, SIG_DFL);
   ::raise(sig);
 }
-}  // namespace
 
 void host_crash_signals(const char* name) {
   g_host_name = name;
@@ -78,6 +77,35 @@ void host_stop_signals(volatile sig_atomic_t* stop) {
   ::signal(SIGTERM, on_stop_signal);
   ::signal(SIGINT, on_stop_signal);
   ::signal(SIGPIPE, SIG_IGN);
+}
+}  // namespace
+
+int host_main(const char* name, int argc, char** argv, const ExtraOptions& extra,
+              const std::function<StageSpec()>& stage) {
+  static volatile sig_atomic_t stop = 0;
+  host_crash_signals(name);
+  NodeOptions o;
+  std::string text;
+  switch (parse_options(argc, argv, o, text, extra)) {
+    case ParseResult::kHelp:
+      std::printf("%s\n", text.c_str());
+      return 0;
+    case ParseResult::kError:
+      std::fprintf(stderr, "%s: %s\n", name, text.c_str());
+      return 2;
+    case ParseResult::kOk:
+      break;
+  }
+  std::string err;
+  auto node = Node::start(o, /*embedded=*/false, err, stage ? stage() : StageSpec{});
+  if (!node) {
+    std::fprintf(stderr, "%s: %s\n", name, err.c_str());
+    return 2;
+  }
+  host_stop_signals(&stop);
+  const int rc = node->run(stop);
+  node.reset();
+  return rc;
 }
 
 void log(int level, const std::string& msg, const std::string& kv) {
@@ -523,7 +551,7 @@ std::unique_ptr<Node> Node::start(const NodeOptions& o, bool embedded, std::stri
       return nullptr;
     }
     Pipeline& sp = *n->pipes_[stage.pipeline];
-    n->stage_ = stage.make(*sp.eng, *sp.dp, *sp.neigh);
+    n->stage_ = stage.make(*sp.eng, *sp.dp);
     sp.dp->set_app(stage_cb, n->stage_.get());
   }
   if (!o.app_socket.empty() && !embedded) {

@@ -70,22 +70,24 @@ void log(int level, const std::string& msg, const std::string& kv = "");
 
 std::uint64_t now_ns();
 
-/// For a process that hosts a node (uroced, uroce-traffic): a crash
-/// (SIGSEGV, SIGBUS, SIGABRT) leaves "NAME: fatal signal" and a backtrace
-/// on stderr before the default action. NAME also names the process in
-/// the node's "started" and "stopped" log lines (default "uroced").
-void host_crash_signals(const char* name);
-/// SIGTERM and SIGINT set `*stop` (for Node::run); SIGPIPE is ignored.
-void host_stop_signals(volatile sig_atomic_t* stop);
-
-/// A stage for Node::start: made from pipeline `pipeline`'s engine,
-/// dataplane and neighbours before any worker lcore starts.
+/// A stage for Node::start: made from pipeline `pipeline`'s engine and
+/// dataplane before any worker lcore starts.
 struct StageSpec {
-  using Factory =
-      std::function<std::unique_ptr<Stage>(transport::Engine&, pipeline::Dataplane&, pipeline::Neighbors&)>;
+  using Factory = std::function<std::unique_ptr<Stage>(transport::Engine&, pipeline::Dataplane&)>;
   unsigned pipeline = 0;
   Factory make;  // empty: no stage
 };
+
+/// The whole of a program that hosts a node as a daemon does (uroced,
+/// uroce-traffic): a crash (SIGSEGV, SIGBUS, SIGABRT) leaves "NAME: fatal
+/// signal" and a backtrace on stderr; the options (the node's and `extra`),
+/// Node::start with the stage `stage()` gives once the options are parsed
+/// (none if empty; NAME names the process in its "started" and "stopped"
+/// log lines), then SIGTERM and SIGINT stop the loop gracefully and SIGPIPE
+/// is ignored. Returns the exit code:
+/// 0 for --help, 2 for bad options or a failed start, else Node::run's.
+int host_main(const char* name, int argc, char** argv, const ExtraOptions& extra = {},
+              const std::function<StageSpec()>& stage = {});
 
 class Node {
  public:

@@ -64,8 +64,8 @@ bool parse_ops(const std::string& s, std::vector<ibv_wr_opcode>& out, std::strin
   return true;
 }
 
-TrafficApp::TrafficApp(Engine& eng, pipeline::Dataplane& dp, pipeline::Neighbors& neigh, const AppOptions& o)
-    : eng_(eng), dp_(dp), neigh_(neigh), o_(o) {
+TrafficApp::TrafficApp(Engine& eng, pipeline::Dataplane& dp, const AppOptions& o)
+    : eng_(eng), dp_(dp), o_(o) {
   state_ = o_.role == AppOptions::Role::kServer ? State::kListen : State::kConnecting;
   const std::size_t region = std::size_t{o_.depth} * o_.size;
   mem_.assign(3 * region + 64, 0);

@@ -21,7 +21,6 @@
 #include "control/node/node.h"
 #include "tools/traffic/exchange.h"
 #include "stack/pipeline/dataplane.h"
-#include "stack/pipeline/neigh.h"
 #include "stack/transport/engine.h"
 
 namespace uroce::traffic {
@@ -46,7 +45,7 @@ bool parse_ops(const std::string& s, std::vector<ibv_wr_opcode>& out, std::strin
 
 class TrafficApp final : public control::Stage {
  public:
-  TrafficApp(transport::Engine& eng, pipeline::Dataplane& dp, pipeline::Neighbors& neigh, const AppOptions& o);
+  TrafficApp(transport::Engine& eng, pipeline::Dataplane& dp, const AppOptions& o);
   ~TrafficApp() override;
 
   /// The application stage: returns work done.
@@ -77,7 +76,6 @@ class TrafficApp final : public control::Stage {
 
   transport::Engine& eng_;
   pipeline::Dataplane& dp_;
-  pipeline::Neighbors& neigh_;
   AppOptions o_;
   State state_;
   int listen_fd_ = -1;

@@ -10,11 +10,7 @@
 //
 // Every option can also come from a --config file.
 
-#include <signal.h>
-
 #include <boost/program_options.hpp>
-#include <cstdio>
-#include <iostream>
 #include <string>
 
 #include "control/node/node.h"
@@ -24,12 +20,7 @@
 using namespace uroce;
 namespace po = boost::program_options;
 
-namespace {
-volatile sig_atomic_t g_stop = 0;
-}  // namespace
-
 int main(int argc, char** argv) {
-  control::host_crash_signals("uroce-traffic");
   traffic::AppOptions ao;
   std::string role, ops;
   unsigned exchange_port = ao.port, mtu = 1024, timeout = ao.timeout, retry_cnt = ao.retry_cnt, pipeline = 0;
@@ -69,31 +60,12 @@ int main(int argc, char** argv) {
     ao.retry_cnt = static_cast<std::uint8_t>(retry_cnt);
     return "";
   };
-  control::NodeOptions o;
-  std::string text;
-  switch (control::parse_options(argc, argv, o, text, extra)) {
-    case control::ParseResult::kHelp:
-      std::cout << text << "\n";
-      return 0;
-    case control::ParseResult::kError:
-      std::fprintf(stderr, "uroce-traffic: %s\n", text.c_str());
-      return 2;
-    case control::ParseResult::kOk:
-      break;
-  }
-  control::StageSpec stage;
-  stage.pipeline = pipeline;
-  stage.make = [&ao](transport::Engine& eng, pipeline::Dataplane& dp, pipeline::Neighbors& neigh) {
-    return std::make_unique<traffic::TrafficApp>(eng, dp, neigh, ao);
-  };
-  std::string err;
-  auto node = control::Node::start(o, /*embedded=*/false, err, stage);
-  if (!node) {
-    std::fprintf(stderr, "uroce-traffic: %s\n", err.c_str());
-    return 2;
-  }
-  control::host_stop_signals(&g_stop);
-  const int rc = node->run(g_stop);
-  node.reset();
-  return rc;
+  return control::host_main("uroce-traffic", argc, argv, extra, [&] {
+    control::StageSpec stage;
+    stage.pipeline = pipeline;
+    stage.make = [&ao](transport::Engine& eng, pipeline::Dataplane& dp) {
+      return std::make_unique<traffic::TrafficApp>(eng, dp, ao);
+    };
+    return stage;
+  });
 }
