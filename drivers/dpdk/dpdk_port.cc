@@ -14,7 +14,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <ctime>
 #include <thread>
 
 namespace uroce::dpdk {
@@ -249,9 +248,9 @@ Port::~Port() {
   // then freeing the channel in a pending-unregister callback). Done from
   // this thread, our stop and close would race that handler: two
   // disconnects at once, and queues used after close frees them. The
-  // interrupt thread runs
-  // one callback at a time, alarms included, so done there it cannot
-  // overlap a driver's callback, and every earlier one has finished.
+  // interrupt thread runs one callback at a time, alarms included, so done
+  // there it cannot overlap a driver's callback, and every earlier one has
+  // finished.
   struct Teardown {
     Impl* m;
     std::atomic<bool> done{false};
