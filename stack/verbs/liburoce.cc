@@ -779,6 +779,9 @@ int uroce_query_port(uroce_context* ctx, uint8_t port_num, ibv_port_attr* attr) 
   attr->pkey_tbl_len = 1;
   attr->link_layer = IBV_LINK_LAYER_ETHERNET;
   attr->phys_state = 5;  // LinkUp
+  attr->max_msg_sz = 1u << 31;  // the largest RDMA message (IBTA: 2^31 bytes)
+  attr->max_vl_num = 1;         // VL0 only
+  attr->active_width = 1;       // 1X: Ethernet has one lane as verbs sees it
   return 0;
 }
 

@@ -1,0 +1,636 @@
+// libibverbs.so.1 for uroce: a drop-in for rdma-core's library, so that
+// verbs programs run on uroce unmodified (LD_LIBRARY_PATH picks it; the
+// programs are linked BIND_NOW without RPATH). Built against Debian's
+// rdma-core 44 headers, so every struct a program sees has rdma-core's
+// layout; the objects wrap liburoce's (stack/verbs).
+//
+// This first step: the devices, contexts, device, port, GID and P_Key
+// queries, and PDs, so ibv_devices and ibv_devinfo work; and every public
+// symbol of Debian's libibverbs.so.1 with its exact version node (the
+// version script libibverbs.map), so any verbs binary loads. What is not
+// built yet fails cleanly: a function returning a pointer returns NULL with
+// errno EOPNOTSUPP, one returning an int returns EOPNOTSUPP (or -1 with
+// errno set where rdma-core's does), never a crash.
+#include <endian.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stddef.h>
+
+// Thirty-three names have two versions, IBVERBS_1.0 (the 2006 ABI) and
+// IBVERBS_1.1 (the default). Their implementations here are named
+// uroce_impl_<name> (the header's prototypes renamed with them, so they are
+// still checked against rdma-core's), and bound to <name>@@IBVERBS_1.1 with
+// .symver below; two of them are function-like macros in the header and
+// are renamed after it.
+#define ibv_ack_async_event uroce_impl_ibv_ack_async_event
+#define ibv_ack_cq_events uroce_impl_ibv_ack_cq_events
+#define ibv_alloc_pd uroce_impl_ibv_alloc_pd
+#define ibv_attach_mcast uroce_impl_ibv_attach_mcast
+#define ibv_close_device uroce_impl_ibv_close_device
+#define ibv_create_ah uroce_impl_ibv_create_ah
+#define ibv_create_cq uroce_impl_ibv_create_cq
+#define ibv_create_qp uroce_impl_ibv_create_qp
+#define ibv_create_srq uroce_impl_ibv_create_srq
+#define ibv_dealloc_pd uroce_impl_ibv_dealloc_pd
+#define ibv_dereg_mr uroce_impl_ibv_dereg_mr
+#define ibv_destroy_ah uroce_impl_ibv_destroy_ah
+#define ibv_destroy_cq uroce_impl_ibv_destroy_cq
+#define ibv_destroy_qp uroce_impl_ibv_destroy_qp
+#define ibv_destroy_srq uroce_impl_ibv_destroy_srq
+#define ibv_detach_mcast uroce_impl_ibv_detach_mcast
+#define ibv_free_device_list uroce_impl_ibv_free_device_list
+#define ibv_get_async_event uroce_impl_ibv_get_async_event
+#define ibv_get_cq_event uroce_impl_ibv_get_cq_event
+#define ibv_get_device_guid uroce_impl_ibv_get_device_guid
+#define ibv_get_device_list uroce_impl_ibv_get_device_list
+#define ibv_get_device_name uroce_impl_ibv_get_device_name
+#define ibv_modify_qp uroce_impl_ibv_modify_qp
+#define ibv_modify_srq uroce_impl_ibv_modify_srq
+#define ibv_open_device uroce_impl_ibv_open_device
+#define ibv_query_device uroce_impl_ibv_query_device
+#define ibv_query_gid uroce_impl_ibv_query_gid
+#define ibv_query_pkey uroce_impl_ibv_query_pkey
+#define ibv_query_qp uroce_impl_ibv_query_qp
+#define ibv_query_srq uroce_impl_ibv_query_srq
+#define ibv_resize_cq uroce_impl_ibv_resize_cq
+#include <infiniband/verbs.h>
+#undef ibv_query_port
+#undef ibv_reg_mr
+#undef ibv_reg_mr_iova
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "stack/verbs/uroce_verbs.h"
+
+// Not in the installed headers (rdma-core's driver.h): declared with
+// rdma-core's signatures.
+enum ibv_gid_type_sysfs { IBV_GID_TYPE_SYSFS_IB_ROCE_V1, IBV_GID_TYPE_SYSFS_ROCE_V2 };
+extern "C" {
+int uroce_impl_ibv_query_port(struct ibv_context* context, uint8_t port_num, struct _compat_ibv_port_attr* port_attr);
+struct ibv_mr* uroce_impl_ibv_reg_mr(struct ibv_pd* pd, void* addr, size_t length, int access);
+int ibv_query_gid_type(struct ibv_context* context, uint8_t port_num, unsigned int index,
+                       enum ibv_gid_type_sysfs* type);
+int ibv_read_sysfs_file(const char* dir, const char* file, char* buf, size_t size);
+const char* ibv_get_sysfs_path(void);
+int ibv_dontfork_range(void* base, size_t size);
+int ibv_dofork_range(void* base, size_t size);
+void ibv_copy_qp_attr_from_kern(void* dst, void* src);
+void ibv_copy_ah_attr_from_kern(void* dst, void* src);
+void ibv_copy_path_rec_from_kern(void* dst, void* src);
+void ibv_copy_path_rec_to_kern(void* dst, void* src);
+}
+
+namespace {
+
+/// One uroce device: liburoce's (a daemon's application socket, or an
+/// embedded spec) behind rdma-core's struct. Made once per path and kept
+/// for the process's life, as rdma-core keeps its devices: a context's
+/// `device` stays valid after ibv_free_device_list.
+struct UDevice {
+  ibv_device dev{};
+  std::string path;  // for uroce_open_device
+  int index = 0;
+};
+
+struct UContext {
+  uroce_context* u = nullptr;
+  verbs_context v{};  // ends with the ibv_context handed out
+};
+
+struct UPd {
+  ibv_pd pd{};
+  uroce_pd* u = nullptr;
+};
+
+std::mutex g_mu;
+std::vector<std::unique_ptr<UDevice>> g_devices;  // every device ever listed
+
+UContext* ucontext(ibv_context* c) {
+  return reinterpret_cast<UContext*>(reinterpret_cast<char*>(c) - offsetof(UContext, v) -
+                                     offsetof(verbs_context, context));
+}
+UDevice* udevice(ibv_device* d) { return reinterpret_cast<UDevice*>(d); }
+
+int fail(int err) {
+  errno = err;
+  return err;
+}
+template <class T>
+T* fail_null(int err) {
+  errno = err;
+  return nullptr;
+}
+
+// ---------------------------------------------------------------- queries
+
+int query_port_full(ibv_context* c, uint8_t port, ibv_port_attr* a) {
+  if (!c || !a) return fail(EINVAL);
+  if (const int rc = uroce_query_port(ucontext(c)->u, port, a)) return fail(rc);
+  return 0;
+}
+
+int vctx_query_port(ibv_context* c, uint8_t port, ibv_port_attr* attr, size_t len) {
+  ibv_port_attr full{};
+  if (const int rc = query_port_full(c, port, &full)) return rc;
+  std::memcpy(attr, &full, std::min(len, sizeof full));
+  return 0;
+}
+
+int vctx_query_device_ex(ibv_context* c, const ibv_query_device_ex_input* input, ibv_device_attr_ex* attr,
+                         size_t len) {
+  if (!c || !attr) return fail(EINVAL);
+  if (input && input->comp_mask) return fail(EINVAL);
+  ibv_device_attr_ex full{};
+  if (const int rc = ibv_query_device(c, &full.orig_attr)) return rc;
+  std::memcpy(attr, &full, std::min(len, sizeof full));
+  return 0;
+}
+
+// The data path of objects this step cannot make yet: never reached, but
+// never a NULL call either.
+int no_post_send(ibv_qp*, ibv_send_wr*, ibv_send_wr** bad) {
+  if (bad) *bad = nullptr;
+  return EOPNOTSUPP;
+}
+int no_post_recv(ibv_qp*, ibv_recv_wr*, ibv_recv_wr** bad) {
+  if (bad) *bad = nullptr;
+  return EOPNOTSUPP;
+}
+int no_post_srq_recv(ibv_srq*, ibv_recv_wr*, ibv_recv_wr** bad) {
+  if (bad) *bad = nullptr;
+  return EOPNOTSUPP;
+}
+int no_poll_cq(ibv_cq*, int, ibv_wc*) { return -1; }
+int no_req_notify_cq(ibv_cq*, int) { return EOPNOTSUPP; }
+
+// The GID table: the port's address, as a RoCE v2 GID (IPv4-mapped for
+// IPv4), at index 0.
+constexpr int kGids = 1;
+
+}  // namespace
+
+extern "C" {
+
+// ---------------------------------------------------------------- devices
+
+ibv_device** ibv_get_device_list(int* num_devices) {
+  int n = 0;
+  uroce_device** list = uroce_get_device_list(&n);
+  if (!list) {
+    if (num_devices) *num_devices = 0;
+    return fail_null<ibv_device*>(errno ? errno : ENOMEM);
+  }
+  std::vector<ibv_device*> out;
+  {
+    std::lock_guard<std::mutex> lk(g_mu);
+    for (int i = 0; i < n; ++i) {
+      const std::string path = uroce_get_device_path(list[i]);
+      UDevice* d = nullptr;
+      for (auto& k : g_devices)
+        if (k->path == path) d = k.get();
+      if (!d) {
+        auto nd = std::make_unique<UDevice>();
+        nd->path = path;
+        nd->index = static_cast<int>(g_devices.size());
+        nd->dev.node_type = IBV_NODE_CA;
+        nd->dev.transport_type = IBV_TRANSPORT_IB;
+        std::snprintf(nd->dev.name, sizeof nd->dev.name, "%s", uroce_get_device_name(list[i]));
+        std::snprintf(nd->dev.dev_name, sizeof nd->dev.dev_name, "uroce%d", nd->index);
+        // No sysfs: these name nothing, so sysfs reads fail cleanly.
+        nd->dev.dev_path[0] = '\0';
+        nd->dev.ibdev_path[0] = '\0';
+        d = nd.get();
+        g_devices.push_back(std::move(nd));
+      }
+      out.push_back(&d->dev);
+    }
+  }
+  uroce_free_device_list(list);
+  auto** arr = static_cast<ibv_device**>(std::calloc(out.size() + 1, sizeof(ibv_device*)));
+  if (!arr) return fail_null<ibv_device*>(ENOMEM);
+  for (std::size_t i = 0; i < out.size(); ++i) arr[i] = out[i];
+  if (num_devices) *num_devices = static_cast<int>(out.size());
+  return arr;
+}
+
+void ibv_free_device_list(ibv_device** list) { std::free(list); }
+
+const char* ibv_get_device_name(ibv_device* device) { return device ? device->name : nullptr; }
+
+int ibv_get_device_index(ibv_device* device) { return device ? udevice(device)->index : -1; }
+
+__be64 ibv_get_device_guid(ibv_device* device) {
+  if (!device) return 0;
+  uroce_context* u = uroce_open_device(udevice(device)->path.c_str());
+  if (!u) return 0;
+  ibv_device_attr a{};
+  const int rc = uroce_query_device(u, &a);
+  uroce_close_device(u);
+  return rc == 0 ? a.node_guid : 0;
+}
+
+ibv_context* ibv_open_device(ibv_device* device) {
+  if (!device) return fail_null<ibv_context>(EINVAL);
+  uroce_context* u = uroce_open_device(udevice(device)->path.c_str());
+  if (!u) return fail_null<ibv_context>(ENODEV);
+  auto* c = new UContext();
+  c->u = u;
+  verbs_context& v = c->v;
+  v.sz = sizeof(verbs_context);
+  v.query_port = vctx_query_port;
+  v.query_device_ex = vctx_query_device_ex;
+  ibv_context& ctx = v.context;
+  ctx.device = device;
+  ctx.cmd_fd = -1;
+  ctx.async_fd = uroce_async_fd(u);
+  ctx.num_comp_vectors = 1;
+  ctx.abi_compat = __VERBS_ABI_IS_EXTENDED;
+  pthread_mutex_init(&ctx.mutex, nullptr);
+  ctx.ops.post_send = no_post_send;
+  ctx.ops.post_recv = no_post_recv;
+  ctx.ops.post_srq_recv = no_post_srq_recv;
+  ctx.ops.poll_cq = no_poll_cq;
+  ctx.ops.req_notify_cq = no_req_notify_cq;
+  return &ctx;
+}
+
+int ibv_close_device(ibv_context* context) {
+  if (!context) return fail(EINVAL);
+  UContext* c = ucontext(context);
+  const int rc = uroce_close_device(c->u);
+  pthread_mutex_destroy(&context->mutex);
+  delete c;
+  return rc;
+}
+
+ibv_context* ibv_import_device(int) { return fail_null<ibv_context>(EOPNOTSUPP); }
+
+int ibv_query_device(ibv_context* context, ibv_device_attr* device_attr) {
+  if (!context || !device_attr) return fail(EINVAL);
+  if (const int rc = uroce_query_device(ucontext(context)->u, device_attr)) return fail(rc);
+  device_attr->vendor_id = 0xffffff;  // no vendor's: the value rxe reports
+  device_attr->vendor_part_id = 0;
+  return 0;
+}
+
+int uroce_impl_ibv_query_port(ibv_context* context, uint8_t port_num, _compat_ibv_port_attr* port_attr) {
+  // Older programs' struct: everything before `flags`, never more.
+  return vctx_query_port(context, port_num, reinterpret_cast<ibv_port_attr*>(port_attr),
+                         offsetof(ibv_port_attr, flags));
+}
+
+int ibv_query_gid(ibv_context* context, uint8_t port_num, int index, ibv_gid* gid) {
+  if (!context || !gid) return fail(EINVAL);
+  if (const int rc = uroce_query_gid(ucontext(context)->u, port_num, index, gid)) return fail(rc);
+  return 0;
+}
+
+int _ibv_query_gid_ex(ibv_context* context, uint32_t port_num, uint32_t gid_index, ibv_gid_entry* entry,
+                      uint32_t flags, size_t entry_size) {
+  if (!context || !entry || flags || entry_size < sizeof(ibv_gid_entry) || port_num > 255) return fail(EINVAL);
+  if (gid_index >= kGids) return fail(ENODATA);
+  ibv_gid_entry e{};
+  if (const int rc = ibv_query_gid(context, static_cast<uint8_t>(port_num), static_cast<int>(gid_index), &e.gid))
+    return rc;
+  e.gid_index = gid_index;
+  e.port_num = port_num;
+  e.gid_type = IBV_GID_TYPE_ROCE_V2;
+  e.ndev_ifindex = 0;  // no kernel netdev behind a DPDK port
+  std::memcpy(entry, &e, sizeof e);
+  return 0;
+}
+
+ssize_t _ibv_query_gid_table(ibv_context* context, ibv_gid_entry* entries, size_t max_entries, uint32_t flags,
+                             size_t entry_size) {
+  if (!context || (!entries && max_entries) || flags || entry_size < sizeof(ibv_gid_entry)) {
+    errno = EINVAL;
+    return -EINVAL;
+  }
+  if (max_entries < kGids) {
+    errno = EINVAL;
+    return -EINVAL;
+  }
+  ssize_t n = 0;
+  for (uint32_t i = 0; i < kGids; ++i) {
+    auto* e = reinterpret_cast<ibv_gid_entry*>(reinterpret_cast<char*>(entries) + n * entry_size);
+    if (const int rc = _ibv_query_gid_ex(context, 1, i, e, 0, entry_size)) return -rc;
+    ++n;
+  }
+  return n;
+}
+
+int ibv_query_gid_type(ibv_context* context, uint8_t port_num, unsigned int index, ibv_gid_type_sysfs* type) {
+  if (!context || !type || port_num != 1 || index >= kGids) return fail(EINVAL);
+  *type = IBV_GID_TYPE_SYSFS_ROCE_V2;
+  return 0;
+}
+
+int ibv_query_pkey(ibv_context* context, uint8_t port_num, int index, __be16* pkey) {
+  if (!context || !pkey || port_num != 1 || index != 0) return fail(EINVAL);
+  *pkey = htobe16(0xffff);  // the default partition, full member
+  return 0;
+}
+
+int ibv_get_pkey_index(ibv_context* context, uint8_t port_num, __be16 pkey) {
+  if (!context || port_num != 1) return fail(EINVAL), -1;
+  if ((be16toh(pkey) & 0x7fff) != 0x7fff) return fail(ENOENT), -1;
+  return 0;
+}
+
+int ibv_read_sysfs_file(const char*, const char*, char*, size_t) {
+  errno = ENOENT;  // no sysfs for uroce devices
+  return -1;
+}
+
+const char* ibv_get_sysfs_path(void) { return "/sys"; }
+
+// -------------------------------------------------------------------- PDs
+
+ibv_pd* ibv_alloc_pd(ibv_context* context) {
+  if (!context) return fail_null<ibv_pd>(EINVAL);
+  uroce_pd* u = uroce_alloc_pd(ucontext(context)->u);
+  if (!u) return fail_null<ibv_pd>(errno ? errno : ENOMEM);
+  auto* p = new UPd();
+  p->u = u;
+  p->pd.context = context;
+  p->pd.handle = 0;
+  return &p->pd;
+}
+
+int ibv_dealloc_pd(ibv_pd* pd) {
+  if (!pd) return fail(EINVAL);
+  auto* p = reinterpret_cast<UPd*>(pd);
+  if (const int rc = uroce_dealloc_pd(p->u)) return fail(rc);
+  delete p;
+  return 0;
+}
+
+ibv_pd* ibv_import_pd(ibv_context*, uint32_t) { return fail_null<ibv_pd>(EOPNOTSUPP); }
+void ibv_unimport_pd(ibv_pd*) {}
+
+// ------------------------------------------------------------- strings
+
+const char* ibv_node_type_str(enum ibv_node_type t) {
+  switch (t) {
+    case IBV_NODE_CA: return "InfiniBand channel adapter";
+    case IBV_NODE_SWITCH: return "InfiniBand switch";
+    case IBV_NODE_ROUTER: return "InfiniBand router";
+    case IBV_NODE_RNIC: return "iWARP NIC";
+    case IBV_NODE_USNIC: return "usNIC";
+    case IBV_NODE_USNIC_UDP: return "usNIC UDP";
+    case IBV_NODE_UNSPECIFIED: return "unspecified";
+    default: return "unknown";
+  }
+}
+
+const char* ibv_port_state_str(enum ibv_port_state s) {
+  switch (s) {
+    case IBV_PORT_NOP: return "no state change (NOP)";
+    case IBV_PORT_DOWN: return "down";
+    case IBV_PORT_INIT: return "init";
+    case IBV_PORT_ARMED: return "armed";
+    case IBV_PORT_ACTIVE: return "active";
+    case IBV_PORT_ACTIVE_DEFER: return "active defer";
+    default: return "unknown";
+  }
+}
+
+const char* ibv_event_type_str(enum ibv_event_type e) {
+  switch (e) {
+    case IBV_EVENT_CQ_ERR: return "CQ error";
+    case IBV_EVENT_QP_FATAL: return "local work queue catastrophic error";
+    case IBV_EVENT_QP_REQ_ERR: return "invalid request local work queue error";
+    case IBV_EVENT_QP_ACCESS_ERR: return "local access violation work queue error";
+    case IBV_EVENT_COMM_EST: return "communication established";
+    case IBV_EVENT_SQ_DRAINED: return "send queue drained";
+    case IBV_EVENT_PATH_MIG: return "path migrated";
+    case IBV_EVENT_PATH_MIG_ERR: return "path migration request error";
+    case IBV_EVENT_DEVICE_FATAL: return "local catastrophic error";
+    case IBV_EVENT_PORT_ACTIVE: return "port active";
+    case IBV_EVENT_PORT_ERR: return "port error";
+    case IBV_EVENT_LID_CHANGE: return "LID change";
+    case IBV_EVENT_PKEY_CHANGE: return "P_Key change";
+    case IBV_EVENT_SM_CHANGE: return "SM change";
+    case IBV_EVENT_SRQ_ERR: return "SRQ catastrophic error";
+    case IBV_EVENT_SRQ_LIMIT_REACHED: return "SRQ limit reached";
+    case IBV_EVENT_QP_LAST_WQE_REACHED: return "last WQE reached";
+    case IBV_EVENT_CLIENT_REREGISTER: return "client reregistration";
+    case IBV_EVENT_GID_CHANGE: return "GID table change";
+    case IBV_EVENT_WQ_FATAL: return "WQ fatal";
+    default: return "unknown";
+  }
+}
+
+const char* ibv_wc_status_str(enum ibv_wc_status status) { return uroce_wc_status_str(status); }
+
+// --------------------------------------------------------------- rates
+
+namespace {
+struct RateRow {
+  ibv_rate rate;
+  int mult;  // of 2.5 Gb/s; 0 where it is not a multiple
+  int mbps;
+};
+constexpr RateRow kRates[] = {
+    {IBV_RATE_2_5_GBPS, 1, 2500},     {IBV_RATE_5_GBPS, 2, 5000},       {IBV_RATE_10_GBPS, 4, 10000},
+    {IBV_RATE_20_GBPS, 8, 20000},     {IBV_RATE_30_GBPS, 12, 30000},    {IBV_RATE_40_GBPS, 16, 40000},
+    {IBV_RATE_60_GBPS, 24, 60000},    {IBV_RATE_80_GBPS, 32, 80000},    {IBV_RATE_120_GBPS, 48, 120000},
+    {IBV_RATE_14_GBPS, 0, 14062},     {IBV_RATE_56_GBPS, 0, 56250},     {IBV_RATE_112_GBPS, 0, 112500},
+    {IBV_RATE_168_GBPS, 0, 168750},   {IBV_RATE_25_GBPS, 0, 25781},     {IBV_RATE_100_GBPS, 0, 103125},
+    {IBV_RATE_200_GBPS, 0, 206250},   {IBV_RATE_300_GBPS, 0, 309375},   {IBV_RATE_28_GBPS, 0, 28125},
+    {IBV_RATE_50_GBPS, 0, 53125},     {IBV_RATE_400_GBPS, 0, 425000},   {IBV_RATE_600_GBPS, 0, 637500},
+    {IBV_RATE_800_GBPS, 0, 850000},   {IBV_RATE_1200_GBPS, 0, 1275000},
+};
+}  // namespace
+
+int ibv_rate_to_mult(enum ibv_rate rate) {
+  for (const RateRow& r : kRates)
+    if (r.rate == rate && r.mult) return r.mult;
+  return -1;
+}
+
+enum ibv_rate mult_to_ibv_rate(int mult) {
+  for (const RateRow& r : kRates)
+    if (r.mult && r.mult == mult) return r.rate;
+  return IBV_RATE_MAX;
+}
+
+int ibv_rate_to_mbps(enum ibv_rate rate) {
+  for (const RateRow& r : kRates)
+    if (r.rate == rate) return r.mbps;
+  return -1;
+}
+
+enum ibv_rate mbps_to_ibv_rate(int mbps) {
+  for (const RateRow& r : kRates)
+    if (r.mbps == mbps) return r.rate;
+  return IBV_RATE_MAX;
+}
+
+// ---------------------------------------------------------------- fork
+
+// uroce's memory is shared memfds, which fork() leaves shared: nothing to
+// prepare (as with a kernel that has fork-safe pinning).
+int ibv_fork_init(void) { return 0; }
+enum ibv_fork_status ibv_is_fork_initialized(void) { return IBV_FORK_UNNEEDED; }
+int ibv_dontfork_range(void*, size_t) { return 0; }
+int ibv_dofork_range(void*, size_t) { return 0; }
+
+// ------------------------------------------------- not built yet: clean refusals
+
+ibv_mr* uroce_impl_ibv_reg_mr(ibv_pd*, void*, size_t, int) { return fail_null<ibv_mr>(EOPNOTSUPP); }
+ibv_mr* ibv_reg_mr_iova(ibv_pd*, void*, size_t, uint64_t, int) { return fail_null<ibv_mr>(EOPNOTSUPP); }
+ibv_mr* ibv_reg_mr_iova2(ibv_pd*, void*, size_t, uint64_t, unsigned int) { return fail_null<ibv_mr>(EOPNOTSUPP); }
+ibv_mr* ibv_reg_dmabuf_mr(ibv_pd*, uint64_t, size_t, uint64_t, int, int) { return fail_null<ibv_mr>(EOPNOTSUPP); }
+int ibv_rereg_mr(ibv_mr*, int, ibv_pd*, void*, size_t, int) { return fail(EOPNOTSUPP); }
+int ibv_dereg_mr(ibv_mr*) { return fail(EOPNOTSUPP); }
+ibv_mr* ibv_import_mr(ibv_pd*, uint32_t) { return fail_null<ibv_mr>(EOPNOTSUPP); }
+void ibv_unimport_mr(ibv_mr*) {}
+ibv_dm* ibv_import_dm(ibv_context*, uint32_t) { return fail_null<ibv_dm>(EOPNOTSUPP); }
+void ibv_unimport_dm(ibv_dm*) {}
+
+ibv_comp_channel* ibv_create_comp_channel(ibv_context*) { return fail_null<ibv_comp_channel>(EOPNOTSUPP); }
+int ibv_destroy_comp_channel(ibv_comp_channel*) { return fail(EOPNOTSUPP); }
+ibv_cq* ibv_create_cq(ibv_context*, int, void*, ibv_comp_channel*, int) { return fail_null<ibv_cq>(EOPNOTSUPP); }
+int ibv_resize_cq(ibv_cq*, int) { return fail(EOPNOTSUPP); }
+int ibv_destroy_cq(ibv_cq*) { return fail(EOPNOTSUPP); }
+int ibv_get_cq_event(ibv_comp_channel*, ibv_cq**, void**) { return fail(EOPNOTSUPP), -1; }
+void ibv_ack_cq_events(ibv_cq*, unsigned int) {}
+int ibv_get_async_event(ibv_context*, ibv_async_event*) { return fail(EOPNOTSUPP), -1; }
+void ibv_ack_async_event(ibv_async_event*) {}
+
+ibv_srq* ibv_create_srq(ibv_pd*, ibv_srq_init_attr*) { return fail_null<ibv_srq>(EOPNOTSUPP); }
+int ibv_modify_srq(ibv_srq*, ibv_srq_attr*, int) { return fail(EOPNOTSUPP); }
+int ibv_query_srq(ibv_srq*, ibv_srq_attr*) { return fail(EOPNOTSUPP); }
+int ibv_destroy_srq(ibv_srq*) { return fail(EOPNOTSUPP); }
+
+ibv_qp* ibv_create_qp(ibv_pd*, ibv_qp_init_attr*) { return fail_null<ibv_qp>(EOPNOTSUPP); }
+int ibv_query_qp(ibv_qp*, ibv_qp_attr*, int, ibv_qp_init_attr*) { return fail(EOPNOTSUPP); }
+int ibv_modify_qp(ibv_qp*, ibv_qp_attr*, int) { return fail(EOPNOTSUPP); }
+int ibv_destroy_qp(ibv_qp*) { return fail(EOPNOTSUPP); }
+ibv_qp_ex* ibv_qp_to_qp_ex(ibv_qp*) { return fail_null<ibv_qp_ex>(EOPNOTSUPP); }
+int ibv_query_qp_data_in_order(ibv_qp*, enum ibv_wr_opcode, uint32_t) { return 0; }  // no guarantee given
+int ibv_query_ece(ibv_qp*, ibv_ece*) { return fail(EOPNOTSUPP); }
+int ibv_set_ece(ibv_qp*, ibv_ece*) { return fail(EOPNOTSUPP); }
+int ibv_attach_mcast(ibv_qp*, const ibv_gid*, uint16_t) { return fail(EOPNOTSUPP); }
+int ibv_detach_mcast(ibv_qp*, const ibv_gid*, uint16_t) { return fail(EOPNOTSUPP); }
+
+ibv_ah* ibv_create_ah(ibv_pd*, ibv_ah_attr*) { return fail_null<ibv_ah>(EOPNOTSUPP); }
+int ibv_destroy_ah(ibv_ah*) { return fail(EOPNOTSUPP); }
+ibv_ah* ibv_create_ah_from_wc(ibv_pd*, ibv_wc*, ibv_grh*, uint8_t) { return fail_null<ibv_ah>(EOPNOTSUPP); }
+int ibv_init_ah_from_wc(ibv_context*, uint8_t, ibv_wc*, ibv_grh*, ibv_ah_attr*) { return fail(EOPNOTSUPP); }
+int ibv_resolve_eth_l2_from_gid(ibv_context*, ibv_ah_attr*, uint8_t*, uint16_t*) { return fail(EOPNOTSUPP); }
+
+// The kernel ABI's marshalling helpers: uroce has no kernel ABI. They
+// return nothing, so they leave `dst` as it is.
+void ibv_copy_qp_attr_from_kern(void*, void*) {}
+void ibv_copy_ah_attr_from_kern(void*, void*) {}
+void ibv_copy_path_rec_from_kern(void*, void*) {}
+void ibv_copy_path_rec_to_kern(void*, void*) {}
+
+}  // extern "C"
+
+// ------------------------------------------- IBVERBS_1.0 compatibility symbols
+//
+// Programs linked against the 2006 ABI (before IBVERBS_1.1) bind to these
+// versions. Their structs differ from today's, so they get a clean refusal:
+// NULL with errno EOPNOTSUPP where a pointer is returned, EOPNOTSUPP where
+// an int is, nothing for a void.
+#define UROCE_COMPAT(kind, name)                                          \
+  extern "C" kind compat_1_0_##name(...) { return compat_##kind(); }      \
+  __asm__(".symver compat_1_0_" #name "," #name "@IBVERBS_1.0");
+
+namespace {
+using ptr = void*;
+using num = int;
+using none = void;
+ptr compat_ptr() {
+  errno = EOPNOTSUPP;
+  return nullptr;
+}
+num compat_num() {
+  errno = EOPNOTSUPP;
+  return EOPNOTSUPP;
+}
+none compat_none() {}
+}  // namespace
+
+UROCE_COMPAT(ptr, ibv_get_device_list)
+UROCE_COMPAT(none, ibv_free_device_list)
+UROCE_COMPAT(ptr, ibv_get_device_name)
+UROCE_COMPAT(ptr, ibv_get_device_guid)  // a GUID of 0
+UROCE_COMPAT(ptr, ibv_open_device)
+UROCE_COMPAT(num, ibv_close_device)
+UROCE_COMPAT(num, ibv_get_async_event)
+UROCE_COMPAT(none, ibv_ack_async_event)
+UROCE_COMPAT(num, ibv_query_device)
+UROCE_COMPAT(num, ibv_query_port)
+UROCE_COMPAT(num, ibv_query_gid)
+UROCE_COMPAT(num, ibv_query_pkey)
+UROCE_COMPAT(ptr, ibv_alloc_pd)
+UROCE_COMPAT(num, ibv_dealloc_pd)
+UROCE_COMPAT(ptr, ibv_reg_mr)
+UROCE_COMPAT(num, ibv_dereg_mr)
+UROCE_COMPAT(ptr, ibv_create_cq)
+UROCE_COMPAT(num, ibv_resize_cq)
+UROCE_COMPAT(num, ibv_destroy_cq)
+UROCE_COMPAT(num, ibv_get_cq_event)
+UROCE_COMPAT(none, ibv_ack_cq_events)
+UROCE_COMPAT(ptr, ibv_create_srq)
+UROCE_COMPAT(num, ibv_modify_srq)
+UROCE_COMPAT(num, ibv_query_srq)
+UROCE_COMPAT(num, ibv_destroy_srq)
+UROCE_COMPAT(ptr, ibv_create_qp)
+UROCE_COMPAT(num, ibv_query_qp)
+UROCE_COMPAT(num, ibv_modify_qp)
+UROCE_COMPAT(num, ibv_destroy_qp)
+UROCE_COMPAT(ptr, ibv_create_ah)
+UROCE_COMPAT(num, ibv_destroy_ah)
+UROCE_COMPAT(num, ibv_attach_mcast)
+UROCE_COMPAT(num, ibv_detach_mcast)
+
+// The same 33 names' default versions, IBVERBS_1.1, bound as rdma-core
+// binds them (the version script lists the names in both nodes).
+__asm__(".symver uroce_impl_ibv_ack_async_event,ibv_ack_async_event@@IBVERBS_1.1");
+__asm__(".symver uroce_impl_ibv_ack_cq_events,ibv_ack_cq_events@@IBVERBS_1.1");
+__asm__(".symver uroce_impl_ibv_alloc_pd,ibv_alloc_pd@@IBVERBS_1.1");
+__asm__(".symver uroce_impl_ibv_attach_mcast,ibv_attach_mcast@@IBVERBS_1.1");
+__asm__(".symver uroce_impl_ibv_close_device,ibv_close_device@@IBVERBS_1.1");
+__asm__(".symver uroce_impl_ibv_create_ah,ibv_create_ah@@IBVERBS_1.1");
+__asm__(".symver uroce_impl_ibv_create_cq,ibv_create_cq@@IBVERBS_1.1");
+__asm__(".symver uroce_impl_ibv_create_qp,ibv_create_qp@@IBVERBS_1.1");
+__asm__(".symver uroce_impl_ibv_create_srq,ibv_create_srq@@IBVERBS_1.1");
+__asm__(".symver uroce_impl_ibv_dealloc_pd,ibv_dealloc_pd@@IBVERBS_1.1");
+__asm__(".symver uroce_impl_ibv_dereg_mr,ibv_dereg_mr@@IBVERBS_1.1");
+__asm__(".symver uroce_impl_ibv_destroy_ah,ibv_destroy_ah@@IBVERBS_1.1");
+__asm__(".symver uroce_impl_ibv_destroy_cq,ibv_destroy_cq@@IBVERBS_1.1");
+__asm__(".symver uroce_impl_ibv_destroy_qp,ibv_destroy_qp@@IBVERBS_1.1");
+__asm__(".symver uroce_impl_ibv_destroy_srq,ibv_destroy_srq@@IBVERBS_1.1");
+__asm__(".symver uroce_impl_ibv_detach_mcast,ibv_detach_mcast@@IBVERBS_1.1");
+__asm__(".symver uroce_impl_ibv_free_device_list,ibv_free_device_list@@IBVERBS_1.1");
+__asm__(".symver uroce_impl_ibv_get_async_event,ibv_get_async_event@@IBVERBS_1.1");
+__asm__(".symver uroce_impl_ibv_get_cq_event,ibv_get_cq_event@@IBVERBS_1.1");
+__asm__(".symver uroce_impl_ibv_get_device_guid,ibv_get_device_guid@@IBVERBS_1.1");
+__asm__(".symver uroce_impl_ibv_get_device_list,ibv_get_device_list@@IBVERBS_1.1");
+__asm__(".symver uroce_impl_ibv_get_device_name,ibv_get_device_name@@IBVERBS_1.1");
+__asm__(".symver uroce_impl_ibv_modify_qp,ibv_modify_qp@@IBVERBS_1.1");
+__asm__(".symver uroce_impl_ibv_modify_srq,ibv_modify_srq@@IBVERBS_1.1");
+__asm__(".symver uroce_impl_ibv_open_device,ibv_open_device@@IBVERBS_1.1");
+__asm__(".symver uroce_impl_ibv_query_device,ibv_query_device@@IBVERBS_1.1");
+__asm__(".symver uroce_impl_ibv_query_gid,ibv_query_gid@@IBVERBS_1.1");
+__asm__(".symver uroce_impl_ibv_query_pkey,ibv_query_pkey@@IBVERBS_1.1");
+__asm__(".symver uroce_impl_ibv_query_port,ibv_query_port@@IBVERBS_1.1");
+__asm__(".symver uroce_impl_ibv_query_qp,ibv_query_qp@@IBVERBS_1.1");
+__asm__(".symver uroce_impl_ibv_query_srq,ibv_query_srq@@IBVERBS_1.1");
+__asm__(".symver uroce_impl_ibv_reg_mr,ibv_reg_mr@@IBVERBS_1.1");
+__asm__(".symver uroce_impl_ibv_resize_cq,ibv_resize_cq@@IBVERBS_1.1");
+
+// ibv_register_driver@IBVERBS_1.1 (not the default version either): the
+// old way for a provider to register itself. uroce has no providers.
+extern "C" void compat_1_1_ibv_register_driver(const char*, void*) {}
+__asm__(".symver compat_1_1_ibv_register_driver,ibv_register_driver@IBVERBS_1.1");

@@ -1,0 +1,68 @@
+#!/bin/bash
+# Unmodified verbs programs on uroce: Debian's own ibv_devices, ibv_devinfo
+# and ibv_rc_pingpong (ibverbs-utils, linked BIND_NOW against
+# libibverbs.so.1) with uroce's libibverbs.so.1 first on LD_LIBRARY_PATH,
+# against a uroced whose application socket is in UROCE_RUN_DIR. Also: the
+# library exports every public symbol of Debian's libibverbs.so.1 with its
+# exact version.
+. "$(dirname "$0")/lib.sh"
+need_root
+# uroced's EAL loads DPDK's mlx5 plugin, which needs the system's
+# libibverbs: only the verbs programs get uroce's.
+unset LD_LIBRARY_PATH
+IBV_DIR=${UROCE_IBVERBS_DIR:?the folder of the uroce libibverbs.so.1}
+SYSLIB=$(ls /usr/lib/*/libibverbs.so.1 2>/dev/null | head -1)
+for t in ibv_devices ibv_devinfo ibv_rc_pingpong; do
+  command -v $t > /dev/null || { echo "SKIP: $t is not installed (ibverbs-utils)"; exit 77; }
+done
+
+echo "== the symbols: every public one of $SYSLIB, same version"
+/usr/bin/python3 - "$SYSLIB" "$IBV_DIR/libibverbs.so.1" > "$TMP/syms.out" <<'PY'
+import subprocess, sys
+def syms(p):
+    out = subprocess.run(["objdump", "-T", p], capture_output=True, text=True).stdout
+    return {(l.split()[-1], l.split()[-2]) for l in out.splitlines()
+            if "IBVERBS" in l and (" DF " in l or " DO " in l)}
+system, ours = syms(sys.argv[1]), syms(sys.argv[2])
+public = {s for s in system if "PRIVATE" not in s[1]}
+print(len(public), len(public - ours), " ".join("%s@%s" % s for s in sorted(public - ours)))
+PY
+missing=$(cat "$TMP/syms.out")
+echo "  public symbols, missing, which: $missing"
+check "every public symbol is there with its version" "[ \"\$(echo '$missing' | awk '{print \$2}')\" = 0 ] && [ \"\$(echo '$missing' | awk '{print \$1}')\" -gt 100 ]"
+check "ibv_query_gid_type@IBVERBS_PRIVATE_34 too (ibv_devinfo needs it)" \
+  "objdump -T '$IBV_DIR/libibverbs.so.1' | grep -q 'IBVERBS_PRIVATE_34 ibv_query_gid_type'"
+
+echo "== no uroce device: an empty list, not an error"
+mkdir -p "$TMP/run"
+UROCE_RUN_DIR="$TMP/run" LD_LIBRARY_PATH="$IBV_DIR" ibv_devices > "$TMP/none.out" 2>&1; rc=$?
+check "ibv_devices with no device: exit 0, none listed" "[ $rc -eq 0 ] && ! grep -q uroce '$TMP/none.out'"
+
+start_daemon "" d --port net_memif0 --vdev "net_memif0,role=server,socket=$TMP/m.sock" --ip 10.96.0.1 --lcore 0 \
+  --app-socket "$TMP/run/uroce0.sock" --ctl-socket "$TMP/d.ctl"
+for i in $(seq 50); do [ -S "$TMP/run/uroce0.sock" ] && [ -S "$TMP/d.ctl" ] && break; sleep 0.1; done
+run() { UROCE_RUN_DIR="$TMP/run" LD_LIBRARY_PATH="$IBV_DIR" timeout 20 "$@"; }
+
+echo "== ibv_devices"
+run ibv_devices > "$TMP/devices.out" 2>&1; rc=$?
+sed 's/^/  /' "$TMP/devices.out"
+check "ibv_devices lists uroce0 with a GUID made from the port MAC (EUI-64)" \
+  "[ $rc -eq 0 ] && grep -qE '^\s+uroce0\s+[0-9a-f]{6}fffe[0-9a-f]{6}$' '$TMP/devices.out'"
+
+echo "== ibv_devinfo -v"
+run ibv_devinfo -v > "$TMP/devinfo.out" 2>&1; rc=$?
+grep -E 'hca_id|transport|vendor_id|state|link_layer|active_mtu|GID' "$TMP/devinfo.out" | sed 's/^/  /'
+check "ibv_devinfo runs (exit 0)" "[ $rc -eq 0 ]"
+check "a CA on the IB transport, vendor 0xffffff (as rxe)" \
+  "grep -qE 'transport:\s+InfiniBand \(0\)' '$TMP/devinfo.out' && grep -qE 'vendor_id:\s+0xffffff' '$TMP/devinfo.out'"
+check "port 1 active, Ethernet link layer" \
+  "grep -qE 'state:\s+PORT_ACTIVE \(4\)' '$TMP/devinfo.out' && grep -qE 'link_layer:\s+Ethernet' '$TMP/devinfo.out'"
+check "GID 0 is the port's address as a RoCE v2 GID" "grep -qE 'GID\[ *0\]:\s+::ffff:10.96.0.1, RoCE v2' '$TMP/devinfo.out'"
+
+echo "== ibv_rc_pingpong: loads (every import resolves at start), and refuses what is not built yet"
+run ibv_rc_pingpong -d uroce0 -g 0 -n 1 > "$TMP/pp.out" 2>&1; rc=$?
+echo "  exit $rc: $(tr '\n' ' ' < "$TMP/pp.out")"
+check "it ran (no missing symbol), and failed cleanly, not by a signal" \
+  "[ $rc -ne 0 ] && [ $rc -lt 128 ] && ! grep -q 'symbol lookup error\|version .* not found' '$TMP/pp.out'"
+check "the daemon is still up" "kill -0 $LAST_PID"
+finish
