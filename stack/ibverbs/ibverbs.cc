@@ -4,13 +4,15 @@
 // rdma-core 44 headers, so every struct a program sees has rdma-core's
 // layout; the objects wrap liburoce's (stack/verbs).
 //
-// This first step: the devices, contexts, device, port, GID and P_Key
-// queries, and PDs, so ibv_devices and ibv_devinfo work; and every public
-// symbol of Debian's libibverbs.so.1 with its exact version node (the
-// version script libibverbs.map), so any verbs binary loads. What is not
-// built yet fails cleanly: a function returning a pointer returns NULL with
-// errno EOPNOTSUPP, one returning an int returns EOPNOTSUPP (or -1 with
-// errno set where rdma-core's does), never a crash.
+// Built so far: devices and contexts; the device, port, GID and P_Key
+// queries; PDs, MRs, completion channels (real descriptors), CQs, RC and
+// UC QPs, SRQs and async events, with the data path (post, poll, arm)
+// through the context's ops straight into liburoce's rings; and every
+// public symbol of Debian's libibverbs.so.1 with its exact version node
+// (the version script libibverbs.map), so any verbs binary loads. What is
+// not built yet fails cleanly: a function returning a pointer returns NULL
+// with errno EOPNOTSUPP, one returning an int returns EOPNOTSUPP (or -1
+// with errno set where rdma-core's does), never a crash.
 #include <endian.h>
 #include <errno.h>
 #include <pthread.h>
@@ -99,6 +101,10 @@ struct UDevice {
 
 struct UContext {
   uroce_context* u = nullptr;
+  // Async events name liburoce's objects: these find the verbs ones.
+  std::mutex mu;
+  std::vector<std::pair<uroce_cq*, ibv_cq*>> cqs;
+  std::vector<std::pair<uroce_qp*, ibv_qp*>> qps;
   verbs_context v{};  // ends with the ibv_context handed out
 };
 
@@ -106,6 +112,35 @@ struct UPd {
   ibv_pd pd{};
   uroce_pd* u = nullptr;
 };
+
+struct UMr {
+  ibv_mr mr{};
+  uroce_mr* u = nullptr;
+};
+
+struct UChannel {
+  ibv_comp_channel ch{};
+  uroce_comp_channel* u = nullptr;
+};
+
+struct UCq {
+  ibv_cq cq{};
+  uroce_cq* u = nullptr;
+};
+
+struct USrq {
+  ibv_srq srq{};
+  uroce_srq* u = nullptr;
+};
+
+struct UQp {
+  ibv_qp qp{};
+  uroce_qp* u = nullptr;
+};
+
+UCq* ucq(ibv_cq* c) { return reinterpret_cast<UCq*>(c); }
+UQp* uqp(ibv_qp* q) { return reinterpret_cast<UQp*>(q); }
+USrq* usrq(ibv_srq* q) { return reinterpret_cast<USrq*>(q); }
 
 std::mutex g_mu;
 std::vector<std::unique_ptr<UDevice>> g_devices;  // every device ever listed
@@ -151,22 +186,16 @@ int vctx_query_device_ex(ibv_context* c, const ibv_query_device_ex_input* input,
   return 0;
 }
 
-// The data path of objects this step cannot make yet: never reached, but
-// never a NULL call either.
-int no_post_send(ibv_qp*, ibv_send_wr*, ibv_send_wr** bad) {
-  if (bad) *bad = nullptr;
-  return EOPNOTSUPP;
+// The data path: the header's inline ibv_post_send, ibv_post_recv,
+// ibv_post_srq_recv, ibv_poll_cq and ibv_req_notify_cq call these through
+// the context's ops, straight into liburoce's rings.
+int op_post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) { return uroce_post_send(uqp(qp)->u, wr, bad); }
+int op_post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) { return uroce_post_recv(uqp(qp)->u, wr, bad); }
+int op_post_srq_recv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad) {
+  return uroce_post_srq_recv(usrq(srq)->u, wr, bad);
 }
-int no_post_recv(ibv_qp*, ibv_recv_wr*, ibv_recv_wr** bad) {
-  if (bad) *bad = nullptr;
-  return EOPNOTSUPP;
-}
-int no_post_srq_recv(ibv_srq*, ibv_recv_wr*, ibv_recv_wr** bad) {
-  if (bad) *bad = nullptr;
-  return EOPNOTSUPP;
-}
-int no_poll_cq(ibv_cq*, int, ibv_wc*) { return -1; }
-int no_req_notify_cq(ibv_cq*, int) { return EOPNOTSUPP; }
+int op_poll_cq(ibv_cq* cq, int n, ibv_wc* wc) { return uroce_poll_cq(ucq(cq)->u, n, wc); }
+int op_req_notify_cq(ibv_cq* cq, int solicited_only) { return uroce_req_notify_cq(ucq(cq)->u, solicited_only); }
 
 // The GID table: the port's address, as a RoCE v2 GID (IPv4-mapped for
 // IPv4), at index 0.
@@ -251,11 +280,11 @@ ibv_context* ibv_open_device(ibv_device* device) {
   ctx.num_comp_vectors = 1;
   ctx.abi_compat = __VERBS_ABI_IS_EXTENDED;
   pthread_mutex_init(&ctx.mutex, nullptr);
-  ctx.ops.post_send = no_post_send;
-  ctx.ops.post_recv = no_post_recv;
-  ctx.ops.post_srq_recv = no_post_srq_recv;
-  ctx.ops.poll_cq = no_poll_cq;
-  ctx.ops.req_notify_cq = no_req_notify_cq;
+  ctx.ops.post_send = op_post_send;
+  ctx.ops.post_recv = op_post_recv;
+  ctx.ops.post_srq_recv = op_post_srq_recv;
+  ctx.ops.poll_cq = op_poll_cq;
+  ctx.ops.req_notify_cq = op_req_notify_cq;
   return &ctx;
 }
 
@@ -483,36 +512,224 @@ int ibv_dofork_range(void*, size_t) { return 0; }
 
 // ------------------------------------------------- not built yet: clean refusals
 
-ibv_mr* uroce_impl_ibv_reg_mr(ibv_pd*, void*, size_t, int) { return fail_null<ibv_mr>(EOPNOTSUPP); }
-ibv_mr* ibv_reg_mr_iova(ibv_pd*, void*, size_t, uint64_t, int) { return fail_null<ibv_mr>(EOPNOTSUPP); }
-ibv_mr* ibv_reg_mr_iova2(ibv_pd*, void*, size_t, uint64_t, unsigned int) { return fail_null<ibv_mr>(EOPNOTSUPP); }
+ibv_mr* uroce_impl_ibv_reg_mr(ibv_pd* pd, void* addr, size_t length, int access) {
+  if (!pd) return fail_null<ibv_mr>(EINVAL);
+  uroce_mr* u = uroce_reg_mr(reinterpret_cast<UPd*>(pd)->u, addr, length, access);
+  if (!u) return fail_null<ibv_mr>(errno ? errno : EINVAL);
+  auto* m = new UMr();
+  m->u = u;
+  m->mr.context = pd->context;
+  m->mr.pd = pd;
+  m->mr.addr = addr;
+  m->mr.length = length;
+  m->mr.lkey = uroce_mr_lkey(u);
+  m->mr.rkey = uroce_mr_rkey(u);
+  return &m->mr;
+}
+ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, uint64_t iova, unsigned int access) {
+  if (iova != reinterpret_cast<uintptr_t>(addr)) return fail_null<ibv_mr>(EOPNOTSUPP);  // an IOVA of its own: not yet
+  if (access & IBV_ACCESS_OPTIONAL_RANGE) access &= ~static_cast<unsigned>(IBV_ACCESS_OPTIONAL_RANGE);
+  return uroce_impl_ibv_reg_mr(pd, addr, length, static_cast<int>(access));
+}
+ibv_mr* ibv_reg_mr_iova(ibv_pd* pd, void* addr, size_t length, uint64_t iova, int access) {
+  return ibv_reg_mr_iova2(pd, addr, length, iova, static_cast<unsigned>(access));
+}
 ibv_mr* ibv_reg_dmabuf_mr(ibv_pd*, uint64_t, size_t, uint64_t, int, int) { return fail_null<ibv_mr>(EOPNOTSUPP); }
 int ibv_rereg_mr(ibv_mr*, int, ibv_pd*, void*, size_t, int) { return fail(EOPNOTSUPP); }
-int ibv_dereg_mr(ibv_mr*) { return fail(EOPNOTSUPP); }
+int ibv_dereg_mr(ibv_mr* mr) {
+  if (!mr) return fail(EINVAL);
+  auto* m = reinterpret_cast<UMr*>(mr);
+  if (const int rc = uroce_dereg_mr(m->u)) return fail(rc);
+  delete m;
+  return 0;
+}
 ibv_mr* ibv_import_mr(ibv_pd*, uint32_t) { return fail_null<ibv_mr>(EOPNOTSUPP); }
 void ibv_unimport_mr(ibv_mr*) {}
 ibv_dm* ibv_import_dm(ibv_context*, uint32_t) { return fail_null<ibv_dm>(EOPNOTSUPP); }
 void ibv_unimport_dm(ibv_dm*) {}
 
-ibv_comp_channel* ibv_create_comp_channel(ibv_context*) { return fail_null<ibv_comp_channel>(EOPNOTSUPP); }
-int ibv_destroy_comp_channel(ibv_comp_channel*) { return fail(EOPNOTSUPP); }
-ibv_cq* ibv_create_cq(ibv_context*, int, void*, ibv_comp_channel*, int) { return fail_null<ibv_cq>(EOPNOTSUPP); }
-int ibv_resize_cq(ibv_cq*, int) { return fail(EOPNOTSUPP); }
-int ibv_destroy_cq(ibv_cq*) { return fail(EOPNOTSUPP); }
-int ibv_get_cq_event(ibv_comp_channel*, ibv_cq**, void**) { return fail(EOPNOTSUPP), -1; }
-void ibv_ack_cq_events(ibv_cq*, unsigned int) {}
-int ibv_get_async_event(ibv_context*, ibv_async_event*) { return fail(EOPNOTSUPP), -1; }
-void ibv_ack_async_event(ibv_async_event*) {}
+ibv_comp_channel* ibv_create_comp_channel(ibv_context* context) {
+  if (!context) return fail_null<ibv_comp_channel>(EINVAL);
+  uroce_comp_channel* u = uroce_create_comp_channel(ucontext(context)->u);
+  if (!u) return fail_null<ibv_comp_channel>(errno ? errno : ENOMEM);
+  auto* c = new UChannel();
+  c->u = u;
+  c->ch.context = context;
+  c->ch.fd = uroce_comp_channel_fd(u);  // a real descriptor: poll, epoll and O_NONBLOCK work on it
+  c->ch.refcnt = 0;
+  return &c->ch;
+}
+int ibv_destroy_comp_channel(ibv_comp_channel* channel) {
+  if (!channel) return fail(EINVAL);
+  auto* c = reinterpret_cast<UChannel*>(channel);
+  if (const int rc = uroce_destroy_comp_channel(c->u)) return fail(rc);
+  delete c;
+  return 0;
+}
 
-ibv_srq* ibv_create_srq(ibv_pd*, ibv_srq_init_attr*) { return fail_null<ibv_srq>(EOPNOTSUPP); }
-int ibv_modify_srq(ibv_srq*, ibv_srq_attr*, int) { return fail(EOPNOTSUPP); }
-int ibv_query_srq(ibv_srq*, ibv_srq_attr*) { return fail(EOPNOTSUPP); }
-int ibv_destroy_srq(ibv_srq*) { return fail(EOPNOTSUPP); }
+ibv_cq* uroce_impl_ibv_create_cq(ibv_context* context, int cqe, void* cq_context, ibv_comp_channel* channel,
+                                 int comp_vector) {
+  if (!context || cqe <= 0) return fail_null<ibv_cq>(EINVAL);
+  auto* c = new UCq();
+  // liburoce hands our CQ back from uroce_get_cq_event as its context.
+  c->u = uroce_create_cq(ucontext(context)->u, cqe, c, channel ? reinterpret_cast<UChannel*>(channel)->u : nullptr,
+                         comp_vector);
+  if (!c->u) {
+    delete c;
+    return fail_null<ibv_cq>(errno ? errno : ENOMEM);
+  }
+  c->cq.context = context;
+  c->cq.channel = channel;
+  c->cq.cq_context = cq_context;
+  c->cq.cqe = cqe;
+  pthread_mutex_init(&c->cq.mutex, nullptr);
+  pthread_cond_init(&c->cq.cond, nullptr);
+  UContext* uc = ucontext(context);
+  std::lock_guard<std::mutex> lk(uc->mu);
+  uc->cqs.emplace_back(c->u, &c->cq);
+  return &c->cq;
+}
+int uroce_impl_ibv_resize_cq(ibv_cq*, int) { return fail(EOPNOTSUPP); }
+int uroce_impl_ibv_destroy_cq(ibv_cq* cq) {
+  if (!cq) return fail(EINVAL);
+  UCq* c = ucq(cq);
+  if (const int rc = uroce_destroy_cq(c->u)) return fail(rc);
+  UContext* uc = ucontext(cq->context);
+  {
+    std::lock_guard<std::mutex> lk(uc->mu);
+    std::erase_if(uc->cqs, [&](const auto& e) { return e.second == cq; });
+  }
+  pthread_cond_destroy(&cq->cond);
+  pthread_mutex_destroy(&cq->mutex);
+  delete c;
+  return 0;
+}
+int uroce_impl_ibv_get_cq_event(ibv_comp_channel* channel, ibv_cq** cq, void** cq_context) {
+  if (!channel || !cq) return fail(EINVAL), -1;
+  uroce_cq* u = nullptr;
+  void* ours = nullptr;
+  if (uroce_get_cq_event(reinterpret_cast<UChannel*>(channel)->u, &u, &ours) != 0) return -1;  // errno set
+  UCq* c = static_cast<UCq*>(ours);
+  *cq = &c->cq;
+  if (cq_context) *cq_context = c->cq.cq_context;
+  return 0;
+}
+void uroce_impl_ibv_ack_cq_events(ibv_cq* cq, unsigned int nevents) {
+  if (cq) uroce_ack_cq_events(ucq(cq)->u, nevents);
+}
 
-ibv_qp* ibv_create_qp(ibv_pd*, ibv_qp_init_attr*) { return fail_null<ibv_qp>(EOPNOTSUPP); }
-int ibv_query_qp(ibv_qp*, ibv_qp_attr*, int, ibv_qp_init_attr*) { return fail(EOPNOTSUPP); }
-int ibv_modify_qp(ibv_qp*, ibv_qp_attr*, int) { return fail(EOPNOTSUPP); }
-int ibv_destroy_qp(ibv_qp*) { return fail(EOPNOTSUPP); }
+int uroce_impl_ibv_get_async_event(ibv_context* context, ibv_async_event* event) {
+  if (!context || !event) return fail(EINVAL), -1;
+  UContext* uc = ucontext(context);
+  uroce_async_event e{};
+  if (uroce_get_async_event(uc->u, &e) != 0) return -1;  // errno set
+  *event = ibv_async_event{};
+  event->event_type = e.event_type;
+  std::lock_guard<std::mutex> lk(uc->mu);
+  for (const auto& [u, v] : uc->cqs)
+    if (u == e.cq) event->element.cq = v;
+  for (const auto& [u, v] : uc->qps)
+    if (u == e.qp) event->element.qp = v;
+  return 0;
+}
+void uroce_impl_ibv_ack_async_event(ibv_async_event*) {}
+
+ibv_srq* uroce_impl_ibv_create_srq(ibv_pd* pd, ibv_srq_init_attr* attr) {
+  if (!pd || !attr) return fail_null<ibv_srq>(EINVAL);
+  uroce_srq* u = uroce_create_srq(reinterpret_cast<UPd*>(pd)->u, attr);
+  if (!u) return fail_null<ibv_srq>(errno ? errno : EINVAL);
+  auto* q = new USrq();
+  q->u = u;
+  q->srq.context = pd->context;
+  q->srq.srq_context = attr->srq_context;
+  q->srq.pd = pd;
+  pthread_mutex_init(&q->srq.mutex, nullptr);
+  pthread_cond_init(&q->srq.cond, nullptr);
+  return &q->srq;
+}
+int uroce_impl_ibv_modify_srq(ibv_srq*, ibv_srq_attr*, int) { return fail(EOPNOTSUPP); }
+int uroce_impl_ibv_query_srq(ibv_srq*, ibv_srq_attr*) { return fail(EOPNOTSUPP); }
+int uroce_impl_ibv_destroy_srq(ibv_srq* srq) {
+  if (!srq) return fail(EINVAL);
+  USrq* q = usrq(srq);
+  if (const int rc = uroce_destroy_srq(q->u)) return fail(rc);
+  pthread_cond_destroy(&srq->cond);
+  pthread_mutex_destroy(&srq->mutex);
+  delete q;
+  return 0;
+}
+
+ibv_qp* uroce_impl_ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
+  if (!pd || !attr || !attr->send_cq || !attr->recv_cq) return fail_null<ibv_qp>(EINVAL);
+  if (attr->qp_type != IBV_QPT_RC && attr->qp_type != IBV_QPT_UC) return fail_null<ibv_qp>(EOPNOTSUPP);  // UD: not yet
+  uroce_qp_init_attr ia{};
+  ia.send_cq = ucq(attr->send_cq)->u;
+  ia.recv_cq = ucq(attr->recv_cq)->u;
+  ia.qp_type = attr->qp_type;
+  ia.cap = attr->cap;
+  ia.sq_sig_all = attr->sq_sig_all;
+  ia.srq = attr->srq ? usrq(attr->srq)->u : nullptr;
+  uroce_qp* u = uroce_create_qp(reinterpret_cast<UPd*>(pd)->u, &ia);
+  if (!u) return fail_null<ibv_qp>(errno ? errno : EINVAL);
+  auto* q = new UQp();
+  q->u = u;
+  ibv_qp& qp = q->qp;
+  qp.context = pd->context;
+  qp.qp_context = attr->qp_context;
+  qp.pd = pd;
+  qp.send_cq = attr->send_cq;
+  qp.recv_cq = attr->recv_cq;
+  qp.srq = attr->srq;
+  qp.qp_num = uroce_qp_num(u);
+  qp.state = IBV_QPS_RESET;
+  qp.qp_type = attr->qp_type;
+  pthread_mutex_init(&qp.mutex, nullptr);
+  pthread_cond_init(&qp.cond, nullptr);
+  // The caps the QP got (rounded up to the rings' sizes), as verbs reports them.
+  ibv_qp_attr qa{};
+  uroce_qp_init_attr got{};
+  if (uroce_query_qp(u, &qa, IBV_QP_CAP, &got) == 0) attr->cap = got.cap;
+  UContext* uc = ucontext(pd->context);
+  std::lock_guard<std::mutex> lk(uc->mu);
+  uc->qps.emplace_back(u, &qp);
+  return &qp;
+}
+int uroce_impl_ibv_query_qp(ibv_qp* qp, ibv_qp_attr* attr, int attr_mask, ibv_qp_init_attr* init_attr) {
+  if (!qp || !attr) return fail(EINVAL);
+  uroce_qp_init_attr got{};
+  if (const int rc = uroce_query_qp(uqp(qp)->u, attr, attr_mask, &got)) return fail(rc);
+  if (init_attr) {
+    *init_attr = ibv_qp_init_attr{};
+    init_attr->qp_context = qp->qp_context;
+    init_attr->send_cq = qp->send_cq;
+    init_attr->recv_cq = qp->recv_cq;
+    init_attr->srq = qp->srq;
+    init_attr->cap = got.cap;
+    init_attr->qp_type = qp->qp_type;
+    init_attr->sq_sig_all = got.sq_sig_all;
+  }
+  return 0;
+}
+int uroce_impl_ibv_modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int attr_mask) {
+  if (!qp || !attr) return fail(EINVAL);
+  if (const int rc = uroce_modify_qp(uqp(qp)->u, attr, attr_mask)) return fail(rc);
+  if (attr_mask & IBV_QP_STATE) qp->state = attr->qp_state;
+  return 0;
+}
+int uroce_impl_ibv_destroy_qp(ibv_qp* qp) {
+  if (!qp) return fail(EINVAL);
+  UQp* q = uqp(qp);
+  if (const int rc = uroce_destroy_qp(q->u)) return fail(rc);
+  UContext* uc = ucontext(qp->context);
+  {
+    std::lock_guard<std::mutex> lk(uc->mu);
+    std::erase_if(uc->qps, [&](const auto& e) { return e.second == qp; });
+  }
+  pthread_cond_destroy(&qp->cond);
+  pthread_mutex_destroy(&qp->mutex);
+  delete q;
+  return 0;
+}
 ibv_qp_ex* ibv_qp_to_qp_ex(ibv_qp*) { return fail_null<ibv_qp_ex>(EOPNOTSUPP); }
 int ibv_query_qp_data_in_order(ibv_qp*, enum ibv_wr_opcode, uint32_t) { return 0; }  // no guarantee given
 int ibv_query_ece(ibv_qp*, ibv_ece*) { return fail(EOPNOTSUPP); }

@@ -2,9 +2,11 @@
 # Unmodified verbs programs on uroce: Debian's own ibv_devices, ibv_devinfo
 # and ibv_rc_pingpong (ibverbs-utils, linked BIND_NOW against
 # libibverbs.so.1) with uroce's libibverbs.so.1 first on LD_LIBRARY_PATH,
-# against a uroced whose application socket is in UROCE_RUN_DIR. Also: the
+# against uroced daemons whose application sockets are in UROCE_RUN_DIR:
+# the device queries, and RC pingpong between two daemons over memif with
+# every received buffer checked, in event and polling modes. Also: the
 # library exports every public symbol of Debian's libibverbs.so.1 with its
-# exact version.
+# exact version, and what it cannot do yet (UD) is refused cleanly.
 . "$(dirname "$0")/lib.sh"
 need_root
 # uroced's EAL loads DPDK's mlx5 plugin, which needs the system's
@@ -12,7 +14,7 @@ need_root
 unset LD_LIBRARY_PATH
 IBV_DIR=${UROCE_IBVERBS_DIR:?the folder of the uroce libibverbs.so.1}
 SYSLIB=$(ls /usr/lib/*/libibverbs.so.1 2>/dev/null | head -1)
-for t in ibv_devices ibv_devinfo ibv_rc_pingpong; do
+for t in ibv_devices ibv_devinfo ibv_rc_pingpong ibv_ud_pingpong; do
   command -v $t > /dev/null || { echo "SKIP: $t is not installed (ibverbs-utils)"; exit 77; }
 done
 
@@ -38,9 +40,17 @@ mkdir -p "$TMP/run"
 UROCE_RUN_DIR="$TMP/run" LD_LIBRARY_PATH="$IBV_DIR" ibv_devices > "$TMP/none.out" 2>&1; rc=$?
 check "ibv_devices with no device: exit 0, none listed" "[ $rc -eq 0 ] && ! grep -q uroce '$TMP/none.out'"
 
-start_daemon "" d --port net_memif0 --vdev "net_memif0,role=server,socket=$TMP/m.sock" --ip 10.96.0.1 --lcore 0 \
+# Two daemons over memif, each with its application socket in its own run
+# folder: the verbs programs on each side see one device, uroce0.
+mkdir -p "$TMP/run_b"
+start_daemon "" d --port net_memif0 --vdev "net_memif0,role=server,socket=$TMP/m.sock,bsize=8192" --ip 10.96.0.1 --lcore 0 \
   --app-socket "$TMP/run/uroce0.sock" --ctl-socket "$TMP/d.ctl"
+DA=$LAST_PID
 for i in $(seq 50); do [ -S "$TMP/run/uroce0.sock" ] && [ -S "$TMP/d.ctl" ] && break; sleep 0.1; done
+start_daemon "" db --port net_memif0 --vdev "net_memif0,role=client,socket=$TMP/m.sock,bsize=8192" --ip 10.96.0.2 --lcore 1 \
+  --app-socket "$TMP/run_b/uroce0.sock"
+DB=$LAST_PID
+for i in $(seq 50); do [ -S "$TMP/run_b/uroce0.sock" ] && break; sleep 0.1; done
 run() { UROCE_RUN_DIR="$TMP/run" LD_LIBRARY_PATH="$IBV_DIR" timeout 20 "$@"; }
 
 echo "== ibv_devices"
@@ -59,10 +69,27 @@ check "port 1 active, Ethernet link layer" \
   "grep -qE 'state:\s+PORT_ACTIVE \(4\)' '$TMP/devinfo.out' && grep -qE 'link_layer:\s+Ethernet' '$TMP/devinfo.out'"
 check "GID 0 is the port's address as a RoCE v2 GID" "grep -qE 'GID\[ *0\]:\s+::ffff:10.96.0.1, RoCE v2' '$TMP/devinfo.out'"
 
-echo "== ibv_rc_pingpong: loads (every import resolves at start), and refuses what is not built yet"
-run ibv_rc_pingpong -d uroce0 -g 0 -n 1 > "$TMP/pp.out" 2>&1; rc=$?
-echo "  exit $rc: $(tr '\n' ' ' < "$TMP/pp.out")"
-check "it ran (no missing symbol), and failed cleanly, not by a signal" \
-  "[ $rc -ne 0 ] && [ $rc -lt 128 ] && ! grep -q 'symbol lookup error\|version .* not found' '$TMP/pp.out'"
-check "the daemon is still up" "kill -0 $LAST_PID"
+echo "== ibv_rc_pingpong between the two daemons: RC SENDs, every buffer checked (--chk)"
+pingpong() {  # tag args...
+  local tag=$1; shift
+  UROCE_RUN_DIR="$TMP/run" LD_LIBRARY_PATH="$IBV_DIR" timeout 60 ibv_rc_pingpong -d uroce0 -g 0 -p 18600 -c "$@" \
+    > "$TMP/pps-$tag.out" 2>&1 & local sp=$!
+  sleep 0.5
+  UROCE_RUN_DIR="$TMP/run_b" LD_LIBRARY_PATH="$IBV_DIR" timeout 60 ibv_rc_pingpong -d uroce0 -g 0 -p 18600 -c "$@" 127.0.0.1 \
+    > "$TMP/ppc-$tag.out" 2>&1; local crc=$?
+  wait $sp; local src=$?
+  echo "  $tag: client exit $crc: $(grep -h 'iters in' "$TMP/ppc-$tag.out"); server exit $src"
+  check "ibv_rc_pingpong $tag: both sides ran every iteration, buffers valid" \
+    "[ $crc -eq 0 ] && [ $src -eq 0 ] && grep -q 'iters in' '$TMP/ppc-$tag.out' && grep -q 'iters in' '$TMP/pps-$tag.out'"
+}
+pingpong events-4096 -e -n 500 -s 4096
+pingpong events-64 -e -n 1000 -s 64
+pingpong poll-1000 -n 300 -s 1000
+
+echo "== what is not built yet is refused cleanly"
+run ibv_ud_pingpong -d uroce0 -g 0 -n 1 > "$TMP/ud.out" 2>&1; rc=$?
+echo "  ibv_ud_pingpong exit $rc: $(tr '\n' ' ' < "$TMP/ud.out")"
+check "ibv_ud_pingpong (UD QPs, not yet) loads and fails cleanly, not by a signal" \
+  "[ $rc -ne 0 ] && [ $rc -lt 128 ] && ! grep -q 'symbol lookup error\|version .* not found' '$TMP/ud.out'"
+check "the daemons are still up" "kill -0 $DA && kill -0 $DB"
 finish
