@@ -86,6 +86,27 @@ pingpong events-4096 -e -n 500 -s 4096
 pingpong events-64 -e -n 1000 -s 64
 pingpong poll-1000 -n 300 -s 1000
 
+echo "== perftest, unmodified (libmlx5.so.1 and libefa.so.1 are uroce's refusing stand-ins): the eight tests"
+if command -v ib_write_bw > /dev/null; then
+  port=18700
+  for t in ib_write_bw ib_send_bw ib_read_bw ib_atomic_bw ib_write_lat ib_send_lat ib_read_lat ib_atomic_lat; do
+    port=$((port + 1))
+    ev=-e; case $t in ib_write_*) ev="" ;; esac  # perftest has no events for WRITE
+    UROCE_RUN_DIR="$TMP/run" LD_LIBRARY_PATH="$IBV_DIR" timeout 60 $t -d uroce0 -x 0 -n 200 -p $port $ev \
+      > "$TMP/pts-$t.out" 2>&1 & sp=$!
+    sleep 0.7
+    UROCE_RUN_DIR="$TMP/run_b" LD_LIBRARY_PATH="$IBV_DIR" timeout 60 $t -d uroce0 -x 0 -n 200 -p $port $ev 127.0.0.1 \
+      > "$TMP/ptc-$t.out" 2>&1; crc=$?
+    wait $sp; src=$?
+    row=$(grep -E '^ +[0-9]+ +200 ' "$TMP/ptc-$t.out" | head -1 | tr -s ' ')
+    echo "  $t: client exit $crc, server exit $src:$row"
+    check "perftest $t runs unmodified on uroce, both sides" \
+      "[ $crc -eq 0 ] && [ $src -eq 0 ] && [ -n '$row' ] && grep -q 'Transport type : IB' '$TMP/ptc-$t.out'"
+  done
+else
+  echo "  (perftest not installed: skipped)"
+fi
+
 echo "== what is not built yet is refused cleanly"
 run ibv_ud_pingpong -d uroce0 -g 0 -n 1 > "$TMP/ud.out" 2>&1; rc=$?
 echo "  ibv_ud_pingpong exit $rc: $(tr '\n' ' ' < "$TMP/ud.out")"
