@@ -78,14 +78,18 @@ wait $bwc; bwcrc=$?; wait $bws; bwsrc=$?
 wait $rp; wait $ch
 sleep 3  # every application gone, retries settled
 sample
-sa=$(ctl "$TMP/a.ctl" status); sb=$(ctl "$TMP/b.ctl" status)
+ctl "$TMP/a.ctl" status > "$out/status_a.json"; ctl "$TMP/b.ctl" status > "$out/status_b.json"
+for f in a b; do  # the biggest parts of each daemon's status, to see what grows
+  /usr/bin/python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("  status", sys.argv[2], len(json.dumps(d)), "bytes:", sorted(((len(json.dumps(v)), k) for k, v in d.items()), reverse=True)[:3])' \
+    "$out/status_$f.json" $f
+done
 read -r rounds rfails < "$TMP/rping.result"
 churned=$(cat "$TMP/churn.result")
 column -t "$out/samples.tsv" | sed 's/^/  /'
 rm -f "$out/summary.json"
-/usr/bin/python3 - "$sa" "$sb" "$out/samples.tsv" "$out/summary.json" <<'PY'
+/usr/bin/python3 - "$out/status_a.json" "$out/status_b.json" "$out/samples.tsv" "$out/summary.json" <<'PY'
 import json, sys
-a, b = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+a, b = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
 rows = [l.split("\t") for l in open(sys.argv[3]).read().split("\n")[1:] if l]
 base, load, last = rows[0], rows[1], rows[-1]
 s = {
