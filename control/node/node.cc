@@ -221,7 +221,8 @@ nlohmann::ordered_json Node::status() const {
     const std::string pre = k == 0 ? "" : "_" + std::to_string(k);
     o["pipeline" + pre] = {{"port", p.port_name}, {"shard", p.shard},
                            {"lcore", p.lcore},    {"ip", p.eng->config().ip.to_string()},
-                           {"qps", p.eng->qp_count()}};
+                           {"qps", p.eng->qp_count()},
+                           {"quarantined_qpns", p.eng->quarantined_count()}};
     json port = json::object(), dp = json::object(), totals = json::object();
     const auto& pc = p.eng->counters();
     for (std::size_t i = 0; i < transport::kPortCounterNames.size(); ++i) port[transport::kPortCounterNames[i]] = pc.v[i];

@@ -223,6 +223,7 @@ int Engine::destroy_qp(Qp* qp) {
     const std::uint64_t hold =
         std::clamp<std::uint64_t>((qp->retry_cnt + 1ull) * timeout_ns, 100'000'000, 10'000'000'000ull);
     qp->quarantine_until = last_now_ + hold;
+    ++quarantined_;
     qp->ctr = QpCounters{};  // counted from here for the quarantine only (its totals went to dead_qp_ctr_)
     qp->pd = nullptr;
     qp->send_cq = qp->recv_cq = nullptr;
@@ -243,6 +244,7 @@ int Engine::destroy_qp(Qp* qp) {
 }
 
 void Engine::release(Qp& qp) {
+  if (qp.quarantine_until) --quarantined_;
   for (std::size_t i = 0; i < dead_qp_ctr_.v.size(); ++i) dead_qp_ctr_.v[i] += qp.ctr.v[i];
   std::erase(active_, &qp);
   std::erase(ack_waiters_, &qp);
@@ -956,6 +958,16 @@ RxVerdict Engine::rx(wire::ConstBytes frame, std::uint64_t now) {
 void Engine::poll(std::uint64_t now) {
   last_now_ = now;
   flush_acks();
+  // Quarantined numbers whose time is up are freed a few slots a pass, so
+  // they do not pile up (their memory, the status) until the table fills.
+  // Nothing to look at, and nothing done, while none is quarantined.
+  if (quarantined_) {
+    for (int k = 0; k < 8 && quarantined_; ++k) {
+      reap_cursor_ = (reap_cursor_ + 1) % qps_.size();
+      Qp* q = qps_[reap_cursor_].get();
+      if (q && q->quarantine_until && q->quarantine_until <= now) release(*q);
+    }
+  }
   for (std::size_t i = 0; i < active_.size();) {
     Qp& qp = *active_[i];
     const bool live = qp.quarantine_until == 0;  // a quarantined QP only sends its re-ACKs

@@ -196,13 +196,16 @@ class Engine {
   [[nodiscard]] const EngineConfig& config() const { return cfg_; }
   /// A live QP by number (not one in quarantine).
   [[nodiscard]] Qp* find_qp(std::uint32_t qpn) const;
-  /// Calls fn(const Qp&) for every live QP (control path: status, tools).
+  /// Calls fn(const Qp&) for every live QP (control path: status, tools);
+  /// not for numbers in quarantine, which are no QP of anybody's.
   template <typename F>
   void for_each_qp(F&& fn) const {
     for (const auto& q : qps_)
-      if (q) fn(static_cast<const Qp&>(*q));
+      if (q && !q->quarantine_until) fn(static_cast<const Qp&>(*q));
   }
   [[nodiscard]] std::size_t qp_count() const { return qps_live_; }
+  /// Numbers in quarantine (destroyed RC QPs still answering retries).
+  [[nodiscard]] std::size_t quarantined_count() const { return quarantined_; }
   /// Sum of a counter over all QPs (live and destroyed).
   [[nodiscard]] std::uint64_t qp_counter_total(QpCounter c) const;
 
@@ -281,6 +284,8 @@ class Engine {
   std::vector<std::unique_ptr<Qp>> qps_;  // index = qpn - kFirstQpn
   std::unique_ptr<Qp> gsi_;               // QP1, when the CM agent made it
   std::size_t qps_live_ = 0;
+  std::size_t quarantined_ = 0;  // QPs in quarantine; poll() frees the expired ones
+  std::size_t reap_cursor_ = 0;  // where poll()'s sweep of quarantined slots goes on
   std::vector<Qp*> active_;       // QPs with work or timers; fixed capacity
   std::vector<Qp*> ack_waiters_;  // QPs with a coalesced ACK pending
   NeighborTable neighbors_;

@@ -70,6 +70,22 @@ TEST_F(LostLastAck, AfterTheQuarantineTheNumberIsFreeAndFramesAreUnknown) {
   EXPECT_EQ(p.B().find_qp(old), nullptr);
 }
 
+TEST_F(LostLastAck, AnExpiredQuarantineIsFreedByPollNotListedMeanwhile) {
+  ASSERT_TRUE(wait_a());
+  EXPECT_EQ(p.B().quarantined_count(), 1u);
+  int listed = 0;
+  p.B().for_each_qp([&](const Qp&) { ++listed; });
+  EXPECT_EQ(listed, 0) << "a quarantined number is listed as a live QP";
+  const std::uint64_t later = p.wire.now() + 150'000'000;
+  p.wire.next_timer = [later] { return later; };
+  p.wire.run_until([] { return false; }, 150'000'000);
+  p.wire.next_timer = nullptr;
+  // No frame comes for the number and no QP is created: polls alone free
+  // it (a few slots each; the table has 64).
+  for (int i = 0; i < 16; ++i) p.B().poll(p.wire.now());
+  EXPECT_EQ(p.B().quarantined_count(), 0u) << "an expired quarantine stayed until the table filled";
+}
+
 TEST(Quarantine, AQpDestroyedInErrorIsFreedAtOnce) {
   Pair p(9, 64 * 1024);
   auto q = p.connect();
