@@ -5,13 +5,18 @@
 # real captures (read in place). Prints, per target, the executions, the
 # rate, the coverage and the crashes; writes OUT/fuzz.tsv.
 #   tools/fuzz.sh [ASAN_BUILD_DIR] [OUT_DIR]     (FUZZ_RUNS=N, FUZZ_TARGETS="parser cm options transport session",
-#                                                 FUZZ_SECONDS=N to bound each target's time instead)
+#                                                 FUZZ_SECONDS=N to bound each target's time instead,
+#                                                 FUZZ_JOBS=N processes per target, default one per core)
+# With several jobs, each runs FUZZ_RUNS/N executions and all share one
+# corpus directory (libFuzzer re-reads it, so each finds what the others
+# found); the executions reported are their sum, the coverage the largest.
 set -u
 build=$(realpath "${1:-build-asan}")
 out=$(mkdir -p "${2:-fuzz-out}" && realpath "${2:-fuzz-out}")
 src=$(cd "$(dirname "$0")/.." && pwd)
 runs=${FUZZ_RUNS:-10000000}
 targets=${FUZZ_TARGETS:-"parser cm options transport session"}
+jobs=${FUZZ_JOBS:-$(nproc)}
 limit=()
 [ -n "${FUZZ_SECONDS:-}" ] && limit=(-max_total_time="$FUZZ_SECONDS")
 captures=$src/../shared/captures
@@ -53,20 +58,31 @@ for t in $targets; do
   corpus=$out/corpus-$t
   mkdir -p "$corpus" "$out/crashes-$t"
   seed "$t" "$corpus"
-  echo "== $t: $runs runs ($(ls "$corpus" | wc -l) seeds)"
+  echo "== $t: $runs runs in $jobs jobs ($(ls "$corpus" | wc -l) seeds)"
   t0=$(date +%s.%N)
-  "$bin" -runs="$runs" "${limit[@]}" -max_len=9000 -print_final_stats=1 -artifact_prefix="$out/crashes-$t/" "$corpus" \
-    > "$out/$t.log" 2>&1
-  rc=$?
+  pids=()
+  for j in $(seq 1 "$jobs"); do
+    "$bin" -runs=$(( (runs + jobs - 1) / jobs )) "${limit[@]}" -reload=10 -max_len=9000 -print_final_stats=1 \
+      -artifact_prefix="$out/crashes-$t/" "$corpus" > "$out/$t.$j.log" 2>&1 &
+    pids+=($!)
+  done
+  rc=0
+  for p in "${pids[@]}"; do wait "$p" || rc=$?; done
   t1=$(date +%s.%N)
   secs=$(echo "$t1 - $t0" | bc -l)
-  execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$out/$t.log" | tail -1)
-  cov=$(grep -oE 'cov: [0-9]+' "$out/$t.log" | tail -1 | awk '{print $2}')
-  ft=$(grep -oE 'ft: [0-9]+' "$out/$t.log" | tail -1 | awk '{print $2}')
+  execs=0 cov=0 ft=0
+  for j in $(seq 1 "$jobs"); do
+    e=$(sed -n 's/^stat::number_of_executed_units: *//p' "$out/$t.$j.log" | tail -1)
+    c=$(grep -oE 'cov: [0-9]+' "$out/$t.$j.log" | tail -1 | awk '{print $2}')
+    f=$(grep -oE 'ft: [0-9]+' "$out/$t.$j.log" | tail -1 | awk '{print $2}')
+    execs=$((execs + ${e:-0}))
+    [ "${c:-0}" -gt "$cov" ] && cov=$c
+    [ "${f:-0}" -gt "$ft" ] && ft=$f
+  done
   crashes=$(ls "$out/crashes-$t" | wc -l)
   [ $rc -ne 0 ] && [ "$crashes" -eq 0 ] && crashes="rc=$rc"
-  rate=$(echo "${execs:-0} / $secs" | bc)
-  printf '%s\t%s\t%.0f\t%s\t%s\t%s\t%s\n' "$t" "${execs:-?}" "$secs" "$rate" "${cov:-?}" "${ft:-?}" "$crashes" >> "$out/fuzz.tsv"
-  echo "  $t: ${execs:-?} executions in $(printf %.0f "$secs") s ($rate/s), cov ${cov:-?}, ft ${ft:-?}, crashes $crashes"
+  rate=$(echo "$execs / $secs" | bc)
+  printf '%s\t%s\t%.0f\t%s\t%s\t%s\t%s\n' "$t" "$execs" "$secs" "$rate" "$cov" "$ft" "$crashes" >> "$out/fuzz.tsv"
+  echo "  $t: $execs executions in $(printf %.0f "$secs") s ($rate/s, $jobs jobs), cov $cov, ft $ft, crashes $crashes"
 done
 column -t "$out/fuzz.tsv"

@@ -155,12 +155,14 @@ ParseResult parse_options(int argc, const char* const* argv, NodeOptions& out, s
         text = "cannot read config file '" + path + "'";
         return ParseResult::kError;
       }
-      std::string body(static_cast<std::size_t>(kMaxConfigBytes) + 1, '\0');
-      f.read(body.data(), static_cast<std::streamsize>(body.size()));
-      body.resize(static_cast<std::size_t>(f.gcount()));
-      if (body.size() > static_cast<std::size_t>(kMaxConfigBytes)) {  // it grew since the stat
-        text = "config file '" + path + "' is over " + std::to_string(kMaxConfigBytes) + " bytes";
-        return ParseResult::kError;
+      std::string body;  // read in chunks, up to one byte past the limit
+      char chunk[4096];
+      while (f.read(chunk, sizeof chunk) || f.gcount() > 0) {
+        body.append(chunk, static_cast<std::size_t>(f.gcount()));
+        if (body.size() > static_cast<std::size_t>(kMaxConfigBytes)) {  // it grew since the stat
+          text = "config file '" + path + "' is over " + std::to_string(kMaxConfigBytes) + " bytes";
+          return ParseResult::kError;
+        }
       }
       if (has_placeholder(body)) {
         text = "config file '" + path + "' holds a %name% token, which is not allowed in options";
