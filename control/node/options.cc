@@ -112,8 +112,8 @@ ParseResult parse_options(int argc, const char* const* argv, NodeOptions& out, s
       ("max-cqs", po::value(&lim.max_cqs), "CQs per session (default 256)")
       ("max-mrs", po::value(&lim.max_mrs), "MRs per session (default 1024)")
       ("max-mr-mb", po::value(&max_mr_mb), "registered MiB per session (default 4096)")
-      ("max-pending-rtr", po::value(&lim.max_pending_rtr), "RTRs parked for ARP per session (default 16)")
-      ("max-pending-rtr-total", po::value(&lim.max_pending_rtr_total), "RTRs parked for ARP in all (default 256)")
+      ("max-pending-rtr", po::value(&lim.max_pending_rtr), "RTRs and UD address resolutions parked for ARP, per session (default 16)")
+      ("max-pending-rtr-total", po::value(&lim.max_pending_rtr_total), "RTRs and UD address resolutions parked for ARP, in all (default 256)")
       ("no-rx-interrupts", po::bool_switch(&no_rx_intr),
        "poll on the tick even where the PMD has RX interrupts (net_tap, net_af_xdp, NICs)")
       ("idle-spin-us", po::value(&idle_cfg.spin_us), "keep polling this long after the last work, then sleep (default 5)")

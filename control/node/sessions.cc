@@ -473,7 +473,8 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
       auto scq = s.cqs.find(m.send_cq), rcq = s.cqs.find(m.recv_cq);
       if (pd == s.pds.end() || scq == s.cqs.end() || rcq == s.cqs.end())
         return fail(EINVAL, "no such PD or CQ in this session");
-      if (m.qp_type != IBV_QPT_RC && m.qp_type != IBV_QPT_UC) return fail(EINVAL, "QP type must be RC or UC here");
+      if (m.qp_type != IBV_QPT_RC && m.qp_type != IBV_QPT_UC && m.qp_type != IBV_QPT_UD)
+        return fail(EINVAL, "QP type must be RC, UC or UD");
       Srq* srq = nullptr;
       if (m.srq != 0) {
         auto sr = s.srqs.find(m.srq);
@@ -525,28 +526,42 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
       // the mask names, so nothing is defaulted or forced here.
       int mask = 0;
       const ibv_qp_attr a = abi::from_msg(m, mask);
+      // A controlled Q_Key (high bit set, IBTA 10.2.5) is the daemon's own:
+      // QP1 speaks the CM with one, and an application must not pose as it.
+      if ((mask & IBV_QP_QKEY) && (a.qkey & 0x80000000u))
+        return fail(EPERM, "a Q_Key with the high bit set is controlled (IBTA 10.2.5): not for applications");
       const ModifyResult res = eng_.modify_qp(q->second.qp, a, mask);
       if (res.err == EHOSTUNREACH && resolve_ != nullptr) {
         // Resolve the peer (ARP or ND) and answer when it is known, as a
         // kernel RDMA stack does while it resolves the address.
-        // Bounded: per session and in all, so a client cannot park requests
-        // (and their ARP traffic) without end.
-        std::size_t mine = 0;
-        for (const PendingModify& p : pending_) mine += p.session == s.id ? 1 : 0;
-        if (mine >= limits_.max_pending_rtr || pending_.size() >= limits_.max_pending_rtr_total)
-          return fail(EAGAIN, "too many RTRs already waiting for address resolution; try again");
         wire::IpAddr dgid;
         std::memcpy(dgid.b.data(), m.dgid, 16);
-        const std::uint64_t t = now_ms();
-        // One resolution per destination, however many QPs wait for it: the
-        // first request goes now, the next after 100 ms, then doubling to
-        // 1 s, as the kernel's neighbour code retries.
-        auto [r, fresh] = resolving_.try_emplace(dgid, Resolution{t + 100, 100});
-        if (fresh) resolve_(resolve_ctx_, dgid);
-        pending_.push_back({s.id, m.qp, h, a, mask, dgid, t + 3000});
+        if (!park(s, m.qp, h, a, mask, dgid))
+          return fail(EAGAIN, "too many requests already waiting for address resolution; try again");
         return;
       }
       return send_reply(sock, h, res.err, res.err ? res.why : "", nullptr, 0);
+    }
+    case UROCE_MSG_RESOLVE: {
+      // A UD address handle's MAC, as the kernel resolves one at
+      // ibv_create_ah: from the one neighbour table (the port's own address
+      // is in it, for loopback), or after ARP/ND.
+      uroce_resolve_msg m;
+      if (!take(m)) return;
+      wire::IpAddr dgid;
+      std::memcpy(dgid.b.data(), m.dgid, 16);
+      if (dgid.is_v4_mapped() ? dgid.b[12] == 0 || dgid.b[12] >= 224 : dgid.b[0] == 0xff)
+        return fail(EINVAL, "not a unicast address");
+      uroce_resolve_reply r{};
+      wire::MacAddr mac{};
+      if (eng_.neighbor(dgid, mac)) {
+        std::memcpy(r.mac, mac.data(), 6);
+        return send_reply(sock, h, 0, "", &r, sizeof r);
+      }
+      if (resolve_ == nullptr) return fail(EHOSTUNREACH, "no neighbour entry for the GID, and no way to resolve it");
+      if (!park(s, 0, h, ibv_qp_attr{}, 0, dgid))
+        return fail(EAGAIN, "too many requests already waiting for address resolution; try again");
+      return;
     }
     case UROCE_MSG_DESTROY: {
       uroce_destroy_msg m;
@@ -782,18 +797,47 @@ void SessionServer::close(Session& s) {
   s.page_map.unmap();
 }
 
+bool SessionServer::park(const Session& s, std::uint32_t qp_handle, const uroce_msg_hdr& h, const ibv_qp_attr& a,
+                         int mask, const wire::IpAddr& dgid) {
+  // Bounded: per session and in all, so a client cannot park requests (and
+  // their ARP traffic) without end.
+  std::size_t mine = 0;
+  for (const PendingRequest& p : pending_) mine += p.session == s.id ? 1 : 0;
+  if (mine >= limits_.max_pending_rtr || pending_.size() >= limits_.max_pending_rtr_total) return false;
+  const std::uint64_t t = now_ms();
+  // One resolution per destination, however many requests wait for it: the
+  // first ARP/ND goes now, the next after 100 ms, then doubling to 1 s, as
+  // the kernel's neighbour code retries.
+  auto [r, fresh] = resolving_.try_emplace(dgid, Resolution{t + 100, 100});
+  if (fresh) resolve_(resolve_ctx_, dgid);
+  pending_.push_back({s.id, qp_handle, h, a, mask, dgid, t + 3000});
+  return true;
+}
+
 std::size_t SessionServer::retry_pending() {
   if (pending_.empty()) return 0;
   const std::uint64_t t = now_ms();
   std::size_t done = 0;
   for (std::size_t i = 0; i < pending_.size();) {
-    PendingModify& p = pending_[i];
+    PendingRequest& p = pending_[i];
     auto s = sessions_.find(p.session);
-    const bool gone = s == sessions_.end() || s->second->qps.count(p.qp_handle) == 0;
+    const bool resolve = p.qp_handle == 0;
+    const bool gone = s == sessions_.end() || (!resolve && s->second->qps.count(p.qp_handle) == 0);
     ModifyResult res{EHOSTUNREACH, "no ARP/ND answer from the destination GID within 3 s"};
-    if (!gone) res = eng_.modify_qp(s->second->qps[p.qp_handle].qp, p.attr, p.mask);
+    uroce_resolve_reply r{};
+    if (!gone && resolve) {
+      wire::MacAddr mac{};
+      if (eng_.neighbor(p.dgid, mac)) {
+        std::memcpy(r.mac, mac.data(), 6);
+        res = {};
+      }
+    } else if (!gone) {
+      res = eng_.modify_qp(s->second->qps[p.qp_handle].qp, p.attr, p.mask);
+    }
     if (gone || res.err != EHOSTUNREACH || t >= p.deadline_ms) {
-      if (!gone) send_reply(s->second->sock.native_handle(), p.hdr, res.err, res.err ? res.why : "", nullptr, 0);
+      if (!gone)
+        send_reply(s->second->sock.native_handle(), p.hdr, res.err, res.err ? res.why : "", resolve && !res.err ? &r : nullptr,
+                   resolve && !res.err ? sizeof r : 0);
       pending_[i] = pending_.back();
       pending_.pop_back();
       ++done;
@@ -805,7 +849,7 @@ std::size_t SessionServer::retry_pending() {
   // nobody waits for any more.
   for (auto it = resolving_.begin(); it != resolving_.end();) {
     bool waited_for = false;
-    for (const PendingModify& p : pending_) waited_for = waited_for || p.dgid == it->first;
+    for (const PendingRequest& p : pending_) waited_for = waited_for || p.dgid == it->first;
     if (!waited_for) {
       it = resolving_.erase(it);
       continue;

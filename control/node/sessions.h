@@ -68,8 +68,9 @@ class SessionServer {
   void handle(Session& s, const uroce_msg_hdr& h, const std::uint8_t* body, std::vector<int>& fds);
   void close(Session& s);
 
-  /// A MODIFY_QP to RTR waiting for the peer's MAC (ARP/ND in flight).
-  struct PendingModify {
+  /// A request waiting for the MAC of `dgid` (ARP/ND in flight): a
+  /// MODIFY_QP to RTR, or a RESOLVE for a UD address handle (qp_handle 0).
+  struct PendingRequest {
     std::uint32_t session, qp_handle;
     uroce_msg_hdr hdr;
     ibv_qp_attr attr;
@@ -77,14 +78,17 @@ class SessionServer {
     wire::IpAddr dgid;
     std::uint64_t deadline_ms;
   };
-  /// A destination being resolved for parked RTRs: when to ask again.
+  /// A destination being resolved for parked requests: when to ask again.
   struct Resolution {
     std::uint64_t next_ms, interval_ms;
   };
   std::map<wire::IpAddr, Resolution> resolving_;
   std::size_t retry_pending();
+  /// Parks a request until dgid resolves (false: the bounds are reached).
+  bool park(const Session& s, std::uint32_t qp_handle, const uroce_msg_hdr& h, const ibv_qp_attr& a, int mask,
+            const wire::IpAddr& dgid);
 
-  std::vector<PendingModify> pending_;
+  std::vector<PendingRequest> pending_;
   std::unique_ptr<cm::CmAgent> cm_;  // RDMA CM on QP1, for every session
   Resolve resolve_;
   void* resolve_ctx_;

@@ -44,6 +44,10 @@ enum uroce_msg_type {
   UROCE_MSG_CM_REJECT = 13,     /* body: cm (id, private data);     reply: status */
   UROCE_MSG_CM_DISCONNECT = 14, /* body: cm (id);                   reply: status */
   UROCE_MSG_CM_EVENT = 15,      /* body: none;  reply: cm_event, or EAGAIN when there is none */
+  /* Minor 6: the MAC behind a GID, for a UD address handle (as the kernel
+   * resolves one at ibv_create_ah). Answered once known: at once from the
+   * neighbour table, or after ARP/ND, or EHOSTUNREACH after 3 s. */
+  UROCE_MSG_RESOLVE = 16,       /* body: resolve;  reply: resolve_reply */
 };
 
 struct uroce_msg_hdr {
@@ -92,7 +96,7 @@ struct uroce_create_cq_msg {
 
 struct uroce_create_qp_msg {
   uint32_t pd, send_cq, recv_cq;
-  uint32_t qp_type; /* enum ibv_qp_type: RC, UC */
+  uint32_t qp_type; /* enum ibv_qp_type: RC, UC; UD from minor 6 */
   uint32_t max_send_wr, max_recv_wr; /* ring sizes, rounded up to powers of two */
   uint32_t sq_sig_all;
   uint32_t srq; /* minor 2: an SRQ handle, or 0; with an SRQ, max_recv_wr is ignored */
@@ -159,6 +163,14 @@ struct uroce_cm_event_msg {
   uint8_t private_data[UROCE_CM_PRIVATE_MAX];
 };
 
+struct uroce_resolve_msg {
+  uint8_t dgid[16]; /* an IPv4-mapped or IPv6 address */
+};
+struct uroce_resolve_reply {
+  uint8_t mac[6];
+  uint16_t pad;
+};
+
 /* What this session may create (its limits) and what the daemon supports. */
 struct uroce_device_attr {
   uint32_t max_qp, max_cq, max_mr, max_pd;
@@ -177,6 +189,8 @@ UROCE_STATIC_ASSERT(sizeof(struct uroce_cm_msg) == 88, "cm is 88 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_cm_event_msg) == 96, "cm_event is 96 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_create_srq_msg) == 12, "create_srq is 12 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_create_qp_reply) == 24, "create_qp reply is 24 bytes");
+UROCE_STATIC_ASSERT(sizeof(struct uroce_resolve_msg) == 16, "resolve is 16 bytes");
+UROCE_STATIC_ASSERT(sizeof(struct uroce_resolve_reply) == 8, "resolve reply is 8 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_modify_qp_msg) == 72, "modify_qp is 72 bytes (64 before minor 5)");
 
 #ifdef __cplusplus

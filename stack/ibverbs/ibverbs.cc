@@ -5,9 +5,10 @@
 // layout; the objects wrap liburoce's (stack/verbs).
 //
 // Built so far: devices and contexts; the device, port, GID and P_Key
-// queries; PDs, MRs, completion channels (real descriptors), CQs, RC and
-// UC QPs, SRQs and async events, with the data path (post, poll, arm)
-// through the context's ops straight into liburoce's rings; and every
+// queries; PDs, MRs, completion channels (real descriptors), CQs, RC, UC
+// and UD QPs, UD address handles, SRQs and async events, with the data
+// path (post, poll, arm) through the context's ops straight into
+// liburoce's rings; and every
 // public symbol of Debian's libibverbs.so.1 with its exact version node
 // (the version script libibverbs.map), so any verbs binary loads. What is
 // not built yet fails cleanly: a function returning a pointer returns NULL
@@ -60,6 +61,7 @@
 #undef ibv_reg_mr
 #undef ibv_reg_mr_iova
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -661,7 +663,8 @@ int uroce_impl_ibv_destroy_srq(ibv_srq* srq) {
 
 ibv_qp* uroce_impl_ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
   if (!pd || !attr || !attr->send_cq || !attr->recv_cq) return fail_null<ibv_qp>(EINVAL);
-  if (attr->qp_type != IBV_QPT_RC && attr->qp_type != IBV_QPT_UC) return fail_null<ibv_qp>(EOPNOTSUPP);  // UD: not yet
+  if (attr->qp_type != IBV_QPT_RC && attr->qp_type != IBV_QPT_UC && attr->qp_type != IBV_QPT_UD)
+    return fail_null<ibv_qp>(EOPNOTSUPP);  // XRC, raw packet and driver QPs
   uroce_qp_init_attr ia{};
   ia.send_cq = ucq(attr->send_cq)->u;
   ia.recv_cq = ucq(attr->recv_cq)->u;
@@ -737,10 +740,52 @@ int ibv_set_ece(ibv_qp*, ibv_ece*) { return fail(EOPNOTSUPP); }
 int ibv_attach_mcast(ibv_qp*, const ibv_gid*, uint16_t) { return fail(EOPNOTSUPP); }
 int ibv_detach_mcast(ibv_qp*, const ibv_gid*, uint16_t) { return fail(EOPNOTSUPP); }
 
-ibv_ah* ibv_create_ah(ibv_pd*, ibv_ah_attr*) { return fail_null<ibv_ah>(EOPNOTSUPP); }
-int ibv_destroy_ah(ibv_ah*) { return fail(EOPNOTSUPP); }
-ibv_ah* ibv_create_ah_from_wc(ibv_pd*, ibv_wc*, ibv_grh*, uint8_t) { return fail_null<ibv_ah>(EOPNOTSUPP); }
-int ibv_init_ah_from_wc(ibv_context*, uint8_t, ibv_wc*, ibv_grh*, ibv_ah_attr*) { return fail(EOPNOTSUPP); }
+// UD address handles are liburoce's (the daemon resolves the MAC, as the
+// kernel does for rxe); rdma-core's struct is their first member.
+ibv_ah* ibv_create_ah(ibv_pd* pd, ibv_ah_attr* attr) {
+  if (!pd || !attr) return fail_null<ibv_ah>(EINVAL);
+  ibv_ah* ah = uroce_create_ah(reinterpret_cast<UPd*>(pd)->u, attr);
+  if (!ah) return fail_null<ibv_ah>(errno ? errno : EINVAL);
+  ah->context = pd->context;
+  ah->pd = pd;
+  return ah;
+}
+int ibv_destroy_ah(ibv_ah* ah) {
+  if (const int rc = uroce_destroy_ah(ah)) return fail(rc);
+  return 0;
+}
+int ibv_init_ah_from_wc(ibv_context* context, uint8_t port_num, ibv_wc* wc, ibv_grh* grh, ibv_ah_attr* ah_attr) {
+  // RoCE needs the GRH area of the receive: the IPv6 header, or for RoCE v2
+  // over IPv4 twenty bytes then the IPv4 header (IBTA A17.4.5.1).
+  if (!context || !wc || !grh || !ah_attr || port_num != 1 || !(wc->wc_flags & IBV_WC_GRH)) return fail(EINVAL);
+  const auto* b = reinterpret_cast<const uint8_t*>(grh);
+  *ah_attr = ibv_ah_attr{};
+  ah_attr->port_num = port_num;
+  ah_attr->sl = wc->sl;
+  ah_attr->is_global = 1;
+  ah_attr->grh.sgid_index = 0;
+  ah_attr->grh.hop_limit = 0xff;
+  const bool v4 = (b[20] >> 4) == 4 && std::all_of(b, b + 20, [](uint8_t x) { return x == 0; });
+  if (v4) {
+    uint8_t* gid = ah_attr->grh.dgid.raw;  // the sender's address, IPv4-mapped
+    gid[10] = gid[11] = 0xff;
+    std::memcpy(gid + 12, b + 20 + 12, 4);
+    ah_attr->grh.traffic_class = b[20 + 1];
+  } else if ((b[0] >> 4) == 6) {
+    std::memcpy(ah_attr->grh.dgid.raw, b + 8, 16);  // the IPv6 source address
+    ah_attr->grh.traffic_class = static_cast<uint8_t>(((b[0] & 0x0f) << 4) | (b[1] >> 4));
+    ah_attr->grh.flow_label = ((b[1] & 0x0fu) << 16) | (b[2] << 8) | b[3];
+  } else {
+    return fail(EINVAL);
+  }
+  return 0;
+}
+ibv_ah* ibv_create_ah_from_wc(ibv_pd* pd, ibv_wc* wc, ibv_grh* grh, uint8_t port_num) {
+  if (!pd) return fail_null<ibv_ah>(EINVAL);
+  ibv_ah_attr a{};
+  if (const int rc = ibv_init_ah_from_wc(pd->context, port_num, wc, grh, &a)) return fail_null<ibv_ah>(rc);
+  return ibv_create_ah(pd, &a);
+}
 int ibv_resolve_eth_l2_from_gid(ibv_context*, ibv_ah_attr*, uint8_t*, uint16_t*) { return fail(EOPNOTSUPP); }
 
 // The kernel ABI's marshalling helpers: uroce has no kernel ABI. They

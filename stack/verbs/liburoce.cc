@@ -299,6 +299,17 @@ struct uroce_device {
   std::string name, path;
 };
 
+/// A UD address handle: rdma-core's ibv_ah first (what wr.ud.ah points at),
+/// then the address vector a UD send entry carries.
+struct uroce_ah {
+  ibv_ah ah{};
+  std::uint32_t magic = kAhMagic;  // cleared at destroy, so a stale handle is refused
+  std::uint8_t dgid[16] = {};
+  std::uint8_t dmac[6] = {};
+  std::uint8_t traffic_class = 0;
+  static constexpr std::uint32_t kAhMagic = 0x55414821;
+};
+
 struct uroce_qp {
   uroce_context* ctx;
   std::uint32_t handle, qpn;
@@ -928,6 +939,29 @@ uroce_qp* uroce_create_qp(uroce_pd* pd, uroce_qp_init_attr* a) {
 
 std::uint32_t uroce_qp_num(const uroce_qp* qp) { return qp->qpn; }
 
+ibv_ah* uroce_create_ah(uroce_pd* pd, ibv_ah_attr* attr) {
+  if (!pd || !attr) return set_error(EINVAL, "no PD or attributes"), nullptr;
+  if (!attr->is_global) return set_error(EINVAL, "RoCE needs a global address (ah_attr.is_global)"), nullptr;
+  if (attr->port_num != 1) return set_error(EINVAL, "port_num must be 1"), nullptr;
+  uroce_resolve_msg m{};
+  std::memcpy(m.dgid, attr->grh.dgid.raw, 16);
+  uroce_resolve_reply r{};
+  if (call(pd->ctx, UROCE_MSG_RESOLVE, &m, sizeof m, -1, &r, sizeof r) != 0) return nullptr;
+  auto* ah = new uroce_ah;
+  std::memcpy(ah->dgid, attr->grh.dgid.raw, 16);
+  std::memcpy(ah->dmac, r.mac, 6);
+  ah->traffic_class = attr->grh.traffic_class;
+  return &ah->ah;
+}
+
+int uroce_destroy_ah(ibv_ah* ibv) {
+  auto* ah = reinterpret_cast<uroce_ah*>(ibv);
+  if (!ah || ah->magic != uroce_ah::kAhMagic) return set_error(EINVAL, "not an address handle");
+  ah->magic = 0;
+  delete ah;
+  return 0;
+}
+
 int uroce_modify_qp(uroce_qp* qp, ibv_qp_attr* a, int mask) {
   if (!qp || !a) return set_error(EINVAL, "no QP or attributes");
   const uroce_modify_qp_msg m = abi::to_msg(*a, mask, qp->handle);
@@ -982,7 +1016,21 @@ int uroce_post_send(uroce_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
     e.send_flags = static_cast<std::uint16_t>(wr->send_flags);
     if (wr->opcode == IBV_WR_SEND_WITH_IMM || wr->opcode == IBV_WR_RDMA_WRITE_WITH_IMM) e.imm_or_inv = ntohl(wr->imm_data);
     if (wr->opcode == IBV_WR_SEND_WITH_INV) e.imm_or_inv = wr->invalidate_rkey;
-    if (wr->opcode == IBV_WR_ATOMIC_CMP_AND_SWP || wr->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) {
+    if (qp->init.qp_type == IBV_QPT_UD) {
+      // The address vector, where a UD send entry carries it.
+      const auto* ah = reinterpret_cast<const uroce_ah*>(wr->wr.ud.ah);
+      if (ah == nullptr || ah->magic != uroce_ah::kAhMagic) {
+        if (bad) *bad = wr;
+        qp->ctx->kick();
+        return set_error(EINVAL, "a UD send needs an address handle from ibv_create_ah");
+      }
+      e.remote_qpn = wr->wr.ud.remote_qpn;
+      e.remote_qkey = wr->wr.ud.remote_qkey;
+      auto* b = reinterpret_cast<std::uint8_t*>(&e);
+      std::memcpy(b + UROCE_UD_DGID_OFFSET, ah->dgid, 16);
+      std::memcpy(b + UROCE_UD_DMAC_OFFSET, ah->dmac, 6);
+      b[UROCE_UD_TCLASS_OFFSET] = ah->traffic_class;
+    } else if (wr->opcode == IBV_WR_ATOMIC_CMP_AND_SWP || wr->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) {
       e.remote_addr = wr->wr.atomic.remote_addr;
       e.rkey = wr->wr.atomic.rkey;
       e.compare_add = wr->wr.atomic.compare_add;

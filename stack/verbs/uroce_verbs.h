@@ -59,7 +59,7 @@ struct uroce_device;
 struct uroce_qp_init_attr {
   struct uroce_cq* send_cq;
   struct uroce_cq* recv_cq;
-  enum ibv_qp_type qp_type; /* IBV_QPT_RC or IBV_QPT_UC */
+  enum ibv_qp_type qp_type; /* IBV_QPT_RC, IBV_QPT_UC or IBV_QPT_UD */
   struct ibv_qp_cap cap;    /* max_send_wr, max_recv_wr (max_send_sge/max_recv_sge <= 4) */
   int sq_sig_all;
   struct uroce_srq* srq; /* receives come from this SRQ; cap.max_recv_wr is then ignored */
@@ -140,6 +140,15 @@ int uroce_destroy_cq(struct uroce_cq* cq);
 
 struct uroce_qp* uroce_create_qp(struct uroce_pd* pd, struct uroce_qp_init_attr* attr);
 uint32_t uroce_qp_num(const struct uroce_qp* qp);
+
+/* UD address handles (uroced ABI minor 6). As the kernel does at
+ * ibv_create_ah, uroced resolves the MAC behind attr->grh.dgid (at once
+ * from its neighbour table, else by ARP/ND, waiting up to 3 s; then
+ * EHOSTUNREACH). attr->is_global must be set (RoCE) and port_num 1. The
+ * returned ibv_ah is what a UD send names in wr.ud.ah; its context and pd
+ * fields are left for the caller. */
+struct ibv_ah* uroce_create_ah(struct uroce_pd* pd, struct ibv_ah_attr* attr);
+int uroce_destroy_ah(struct ibv_ah* ah);
 int uroce_modify_qp(struct uroce_qp* qp, struct ibv_qp_attr* attr, int attr_mask);
 int uroce_destroy_qp(struct uroce_qp* qp);
 /* The QP's current attributes from the daemon (all of them, whatever attr_mask says). */

@@ -651,6 +651,150 @@ int events(const char* sa, const char* sb) {
   return g_fail == 0 ? 0 : 1;
 }
 
+/// UD through the library: a UD QP on each daemon, address handles
+/// resolved by the daemons (ARP over the link), 64 datagrams each way with
+/// every byte, the GRH area and the source QP checked; a wrong Q_Key is
+/// dropped; and what must be refused is.
+bool ud_up(uroce_qp* qp, std::uint32_t qkey) {
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_INIT;
+  a.port_num = 1;
+  a.qkey = qkey;
+  if (uroce_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY) != 0) return false;
+  a = ibv_qp_attr{};
+  a.qp_state = IBV_QPS_RTR;
+  if (uroce_modify_qp(qp, &a, IBV_QP_STATE) != 0) return false;
+  a.qp_state = IBV_QPS_RTS;
+  a.sq_psn = 0x123;
+  return uroce_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN) == 0;
+}
+
+int ud(const char* sa, const char* sb) {
+  End a, b;
+  check(open_end(a, sa, false) && open_end(b, sb, false), "both applications open");
+  if (g_fail) return 1;
+  constexpr std::uint32_t kQkey = 0x11111111;
+  uroce_qp_init_attr ia{};
+  ia.qp_type = IBV_QPT_UD;
+  ia.cap.max_send_wr = ia.cap.max_recv_wr = 64;
+  ia.send_cq = ia.recv_cq = a.cq;
+  uroce_qp* qa = uroce_create_qp(a.pd, &ia);
+  ia.send_cq = ia.recv_cq = b.cq;
+  uroce_qp* qb = uroce_create_qp(b.pd, &ia);
+  check(qa && qb, "a UD QP on each daemon");
+  if (g_fail) return 1;
+  {
+    ibv_qp_attr k{};
+    k.qp_state = IBV_QPS_INIT;
+    k.port_num = 1;
+    k.qkey = 0x80010000;  // QP1's controlled Q_Key
+    check(uroce_modify_qp(qa, &k, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY) == EPERM,
+          "a controlled Q_Key (high bit) is refused: EPERM");
+  }
+  check(ud_up(qa, kQkey) && ud_up(qb, kQkey), "both UD QPs to RTS");
+  ibv_ah_attr aa{};
+  aa.is_global = 1;
+  aa.port_num = 1;
+  aa.grh.dgid = b.gid;
+  ibv_ah* to_b = uroce_create_ah(a.pd, &aa);
+  aa.grh.dgid = a.gid;
+  ibv_ah* to_a = uroce_create_ah(b.pd, &aa);
+  check(to_b && to_a, "address handles: each daemon resolves the other's MAC");
+  {
+    ibv_ah_attr bad = aa;
+    bad.is_global = 0;
+    check(uroce_create_ah(a.pd, &bad) == nullptr && errno == EINVAL, "an AH without a GRH: EINVAL (RoCE needs one)");
+    bad = aa;
+    std::memset(bad.grh.dgid.raw, 0, 16);
+    bad.grh.dgid.raw[10] = bad.grh.dgid.raw[11] = 0xff;
+    bad.grh.dgid.raw[12] = 239;  // multicast
+    check(uroce_create_ah(a.pd, &bad) == nullptr && errno == EINVAL, "an AH to a multicast address: EINVAL");
+    bad.grh.dgid.raw[12] = 10;
+    bad.grh.dgid.raw[13] = 250;  // nobody there
+    const auto t0 = std::chrono::steady_clock::now();
+    const bool refused = uroce_create_ah(a.pd, &bad) == nullptr && errno == EHOSTUNREACH;
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    check(refused && secs > 2 && secs < 10, "an AH to an address nobody answers: EHOSTUNREACH after the 3 s of ARP");
+  }
+  if (!to_a || !to_b) return 1;
+  // B posts receives: a 40-byte GRH area, then the payload.
+  constexpr int kMsgs = 64;
+  constexpr std::uint32_t kLen = 1000;
+  auto post_recvs = [](End& e, uroce_qp* qp, int n) {
+    for (int i = 0; i < n; ++i) {
+      ibv_sge rs{reinterpret_cast<std::uint64_t>(e.buf) + 65536 + 2048 * i, 40 + kLen, uroce_mr_lkey(e.mr)};
+      ibv_recv_wr rw{};
+      rw.wr_id = 500 + i;
+      rw.sg_list = &rs;
+      rw.num_sge = 1;
+      if (uroce_post_recv(qp, &rw, nullptr) != 0) return false;
+    }
+    return true;
+  };
+  auto send_ud = [](End& e, uroce_qp* qp, ibv_ah* ah, std::uint32_t qpn, std::uint32_t qkey, int i) {
+    std::uint8_t* p = e.buf + 8192 + 1024 * (i % 32);
+    for (std::uint32_t k = 0; k < kLen; ++k) p[k] = static_cast<std::uint8_t>(i * 7 + k);
+    ibv_sge ss{reinterpret_cast<std::uint64_t>(p), kLen, uroce_mr_lkey(e.mr)};
+    ibv_send_wr w{};
+    w.wr_id = 900 + i;
+    w.opcode = IBV_WR_SEND;
+    w.send_flags = IBV_SEND_SIGNALED;
+    w.sg_list = &ss;
+    w.num_sge = 1;
+    w.wr.ud.ah = ah;
+    w.wr.ud.remote_qpn = qpn;
+    w.wr.ud.remote_qkey = qkey;
+    ibv_wc wc{};
+    return uroce_post_send(qp, &w, nullptr) == 0 && wait_wc(e, wc) && wc.status == IBV_WC_SUCCESS &&
+           wc.wr_id == 900u + i;
+  };
+  auto recv_ud = [](End& e, uroce_qp* qp, const End& from, std::uint32_t from_qpn, int i) {
+    ibv_wc wc{};
+    if (!wait_wc(e, wc) || wc.status != IBV_WC_SUCCESS || wc.opcode != IBV_WC_RECV || wc.byte_len != 40 + kLen ||
+        !(wc.wc_flags & IBV_WC_GRH) || wc.src_qp != from_qpn || wc.qp_num != uroce_qp_num(qp))
+      return false;
+    const std::uint8_t* r = e.buf + 65536 + 2048 * (wc.wr_id - 500);
+    // RoCE v2 over IPv4: 20 bytes, then the IPv4 header, its source the sender.
+    if (r[20] != 0x45 || std::memcmp(r + 20 + 12, from.gid.raw + 12, 4) != 0) return false;
+    for (std::uint32_t k = 0; k < kLen; ++k)
+      if (r[40 + k] != static_cast<std::uint8_t>(i * 7 + k)) return false;
+    return true;
+  };
+  int ab = 0, ba = 0;
+  for (int round = 0; round < kMsgs / 16; ++round) {
+    check(post_recvs(b, qb, 16) && post_recvs(a, qa, 16), "receives posted");
+    for (int i = round * 16; i < round * 16 + 16; ++i) {
+      if (send_ud(a, qa, to_b, uroce_qp_num(qb), kQkey, i) && recv_ud(b, qb, a, uroce_qp_num(qa), i)) ++ab;
+      if (send_ud(b, qb, to_a, uroce_qp_num(qa), kQkey, i) && recv_ud(a, qa, b, uroce_qp_num(qb), i)) ++ba;
+    }
+  }
+  check(ab == kMsgs && ba == kMsgs, "64 datagrams each way, every byte, the GRH and the source QP right");
+  // A wrong Q_Key: sent (UD does not know), dropped by B; the next, right one arrives.
+  check(post_recvs(b, qb, 1) && send_ud(a, qa, to_b, uroce_qp_num(qb), kQkey + 1, 1000), "a datagram with a wrong Q_Key is sent");
+  check(send_ud(a, qa, to_b, uroce_qp_num(qb), kQkey, 1001) && recv_ud(b, qb, a, uroce_qp_num(qa), 1001),
+        "... dropped by the receiver: the next datagram takes the receive");
+  {
+    ibv_sge ss{reinterpret_cast<std::uint64_t>(a.buf), 16, uroce_mr_lkey(a.mr)};
+    ibv_send_wr w{};
+    w.opcode = IBV_WR_SEND;
+    w.sg_list = &ss;
+    w.num_sge = 1;
+    ibv_send_wr* bw = nullptr;
+    check(uroce_post_send(qa, &w, &bw) == EINVAL && bw == &w, "a UD send without an AH: EINVAL");
+    w.opcode = IBV_WR_RDMA_WRITE;
+    w.wr.ud.ah = to_b;
+    ibv_wc wc{};
+    check(uroce_post_send(qa, &w, &bw) != 0 || (wait_wc(a, wc) && wc.status != IBV_WC_SUCCESS),
+          "a WRITE on a UD QP is refused");
+  }
+  check(uroce_destroy_ah(to_b) == 0 && uroce_destroy_ah(to_a) == 0, "address handles destroyed");
+  check(uroce_destroy_qp(qa) == 0 && uroce_destroy_qp(qb) == 0, "UD QPs destroyed");
+  uroce_close_device(a.ctx);
+  uroce_close_device(b.ctx);
+  std::printf("%d passed, %d failed\n", g_pass, g_fail);
+  return g_fail == 0 ? 0 : 1;
+}
+
 /// Two QPs on B share one SRQ; A sends on both; every receive is consumed
 /// from the SRQ and names the QP it arrived on.
 int srq(const char* sa, const char* sb) {
@@ -1414,6 +1558,7 @@ int main(int argc, char** argv) {
   }
   if (argc >= 4 && std::string(argv[1]) == "events") return events(argv[2], argv[3]);
   if (argc >= 4 && std::string(argv[1]) == "srq") return srq(argv[2], argv[3]);
+  if (argc >= 4 && std::string(argv[1]) == "ud") return ud(argv[2], argv[3]);
   if (argc >= 4 && std::string(argv[1]) == "cm") return cm(argv[2], argv[3]);
   if (argc >= 3 && std::string(argv[1]) == "fork") return forked(argv[2]);
   if (argc >= 3 && std::string(argv[1]) == "devices") return devices(std::atoi(argv[2]));
@@ -1427,6 +1572,6 @@ int main(int argc, char** argv) {
   if (argc >= 4 && std::string(argv[1]) == "cqoverflow") return cqoverflow(argv[2], argv[3]);
   if (argc >= 5 && std::string(argv[1]) == "rnr") return rnr(argv[2], argv[3], std::atol(argv[4]));
   if (argc >= 5 && std::string(argv[1]) == "wakes") return wakes(argv[2], std::atol(argv[3]), std::atol(argv[4]));
-  std::fprintf(stderr, "usage: app_pair ops|hostile|events|srq SOCK_A SOCK_B | crash SOCK_A | oob SOCK_A SOCK_B PORT | devices N | wakes SOCK N BOUND_MS | rnr SOCK_A SOCK_B N | sqfull|rings|cqoverflow SOCK_A SOCK_B | seams SOCK DAEMON_PID | rtrflood SOCK N\n");
+  std::fprintf(stderr, "usage: app_pair ops|hostile|events|srq|ud SOCK_A SOCK_B | crash SOCK_A | oob SOCK_A SOCK_B PORT | devices N | wakes SOCK N BOUND_MS | rnr SOCK_A SOCK_B N | sqfull|rings|cqoverflow SOCK_A SOCK_B | seams SOCK DAEMON_PID | rtrflood SOCK N\n");
   return 2;
 }

@@ -41,6 +41,11 @@ echo "== a shared receive queue feeding two QPs"
 tail -3 "$TMP/srq.out" | sed 's/^/  /'
 check "srq: all checks passed" "[ $rc -eq 0 ] && grep -qE '^[1-9][0-9]* passed, 0 failed' '$TMP/srq.out'"
 
+echo "== UD through the library: address handles resolved by the daemons, datagrams both ways"
+"$APP" ud "$TMP/a.app" "$TMP/b.app" > "$TMP/ud.out" 2>&1; rc=$?
+grep FAIL "$TMP/ud.out" | sed 's/^/  /'; tail -1 "$TMP/ud.out" | sed 's/^/  /'
+check "ud: all checks passed" "[ $rc -eq 0 ] && grep -qE '^[1-9][0-9]* passed, 0 failed' '$TMP/ud.out'"
+
 echo "== RDMA CM: the handshake on QP1, data, reject, disconnect, a client that dies"
 "$APP" cm "$TMP/a.app" "$TMP/b.app" > "$TMP/cm.out" 2>&1; rc=$?
 grep FAIL "$TMP/cm.out" | sed 's/^/  /'; tail -1 "$TMP/cm.out" | sed 's/^/  /'
