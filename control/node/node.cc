@@ -260,7 +260,7 @@ nlohmann::ordered_json Node::status() const {
     const auto ps = ports_[k]->stats();
     o["ethdev" + (k ? "_" + std::to_string(k) : std::string())] = {
         {"rx", ps.rx_frames},         {"tx", ps.tx_frames},       {"tx_dropped", ps.tx_dropped},
-        {"tx_zero_copy", ps.tx_zero_copy}, {"tx_copied", ps.tx_copied}, {"imissed", ps.hw_imissed},
+        {"tx_zero_copy", ps.tx_zero_copy}, {"tx_copied", ps.tx_copied}, {"tx_looped", ps.tx_looped}, {"imissed", ps.hw_imissed},
         {"dispatch_drops", ports_[k]->dispatch_drops()}};
   }
   return o;

@@ -4,6 +4,7 @@
 #include <rte_eal.h>
 #include <rte_errno.h>
 #include <rte_ethdev.h>
+#include <rte_ip.h>
 #include <rte_mbuf.h>
 #include <rte_ring.h>
 
@@ -63,6 +64,10 @@ struct Port::Queue : pipeline::PortIo {
   [[nodiscard]] wire::MacAddr mac() const override { return mac_; }
   bool tx_zero_copy(const transport::TxFrame& f);
   void mark_offloads(rte_mbuf* b, const transport::TxFrame& f) const;
+  /// Whether a frame is addressed to this port's own MAC: looped back, never
+  /// sent (as a NIC loops frames between its own functions).
+  [[nodiscard]] bool to_self(const std::uint8_t* frame) const { return std::memcmp(frame, mac_.data(), 6) == 0; }
+  bool loop_back(rte_mbuf* b);
 };
 
 struct Port::Impl {
@@ -78,6 +83,10 @@ struct Port::Impl {
   std::vector<std::unique_ptr<Queue>> queues;  // one per shard
   std::vector<rte_ring*> rings;                // sharded only: RX, one per shard
   rte_ring* tx_funnel = nullptr;               // sharded only: workers' TX, sent by shard 0
+  /// Frames to the port's own MAC (two QPs on one device): every shard may
+  /// put them here; the RX side (the only queue, or shard 0's dispatcher)
+  /// takes them before the device's.
+  rte_ring* loop = nullptr;
   std::uint64_t dispatch_drops = 0;
   std::uint64_t funnel_drops = 0;
   int rx_intr_fd = -1;  // RX queue 0's interrupt, when the PMD has one
@@ -228,6 +237,12 @@ std::unique_ptr<Port> Port::open(const PortOptions& o, std::string& err) {
     }
     m.queues.push_back(std::move(qu));
   }
+  const std::string ln = "uroce_loop_" + std::to_string(m.port_id);
+  m.loop = rte_ring_create(ln.c_str(), 1024, socket, RING_F_SC_DEQ);  // many producers, one consumer
+  if (m.loop == nullptr) {
+    err = std::string("loopback ring: ") + rte_strerror(rte_errno);
+    return nullptr;
+  }
   if (nq > 1) {
     const std::string fn = "uroce_txf_" + std::to_string(m.port_id);
     m.tx_funnel = rte_ring_create(fn.c_str(), 8192, socket, RING_F_SC_DEQ);  // many producers, one consumer
@@ -280,6 +295,7 @@ Port::~Port() {
   delete t;
   std::vector<rte_ring*> all = impl_->rings;
   if (impl_->tx_funnel) all.push_back(impl_->tx_funnel);
+  if (impl_->loop) all.push_back(impl_->loop);
   for (rte_ring* r : all) {
     rte_mbuf* b;
     while (rte_ring_sc_dequeue(r, reinterpret_cast<void**>(&b)) == 0) rte_pktmbuf_free(b);
@@ -326,7 +342,8 @@ std::uint16_t Port::dispatch(Owner owner) {
     }
   }
   rte_mbuf* in[kBurst];
-  const std::uint16_t n = rte_eth_rx_burst(m.port_id, 0, in, kBurst);
+  std::uint16_t n = static_cast<std::uint16_t>(rte_ring_sc_dequeue_burst(m.loop, reinterpret_cast<void**>(in), kBurst, nullptr));
+  n = static_cast<std::uint16_t>(n + rte_eth_rx_burst(m.port_id, 0, in + n, static_cast<std::uint16_t>(kBurst - n)));
   const auto nq = static_cast<std::uint16_t>(m.queues.size());
   for (std::uint16_t i = 0; i < n; ++i) {
     rte_mbuf* b = in[i];
@@ -350,9 +367,15 @@ std::uint16_t Port::dispatch(Owner owner) {
 std::uint16_t Port::Queue::rx_burst(pipeline::RxFrame* out, std::uint16_t max) {
   Queue& m = *this;
   rx_done();
-  m.nrx = ring ? static_cast<std::uint16_t>(rte_ring_sc_dequeue_burst(ring, reinterpret_cast<void**>(m.rxb),
-                                                                       std::min(max, kBurst), nullptr))
-               : rte_eth_rx_burst(dev->port_id, 0, m.rxb, std::min(max, kBurst));
+  const std::uint16_t want = std::min(max, kBurst);
+  std::uint16_t looped = 0;  // counted as tx_looped, not as frames from the wire
+  if (ring) {
+    m.nrx = static_cast<std::uint16_t>(rte_ring_sc_dequeue_burst(ring, reinterpret_cast<void**>(m.rxb), want, nullptr));
+  } else {
+    // Unsharded: the frames looped back to this port, then the device's.
+    looped = static_cast<std::uint16_t>(rte_ring_sc_dequeue_burst(dev->loop, reinterpret_cast<void**>(m.rxb), want, nullptr));
+    m.nrx = static_cast<std::uint16_t>(looped + rte_eth_rx_burst(dev->port_id, 0, m.rxb + looped, static_cast<std::uint16_t>(want - looped)));
+  }
   for (std::uint16_t i = 0; i < m.nrx; ++i) {
     rte_mbuf* b = m.rxb[i];
     if (b->nb_segs == 1) {
@@ -366,7 +389,7 @@ std::uint16_t Port::Queue::rx_burst(pipeline::RxFrame* out, std::uint16_t max) {
       ++m.st.rx_linearized;
     }
   }
-  m.st.rx_frames += m.nrx;
+  m.st.rx_frames += m.nrx - looped;
   return m.nrx;
 }
 
@@ -376,10 +399,29 @@ void Port::Queue::rx_done() {
   m.nrx = 0;
 }
 
+bool Port::Queue::loop_back(rte_mbuf* b) {
+  // The builder left the IPv4 header checksum to the port's offload, which
+  // a looped frame never reaches: compute it here.
+  if (b->ol_flags & RTE_MBUF_F_TX_IP_CKSUM) {
+    auto* ip = rte_pktmbuf_mtod_offset(b, rte_ipv4_hdr*, b->l2_len);
+    ip->hdr_checksum = 0;
+    ip->hdr_checksum = rte_ipv4_cksum(ip);
+    b->ol_flags &= ~(RTE_MBUF_F_TX_IPV4 | RTE_MBUF_F_TX_IP_CKSUM);
+  }
+  if (rte_ring_mp_enqueue(dev->loop, b) != 0) {
+    rte_pktmbuf_free(b);
+    ++st.tx_dropped;
+    return false;
+  }
+  ++st.tx_looped;
+  return true;
+}
+
 bool Port::Queue::tx(const transport::TxFrame& f) {
   Queue& m = *this;
   if (m.ntx == kBurst) tx_flush();
-  if (dev->zero_copy) {
+  const bool self = f.hdr_len >= 6 && to_self(f.hdr);  // copied: a looped frame must not borrow memory
+  if (dev->zero_copy && !self) {
     std::size_t payload = 0;
     bool external = f.nseg > 0;
     for (std::uint8_t i = 0; i < f.nseg; ++i) {
@@ -405,6 +447,7 @@ bool Port::Queue::tx(const transport::TxFrame& f) {
   // The copy path: one contiguous segment that every PMD accepts.
   f.copy_to(wire::Bytes(reinterpret_cast<std::uint8_t*>(dst), n));
   mark_offloads(b, f);
+  if (self) return loop_back(b);
   m.txb[m.ntx++] = b;
   return true;
 }
@@ -481,6 +524,7 @@ bool Port::Queue::tx_raw(wire::ConstBytes frame) {
     return false;
   }
   std::memcpy(dst, frame.data(), frame.size());
+  if (frame.size() >= 6 && to_self(frame.data())) return loop_back(b);
   m.txb[m.ntx++] = b;
   return true;
 }
@@ -518,6 +562,7 @@ PortStats Port::stats() const {
     s.rx_linearized += q->st.rx_linearized;
     s.tx_zero_copy += q->st.tx_zero_copy;
     s.tx_copied += q->st.tx_copied;
+    s.tx_looped += q->st.tx_looped;
   }
   rte_eth_stats e{};
   if (rte_eth_stats_get(impl_->port_id, &e) == 0) {

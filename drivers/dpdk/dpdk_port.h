@@ -56,6 +56,7 @@ struct PortOptions {
 
 struct PortStats {
   std::uint64_t rx_frames = 0, tx_frames = 0, tx_dropped = 0, rx_linearized = 0, tx_zero_copy = 0, tx_copied = 0;
+  std::uint64_t tx_looped = 0;  // frames to the port's own MAC, looped back to its RX
   std::uint64_t hw_ipackets = 0, hw_opackets = 0, hw_imissed = 0, hw_ierrors = 0, hw_oerrors = 0;
 };
 

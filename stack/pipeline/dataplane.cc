@@ -11,8 +11,11 @@ Dataplane::Dataplane(transport::Engine& eng, PortIo& port, Neighbors& neigh, std
     : eng_(eng), port_(port), neigh_(neigh), rx_fault_(seed * 2 + 1), tx_fault_(seed * 2 + 2) {}
 
 void Dataplane::dispatch(wire::ConstBytes frame, std::uint64_t now) {
-  // af_packet and tap can hand us what we sent ourselves.
-  if (frame.size() >= 12 && std::memcmp(frame.data() + 6, port_.mac().data(), 6) == 0) {
+  // af_packet and tap can hand us what we sent ourselves. (A frame to our
+  // own MAC as well is one the port looped back, two QPs on this device:
+  // never sent, so never echoed.)
+  if (frame.size() >= 12 && std::memcmp(frame.data() + 6, port_.mac().data(), 6) == 0 &&
+      std::memcmp(frame.data(), port_.mac().data(), 6) != 0) {
     inc(DpCounter::rx_own);
     return;
   }

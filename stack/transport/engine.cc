@@ -52,6 +52,9 @@ std::size_t TxFrame::copy_to(wire::Bytes out) const {
 
 Engine::Engine(const EngineConfig& cfg) : cfg_(cfg), mrs_(cfg.max_mrs, cfg.seed), tx_(cfg.tx_ring) {
   if (cfg_.qpn_stride == 0) cfg_.qpn_stride = 1;
+  // The port's own address, for QPs connected on this device (loopback):
+  // the driver turns frames to its own MAC around.
+  if (cfg_.ip != wire::IpAddr{}) neighbors_.add_static(cfg_.ip, cfg_.mac);
   qps_.resize(cfg.max_qps);
   active_.reserve(cfg.max_qps);
   ack_waiters_.reserve(cfg.max_qps);

@@ -1,20 +1,23 @@
 #!/bin/bash
 # Unmodified verbs programs on uroce: Debian's own ibv_devices, ibv_devinfo
-# and ibv_rc_pingpong (ibverbs-utils, linked BIND_NOW against
-# libibverbs.so.1) with uroce's libibverbs.so.1 first on LD_LIBRARY_PATH,
-# against uroced daemons whose application sockets are in UROCE_RUN_DIR:
-# the device queries, and RC pingpong between two daemons over memif with
-# every received buffer checked, in event and polling modes. Also: the
-# library exports every public symbol of Debian's libibverbs.so.1 with its
-# exact version, and what it cannot do yet (UD) is refused cleanly.
+# and ibv_{rc,uc,ud,srq}_pingpong (ibverbs-utils, linked BIND_NOW against
+# libibverbs.so.1) and perftest, with uroce's libibverbs.so.1 first on
+# LD_LIBRARY_PATH, against uroced daemons whose application sockets are in
+# UROCE_RUN_DIR: the device queries, and the pingpongs between two daemons
+# over memif with every received buffer checked, in event and polling
+# modes. Also: the library exports every public symbol of Debian's
+# libibverbs.so.1 with its exact version, and what uroce does not do (XRC)
+# is refused cleanly.
 . "$(dirname "$0")/lib.sh"
 need_root
 # uroced's EAL loads DPDK's mlx5 plugin, which needs the system's
 # libibverbs: only the verbs programs get uroce's.
 unset LD_LIBRARY_PATH
 IBV_DIR=${UROCE_IBVERBS_DIR:?the folder of the uroce libibverbs.so.1}
+URUN=${UROCE_RUN:?the path of tools/uroce-run}
+LOOP=${VERBS_LOOPBACK:?the path of verbs_loopback}
 SYSLIB=$(ls /usr/lib/*/libibverbs.so.1 2>/dev/null | head -1)
-for t in ibv_devices ibv_devinfo ibv_rc_pingpong ibv_ud_pingpong; do
+for t in ibv_devices ibv_devinfo ibv_rc_pingpong ibv_uc_pingpong ibv_ud_pingpong ibv_srq_pingpong ibv_xsrq_pingpong; do
   command -v $t > /dev/null || { echo "SKIP: $t is not installed (ibverbs-utils)"; exit 77; }
 done
 
@@ -37,8 +40,12 @@ check "ibv_query_gid_type@IBVERBS_PRIVATE_34 too (ibv_devinfo needs it)" \
 
 echo "== no uroce device: an empty list, not an error"
 mkdir -p "$TMP/run"
-UROCE_RUN_DIR="$TMP/run" LD_LIBRARY_PATH="$IBV_DIR" ibv_devices > "$TMP/none.out" 2>&1; rc=$?
+"$URUN" --lib "$IBV_DIR" --run-dir "$TMP/run" ibv_devices > "$TMP/none.out" 2>&1; rc=$?
 check "ibv_devices with no device: exit 0, none listed" "[ $rc -eq 0 ] && ! grep -q uroce '$TMP/none.out'"
+"$URUN" --lib "$TMP/nowhere" ibv_devices > "$TMP/nolib.out" 2>&1; rc=$?
+check "uroce-run without the library: exit 2, and says why" "[ $rc -eq 2 ] && grep -q 'libibverbs.so.1' '$TMP/nolib.out'"
+"$URUN" --lib "$IBV_DIR" --socket "$TMP/nosuch.sock" ibv_devices > "$TMP/nosock.out" 2>&1; rc=$?
+check "uroce-run --socket to no daemon: exit 2, and says why" "[ $rc -eq 2 ] && grep -q 'not a socket' '$TMP/nosock.out'"
 
 # Two daemons over memif, each with its application socket in its own run
 # folder: the verbs programs on each side see one device, uroce0.
@@ -51,7 +58,8 @@ start_daemon "" db --port net_memif0 --vdev "net_memif0,role=client,socket=$TMP/
   --app-socket "$TMP/run_b/uroce0.sock"
 DB=$LAST_PID
 for i in $(seq 50); do [ -S "$TMP/run_b/uroce0.sock" ] && break; sleep 0.1; done
-run() { UROCE_RUN_DIR="$TMP/run" LD_LIBRARY_PATH="$IBV_DIR" timeout 20 "$@"; }
+# Every verbs program runs as a user would run it: through uroce-run.
+run() { timeout 20 "$URUN" --lib "$IBV_DIR" --run-dir "$TMP/run" "$@"; }
 
 echo "== ibv_devices"
 run ibv_devices > "$TMP/devices.out" 2>&1; rc=$?
@@ -69,22 +77,33 @@ check "port 1 active, Ethernet link layer" \
   "grep -qE 'state:\s+PORT_ACTIVE \(4\)' '$TMP/devinfo.out' && grep -qE 'link_layer:\s+Ethernet' '$TMP/devinfo.out'"
 check "GID 0 is the port's address as a RoCE v2 GID" "grep -qE 'GID\[ *0\]:\s+::ffff:10.96.0.1, RoCE v2' '$TMP/devinfo.out'"
 
-echo "== ibv_rc_pingpong between the two daemons: RC SENDs, every buffer checked (--chk)"
-pingpong() {  # tag args...
-  local tag=$1; shift
-  UROCE_RUN_DIR="$TMP/run" LD_LIBRARY_PATH="$IBV_DIR" timeout 60 ibv_rc_pingpong -d uroce0 -g 0 -p 18600 -c "$@" \
+echo "== ibv_*_pingpong between the two daemons: every buffer checked (--chk) where the program can"
+pp_port=18600
+client_dir=run_b  # the client's daemon: the other one (run for loopback)
+pingpong() {  # program tag args...
+  local prog=$1 tag=$2; shift 2
+  pp_port=$((pp_port + 1))
+  timeout 60 "$URUN" --lib "$IBV_DIR" --run-dir "$TMP/run" $prog -d uroce0 -g 0 -p $pp_port "$@" \
     > "$TMP/pps-$tag.out" 2>&1 & local sp=$!
   sleep 0.5
-  UROCE_RUN_DIR="$TMP/run_b" LD_LIBRARY_PATH="$IBV_DIR" timeout 60 ibv_rc_pingpong -d uroce0 -g 0 -p 18600 -c "$@" 127.0.0.1 \
+  timeout 60 "$URUN" --lib "$IBV_DIR" --run-dir "$TMP/$client_dir" $prog -d uroce0 -g 0 -p $pp_port "$@" 127.0.0.1 \
     > "$TMP/ppc-$tag.out" 2>&1; local crc=$?
   wait $sp; local src=$?
-  echo "  $tag: client exit $crc: $(grep -h 'iters in' "$TMP/ppc-$tag.out"); server exit $src"
-  check "ibv_rc_pingpong $tag: both sides ran every iteration, buffers valid" \
+  echo "  $prog $tag: client exit $crc: $(grep -h 'iters in' "$TMP/ppc-$tag.out"); server exit $src"
+  [ $crc -eq 0 ] && [ $src -eq 0 ] || sed 's/^/    /' "$TMP/ppc-$tag.out" "$TMP/pps-$tag.out" | tail -8
+  check "$prog $tag: both sides ran every iteration" \
     "[ $crc -eq 0 ] && [ $src -eq 0 ] && grep -q 'iters in' '$TMP/ppc-$tag.out' && grep -q 'iters in' '$TMP/pps-$tag.out'"
 }
-pingpong events-4096 -e -n 500 -s 4096
-pingpong events-64 -e -n 1000 -s 64
-pingpong poll-1000 -n 300 -s 1000
+pingpong ibv_rc_pingpong events-4096 -c -e -n 500 -s 4096
+pingpong ibv_rc_pingpong events-64 -c -e -n 1000 -s 64
+pingpong ibv_rc_pingpong poll-1000 -c -n 300 -s 1000
+pingpong ibv_uc_pingpong events-1024 -c -e -n 500 -s 1024
+# UD: a datagram is at most the path MTU (1024 here); address handles are
+# resolved by the daemons.
+pingpong ibv_ud_pingpong events-1024 -c -e -n 500 -s 1024
+pingpong ibv_ud_pingpong poll-64 -c -n 500 -s 64
+# Sixteen QPs (-q) share one SRQ on each side.
+pingpong ibv_srq_pingpong events-1024 -c -e -n 200 -s 1024
 
 echo "== perftest, unmodified (libmlx5.so.1 and libefa.so.1 are uroce's refusing stand-ins): the eight tests"
 if command -v ib_write_bw > /dev/null; then
@@ -92,10 +111,10 @@ if command -v ib_write_bw > /dev/null; then
   for t in ib_write_bw ib_send_bw ib_read_bw ib_atomic_bw ib_write_lat ib_send_lat ib_read_lat ib_atomic_lat; do
     port=$((port + 1))
     ev=-e; case $t in ib_write_*) ev="" ;; esac  # perftest has no events for WRITE
-    UROCE_RUN_DIR="$TMP/run" LD_LIBRARY_PATH="$IBV_DIR" timeout 60 $t -d uroce0 -x 0 -n 200 -p $port $ev \
+    timeout 60 "$URUN" --lib "$IBV_DIR" --run-dir "$TMP/run" $t -d uroce0 -x 0 -n 200 -p $port $ev \
       > "$TMP/pts-$t.out" 2>&1 & sp=$!
     sleep 0.7
-    UROCE_RUN_DIR="$TMP/run_b" LD_LIBRARY_PATH="$IBV_DIR" timeout 60 $t -d uroce0 -x 0 -n 200 -p $port $ev 127.0.0.1 \
+    timeout 60 "$URUN" --lib "$IBV_DIR" --socket "$TMP/run_b/uroce0.sock" $t -d uroce0 -x 0 -n 200 -p $port $ev 127.0.0.1 \
       > "$TMP/ptc-$t.out" 2>&1; crc=$?
     wait $sp; src=$?
     row=$(grep -E '^ +[0-9]+ +200 ' "$TMP/ptc-$t.out" | head -1 | tr -s ' ')
@@ -107,10 +126,39 @@ else
   echo "  (perftest not installed: skipped)"
 fi
 
-echo "== what is not built yet is refused cleanly"
-run ibv_ud_pingpong -d uroce0 -g 0 -n 1 > "$TMP/ud.out" 2>&1; rc=$?
-echo "  ibv_ud_pingpong exit $rc: $(tr '\n' ' ' < "$TMP/ud.out")"
-check "ibv_ud_pingpong (UD QPs, not yet) loads and fails cleanly, not by a signal" \
-  "[ $rc -ne 0 ] && [ $rc -lt 128 ] && ! grep -q 'symbol lookup error\|version .* not found' '$TMP/ud.out'"
+echo "== loopback: both ends on one device (one daemon)"
+client_dir=run
+pingpong ibv_rc_pingpong loopback -c -e -n 300 -s 4096
+for t in ib_write_bw ib_send_lat; do
+  port=$((port + 1))
+  timeout 60 "$URUN" --lib "$IBV_DIR" --run-dir "$TMP/run" $t -d uroce0 -x 0 -n 200 -p $port > "$TMP/lbs-$t.out" 2>&1 & sp=$!
+  sleep 0.7
+  timeout 60 "$URUN" --lib "$IBV_DIR" --run-dir "$TMP/run" $t -d uroce0 -x 0 -n 200 -p $port 127.0.0.1 > "$TMP/lbc-$t.out" 2>&1; crc=$?
+  wait $sp; src=$?
+  row=$(grep -E '^ +[0-9]+ +200 ' "$TMP/lbc-$t.out" | head -1 | tr -s ' ')
+  echo "  $t loopback: client exit $crc, server exit $src:$row"
+  check "perftest $t, both ends on one device" "[ $crc -eq 0 ] && [ $src -eq 0 ] && [ -n '$row' ]"
+done
+echo "== your own verbs code: plain C, stock header, linked with pkg-config libibverbs"
+run "$LOOP" uroce0 > "$TMP/loop.out" 2>&1; rc=$?
+grep FAIL "$TMP/loop.out" | sed 's/^/  /'; tail -1 "$TMP/loop.out" | sed 's/^/  /'
+check "verbs_loopback: RC and UD between two QPs on one device, every check" \
+  "[ $rc -eq 0 ] && grep -qE '^[1-9][0-9]* passed, 0 failed' '$TMP/loop.out'"
+st=$(ctl "$TMP/d.ctl" status)
+looped=$(echo "$st" | /usr/bin/python3 -c 'import json,sys; print(sum(p.get("tx_looped", 0) for k, p in json.load(sys.stdin).items() if k.startswith("ethdev")))' 2>/dev/null)
+echo "  daemon A looped back $looped frames"
+check "the loopback frames never left the port (counted as tx_looped)" "[ '${looped:-0}' -gt 1000 ]"
+
+echo "== negative control: without uroce-run the same programs find no uroce device"
+UROCE_RUN_DIR="$TMP/run" timeout 20 ibv_devices > "$TMP/neg.out" 2>&1
+check "ibv_devices (the system's libibverbs) lists no uroce device" "! grep -q uroce '$TMP/neg.out'"
+UROCE_RUN_DIR="$TMP/run" timeout 20 "$LOOP" uroce0 > "$TMP/neg2.out" 2>&1; rc=$?
+check "verbs_loopback without uroce-run: no such device, exit 1" "[ $rc -eq 1 ] && grep -q 'no such device' '$TMP/neg2.out'"
+
+echo "== what uroce does not do is refused cleanly"
+run ibv_xsrq_pingpong -d uroce0 -g 0 -n 1 > "$TMP/xrc.out" 2>&1; rc=$?
+echo "  ibv_xsrq_pingpong exit $rc: $(tr '\n' ' ' < "$TMP/xrc.out")"
+check "ibv_xsrq_pingpong (XRC, not supported) loads and fails cleanly, not by a signal" \
+  "[ $rc -ne 0 ] && [ $rc -lt 128 ] && ! grep -q 'symbol lookup error\|version .* not found' '$TMP/xrc.out'"
 check "the daemons are still up" "kill -0 $DA && kill -0 $DB"
 finish

@@ -1,0 +1,246 @@
+/* Your own verbs code on uroce: plain C against rdma-core's stock
+ * <infiniband/verbs.h>, linked with `pkg-config libibverbs` (the system's
+ * library; uroce-run swaps in uroce's at run time). Both ends live on one
+ * device, connected to the port's own GID (loopback, as verbs test suites
+ * and many applications do): RC SEND, WRITE, READ and both atomics, and a
+ * UD datagram through an address handle, every byte checked.
+ *
+ *   verbs_loopback [DEVICE]      (default: the first device)
+ * Prints "N passed, M failed"; exits 0 only when nothing failed. */
+#include <infiniband/verbs.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static int passed, failed;
+static void check(int ok, const char* what) {
+  if (ok) {
+    ++passed;
+  } else {
+    ++failed;
+    printf("FAIL: %s\n", what);
+  }
+}
+
+enum { kBuf = 1 << 16, kQkey = 0x1234 };
+
+/* One CQ per end: completions of the sending QP on cq_a, the receiving one's on cq_b. */
+static struct ibv_cq *cq_a, *cq_b;
+
+/* One completion on cq within 5 s, or 0. */
+static int wait_wc(struct ibv_cq* cq, struct ibv_wc* wc) {
+  struct timespec t0, t;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  for (;;) {
+    int n = ibv_poll_cq(cq, 1, wc);
+    if (n != 0) return n == 1;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    if (t.tv_sec - t0.tv_sec > 5) return 0;
+  }
+}
+
+static int to_rts(struct ibv_qp* qp, uint32_t dest_qpn, const union ibv_gid* gid, int ud) {
+  struct ibv_qp_attr a;
+  memset(&a, 0, sizeof a);
+  a.qp_state = IBV_QPS_INIT;
+  a.port_num = 1;
+  int mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT;
+  if (ud) {
+    a.qkey = kQkey;
+    mask |= IBV_QP_QKEY;
+  } else {
+    a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+    mask |= IBV_QP_ACCESS_FLAGS;
+  }
+  if (ibv_modify_qp(qp, &a, mask)) return 0;
+  memset(&a, 0, sizeof a);
+  a.qp_state = IBV_QPS_RTR;
+  mask = IBV_QP_STATE;
+  if (!ud) {
+    a.path_mtu = IBV_MTU_1024;
+    a.dest_qp_num = dest_qpn;
+    a.rq_psn = 100;
+    a.max_dest_rd_atomic = 4;
+    a.min_rnr_timer = 12;
+    a.ah_attr.is_global = 1;
+    a.ah_attr.grh.dgid = *gid;
+    a.ah_attr.grh.hop_limit = 64;
+    a.ah_attr.port_num = 1;
+    mask |= IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+            IBV_QP_MIN_RNR_TIMER;
+  }
+  if (ibv_modify_qp(qp, &a, mask)) return 0;
+  memset(&a, 0, sizeof a);
+  a.qp_state = IBV_QPS_RTS;
+  a.sq_psn = 100;
+  mask = IBV_QP_STATE | IBV_QP_SQ_PSN;
+  if (!ud) {
+    a.timeout = 14;
+    a.retry_cnt = 7;
+    a.rnr_retry = 7;
+    a.max_rd_atomic = 4;
+    mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
+  }
+  return ibv_modify_qp(qp, &a, mask) == 0;
+}
+
+static struct ibv_qp* make_qp(struct ibv_pd* pd, struct ibv_cq* cq, enum ibv_qp_type type) {
+  struct ibv_qp_init_attr ia;
+  memset(&ia, 0, sizeof ia);
+  ia.send_cq = ia.recv_cq = cq;
+  ia.qp_type = type;
+  ia.cap.max_send_wr = ia.cap.max_recv_wr = 16;
+  ia.cap.max_send_sge = ia.cap.max_recv_sge = 1;
+  return ibv_create_qp(pd, &ia);
+}
+
+static int post_send(struct ibv_qp* qp, enum ibv_wr_opcode op, void* local, uint32_t len, uint32_t lkey,
+                     uint64_t remote, uint32_t rkey) {
+  struct ibv_sge s = {(uintptr_t)local, len, lkey};
+  struct ibv_send_wr w, *bad;
+  memset(&w, 0, sizeof w);
+  w.wr_id = op;
+  w.opcode = op;
+  w.send_flags = IBV_SEND_SIGNALED;
+  w.sg_list = &s;
+  w.num_sge = 1;
+  if (op == IBV_WR_ATOMIC_FETCH_AND_ADD || op == IBV_WR_ATOMIC_CMP_AND_SWP) {
+    w.wr.atomic.remote_addr = remote;
+    w.wr.atomic.rkey = rkey;
+    w.wr.atomic.compare_add = op == IBV_WR_ATOMIC_FETCH_AND_ADD ? 5 : 105;
+    w.wr.atomic.swap = 7;
+  } else {
+    w.wr.rdma.remote_addr = remote;
+    w.wr.rdma.rkey = rkey;
+  }
+  struct ibv_wc wc;
+  return ibv_post_send(qp, &w, &bad) == 0 && wait_wc(cq_a, &wc) && wc.status == IBV_WC_SUCCESS && wc.wr_id == op;
+}
+
+static int post_recv(struct ibv_qp* qp, void* buf, uint32_t len, uint32_t lkey) {
+  struct ibv_sge s = {(uintptr_t)buf, len, lkey};
+  struct ibv_recv_wr w, *bad;
+  memset(&w, 0, sizeof w);
+  w.wr_id = 77;
+  w.sg_list = &s;
+  w.num_sge = 1;
+  return ibv_post_recv(qp, &w, &bad) == 0;
+}
+
+int main(int argc, char** argv) {
+  int n = 0;
+  struct ibv_device** list = ibv_get_device_list(&n);
+  struct ibv_device* dev = NULL;
+  for (int i = 0; list && i < n; ++i)
+    if (argc < 2 || strcmp(ibv_get_device_name(list[i]), argv[1]) == 0) {
+      dev = list[i];
+      break;
+    }
+  if (!dev) {
+    printf("no such device: %s\n", argc < 2 ? "(any)" : argv[1]);
+    printf("0 passed, 1 failed\n");
+    return 1;
+  }
+  struct ibv_context* ctx = ibv_open_device(dev);
+  struct ibv_pd* pd = ctx ? ibv_alloc_pd(ctx) : NULL;
+  uint8_t* a = aligned_alloc(4096, kBuf);
+  uint8_t* b = aligned_alloc(4096, kBuf);
+  memset(a, 0, kBuf);
+  memset(b, 0, kBuf);
+  const int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+  struct ibv_mr* ma = pd ? ibv_reg_mr(pd, a, kBuf, access) : NULL;
+  struct ibv_mr* mb = pd ? ibv_reg_mr(pd, b, kBuf, access) : NULL;
+  cq_a = ctx ? ibv_create_cq(ctx, 64, NULL, NULL, 0) : NULL;
+  cq_b = ctx ? ibv_create_cq(ctx, 64, NULL, NULL, 0) : NULL;
+  check(ctx && pd && ma && mb && cq_a && cq_b, "device opened; PD, two MRs (malloc'd memory) and two CQs");
+  if (failed) goto out;
+  union ibv_gid gid;
+  struct ibv_port_attr pa;
+  check(ibv_query_gid(ctx, 1, 0, &gid) == 0 && ibv_query_port(ctx, 1, &pa) == 0 && pa.state == IBV_PORT_ACTIVE &&
+            pa.link_layer == IBV_LINK_LAYER_ETHERNET,
+        "port 1 active, Ethernet; GID 0 read");
+
+  /* RC: two QPs on this device, each connected to the other through the port's own GID. */
+  struct ibv_qp* qa = make_qp(pd, cq_a, IBV_QPT_RC);
+  struct ibv_qp* qb = make_qp(pd, cq_b, IBV_QPT_RC);
+  check(qa && qb && to_rts(qa, qb->qp_num, &gid, 0) && to_rts(qb, qa->qp_num, &gid, 0),
+        "two RC QPs connected to each other on one device (loopback)");
+  if (failed) goto out;
+  for (int i = 0; i < 8192; ++i) a[i] = (uint8_t)(i * 31 + 7);
+  check(post_recv(qb, b, 8192, mb->lkey) && post_send(qa, IBV_WR_SEND, a, 4096, ma->lkey, 0, 0),
+        "SEND completed");
+  struct ibv_wc wc;
+  check(wait_wc(cq_b, &wc) && wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RECV && wc.byte_len == 4096 &&
+            memcmp(a, b, 4096) == 0,
+        "SEND received, every byte");
+  check(post_send(qa, IBV_WR_RDMA_WRITE, a, 8192, ma->lkey, (uintptr_t)b + 16384, mb->rkey) &&
+            memcmp(a, b + 16384, 8192) == 0,
+        "WRITE of 8 KiB (8 packets), every byte");
+  check(post_send(qa, IBV_WR_RDMA_READ, a + 32768, 8192, ma->lkey, (uintptr_t)b + 16384, mb->rkey) &&
+            memcmp(a + 32768, a, 8192) == 0,
+        "READ of it back, every byte");
+  uint64_t v = 100, got = 0;
+  memcpy(b + 40960, &v, 8);
+  check(post_send(qa, IBV_WR_ATOMIC_FETCH_AND_ADD, a + 49152, 8, ma->lkey, (uintptr_t)b + 40960, mb->rkey) &&
+            (memcpy(&got, a + 49152, 8), got == 100) && (memcpy(&v, b + 40960, 8), v == 105),
+        "FETCH_ADD: 100 returned, 105 left");
+  check(post_send(qa, IBV_WR_ATOMIC_CMP_AND_SWP, a + 49152, 8, ma->lkey, (uintptr_t)b + 40960, mb->rkey) &&
+            (memcpy(&v, b + 40960, 8), v == 7),
+        "CMP_SWAP: swapped");
+
+  /* UD: a datagram from one QP to another on this device, through an AH. */
+  struct ibv_qp* ua = make_qp(pd, cq_a, IBV_QPT_UD);
+  struct ibv_qp* ub = make_qp(pd, cq_b, IBV_QPT_UD);
+  check(ua && ub && to_rts(ua, 0, &gid, 1) && to_rts(ub, 0, &gid, 1), "two UD QPs to RTS");
+  if (failed) goto out;
+  struct ibv_ah_attr aa;
+  memset(&aa, 0, sizeof aa);
+  aa.is_global = 1;
+  aa.grh.dgid = gid;
+  aa.grh.hop_limit = 64;
+  aa.port_num = 1;
+  struct ibv_ah* ah = ibv_create_ah(pd, &aa);
+  check(ah != NULL, "an address handle to the port's own GID");
+  if (!ah) goto out;
+  memset(b, 0, 2048);
+  check(post_recv(ub, b, 40 + 512, mb->lkey), "UD receive posted (40-byte GRH area, then 512)");
+  struct ibv_sge s = {(uintptr_t)a, 512, ma->lkey};
+  struct ibv_send_wr w, *bad;
+  memset(&w, 0, sizeof w);
+  w.wr_id = 55;
+  w.opcode = IBV_WR_SEND;
+  w.send_flags = IBV_SEND_SIGNALED;
+  w.sg_list = &s;
+  w.num_sge = 1;
+  w.wr.ud.ah = ah;
+  w.wr.ud.remote_qpn = ub->qp_num;
+  w.wr.ud.remote_qkey = kQkey;
+  int sent = 0, recvd = 0;
+  struct ibv_wc rwc;
+  memset(&rwc, 0, sizeof rwc);
+  if (ibv_post_send(ua, &w, &bad) == 0) {
+    sent = wait_wc(cq_a, &wc) && wc.wr_id == 55 && wc.status == IBV_WC_SUCCESS;
+    if (wait_wc(cq_b, &wc) && wc.wr_id == 77 && wc.status == IBV_WC_SUCCESS && wc.byte_len == 40 + 512 &&
+        (wc.wc_flags & IBV_WC_GRH) && wc.src_qp == ua->qp_num && memcmp(b + 40, a, 512) == 0) {
+      recvd = 1;
+      rwc = wc;
+    }
+  }
+  check(sent && recvd, "UD datagram sent and received: source QP, GRH flag, every byte");
+  struct ibv_ah_attr from;
+  check(ibv_init_ah_from_wc(ctx, 1, &rwc, (struct ibv_grh*)b, &from) == 0 && from.is_global &&
+            memcmp(from.grh.dgid.raw, gid.raw, 16) == 0,
+        "ibv_init_ah_from_wc: the sender's GID from the GRH area");
+  check(ibv_destroy_ah(ah) == 0, "AH destroyed");
+  check(ibv_destroy_qp(ua) == 0 && ibv_destroy_qp(ub) == 0 && ibv_destroy_qp(qa) == 0 && ibv_destroy_qp(qb) == 0,
+        "QPs destroyed");
+  check(ibv_destroy_cq(cq_a) == 0 && ibv_destroy_cq(cq_b) == 0 && ibv_dereg_mr(ma) == 0 && ibv_dereg_mr(mb) == 0 && ibv_dealloc_pd(pd) == 0 &&
+            ibv_close_device(ctx) == 0,
+        "CQ, MRs, PD and device closed");
+out:
+  if (list) ibv_free_device_list(list);
+  printf("%d passed, %d failed\n", passed, failed);
+  return failed ? 1 : 0;
+}
