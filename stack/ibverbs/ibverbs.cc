@@ -5,8 +5,9 @@
 // layout; the objects wrap liburoce's (stack/verbs).
 //
 // Built so far: devices and contexts; the device, port, GID and P_Key
-// queries; PDs, MRs, completion channels (real descriptors), CQs, RC, UC
-// and UD QPs, UD address handles, SRQs and async events, with the data
+// queries; PDs, MRs, completion channels (real descriptors), CQs (and
+// ibv_create_cq_ex's polling), RC, UC and UD QPs (and ibv_create_qp_ex's
+// wr_* builders), UD address handles, SRQs and async events, with the data
 // path (post, poll, arm) through the context's ops straight into
 // liburoce's rings; and every
 // public symbol of Debian's libibverbs.so.1 with its exact version node
@@ -69,6 +70,7 @@
 #include <string>
 #include <vector>
 
+#include "stack/abi/uroce_abi.h"  // the SGE and inline limits of a send entry
 #include "stack/verbs/uroce_verbs.h"
 
 // Not in the installed headers (rdma-core's driver.h): declared with
@@ -110,39 +112,51 @@ struct UContext {
   verbs_context v{};  // ends with the ibv_context handed out
 };
 
-struct UPd {
-  ibv_pd pd{};
-  uroce_pd* u = nullptr;
+/// An rdma-core object (first, so a pointer to it is a pointer to the
+/// wrapper) and the liburoce object behind it.
+template <class Verbs, class Uroce>
+struct Wrap {
+  Verbs v{};
+  Uroce* u = nullptr;
+  static Wrap* of(Verbs* v) { return reinterpret_cast<Wrap*>(v); }
 };
+using UPd = Wrap<ibv_pd, uroce_pd>;
+using UMr = Wrap<ibv_mr, uroce_mr>;
+using UChannel = Wrap<ibv_comp_channel, uroce_comp_channel>;
+using USrq = Wrap<ibv_srq, uroce_srq>;
 
-struct UMr {
-  ibv_mr mr{};
-  uroce_mr* u = nullptr;
-};
-
-struct UChannel {
-  ibv_comp_channel ch{};
-  uroce_comp_channel* u = nullptr;
-};
-
+/// A CQ is an ibv_cq_ex (ibv_create_cq_ex), whose start is laid out as
+/// ibv_cq: the ibv_cq handed out is that prefix (ibv_cq_ex_to_cq).
 struct UCq {
-  ibv_cq cq{};
+  ibv_cq_ex x{};
   uroce_cq* u = nullptr;
+  ibv_wc cur{};  // the completion start_poll/next_poll hold
+  ibv_cq& cq() { return *reinterpret_cast<ibv_cq*>(&x); }
 };
+static_assert(offsetof(ibv_cq_ex, cqe) == offsetof(ibv_cq, cqe) &&
+                  offsetof(ibv_cq_ex, async_events_completed) == offsetof(ibv_cq, async_events_completed),
+              "ibv_cq is the prefix of ibv_cq_ex");
 
-struct USrq {
-  ibv_srq srq{};
-  uroce_srq* u = nullptr;
-};
-
+/// A QP is an ibv_qp_ex (its first member the ibv_qp handed out), so the
+/// wr_* builders work on every QP. What they build waits in `slots`, one
+/// per send queue entry, made at create: wr_complete posts them as one list.
 struct UQp {
-  ibv_qp qp{};
+  ibv_qp_ex x{};
   uroce_qp* u = nullptr;
+  struct Slot {
+    ibv_send_wr wr;
+    ibv_sge sge[UROCE_ABI_MAX_SGE];
+    std::uint8_t inl[UROCE_ABI_MAX_INLINE];  // wr_set_inline_data's bytes, until the post copies them
+  };
+  std::vector<Slot> slots;
+  std::size_t built = 0;
+  int err = 0;  // the first builder error since wr_start, returned by wr_complete
+  ibv_qp& qp() { return x.qp_base; }
 };
 
 UCq* ucq(ibv_cq* c) { return reinterpret_cast<UCq*>(c); }
 UQp* uqp(ibv_qp* q) { return reinterpret_cast<UQp*>(q); }
-USrq* usrq(ibv_srq* q) { return reinterpret_cast<USrq*>(q); }
+USrq* usrq(ibv_srq* q) { return USrq::of(q); }
 
 std::mutex g_mu;
 std::vector<std::unique_ptr<UDevice>> g_devices;  // every device ever listed
@@ -198,6 +212,314 @@ int op_post_srq_recv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad) {
 }
 int op_poll_cq(ibv_cq* cq, int n, ibv_wc* wc) { return uroce_poll_cq(ucq(cq)->u, n, wc); }
 int op_req_notify_cq(ibv_cq* cq, int solicited_only) { return uroce_req_notify_cq(ucq(cq)->u, solicited_only); }
+
+// ------------------------------------------------- CQs, and ibv_cq_ex polling
+
+// ibv_cq_ex's polling: start_poll takes one completion, next_poll the next,
+// the read_* functions read the one held.
+UCq* ucq_ex(ibv_cq_ex* x) { return reinterpret_cast<UCq*>(x); }
+int cq_take(ibv_cq_ex* x) {
+  UCq* c = ucq_ex(x);
+  const int n = uroce_poll_cq(c->u, 1, &c->cur);
+  if (n < 0) return errno ? errno : EIO;
+  if (n == 0) return ENOENT;
+  x->status = c->cur.status;
+  x->wr_id = c->cur.wr_id;
+  return 0;
+}
+int cq_start_poll(ibv_cq_ex* x, ibv_poll_cq_attr* attr) { return attr && attr->comp_mask ? EINVAL : cq_take(x); }
+int cq_next_poll(ibv_cq_ex* x) { return cq_take(x); }
+void cq_end_poll(ibv_cq_ex*) {}
+ibv_wc_opcode cq_read_opcode(ibv_cq_ex* x) { return ucq_ex(x)->cur.opcode; }
+uint32_t cq_read_vendor_err(ibv_cq_ex* x) { return ucq_ex(x)->cur.vendor_err; }
+uint32_t cq_read_byte_len(ibv_cq_ex* x) { return ucq_ex(x)->cur.byte_len; }
+__be32 cq_read_imm_data(ibv_cq_ex* x) { return ucq_ex(x)->cur.imm_data; }
+uint32_t cq_read_qp_num(ibv_cq_ex* x) { return ucq_ex(x)->cur.qp_num; }
+uint32_t cq_read_src_qp(ibv_cq_ex* x) { return ucq_ex(x)->cur.src_qp; }
+unsigned int cq_read_wc_flags(ibv_cq_ex* x) { return ucq_ex(x)->cur.wc_flags; }
+uint32_t cq_read_slid(ibv_cq_ex* x) { return ucq_ex(x)->cur.slid; }
+uint8_t cq_read_sl(ibv_cq_ex* x) { return ucq_ex(x)->cur.sl; }
+uint8_t cq_read_dlid_path_bits(ibv_cq_ex* x) { return ucq_ex(x)->cur.dlid_path_bits; }
+// Never asked for (create_cq_ex refuses their wc_flags), but never NULL.
+uint64_t cq_read_zero64(ibv_cq_ex*) { return 0; }
+uint16_t cq_read_zero16(ibv_cq_ex*) { return 0; }
+uint32_t cq_read_zero32(ibv_cq_ex*) { return 0; }
+void cq_read_tm_info(ibv_cq_ex*, ibv_wc_tm_info* tm) { *tm = ibv_wc_tm_info{}; }
+
+/// The wc_flags create_cq_ex can serve: what an ibv_wc carries.
+constexpr uint64_t kCqExFlags = IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_IMM | IBV_WC_EX_WITH_QP_NUM |
+                                IBV_WC_EX_WITH_SRC_QP | IBV_WC_EX_WITH_SLID | IBV_WC_EX_WITH_SL |
+                                IBV_WC_EX_WITH_DLID_PATH_BITS;
+
+UCq* make_cq(ibv_context* context, int cqe, void* cq_context, ibv_comp_channel* channel, int comp_vector) {
+  if (!context || cqe <= 0) return fail_null<UCq>(EINVAL);
+  auto* c = new UCq();
+  // liburoce hands our CQ back from uroce_get_cq_event as its context.
+  c->u = uroce_create_cq(ucontext(context)->u, cqe, c, channel ? UChannel::of(channel)->u : nullptr,
+                         comp_vector);
+  if (!c->u) {
+    delete c;
+    return fail_null<UCq>(errno ? errno : ENOMEM);
+  }
+  ibv_cq_ex& x = c->x;
+  x.context = context;
+  x.channel = channel;
+  x.cq_context = cq_context;
+  x.cqe = cqe;
+  pthread_mutex_init(&x.mutex, nullptr);
+  pthread_cond_init(&x.cond, nullptr);
+  x.start_poll = cq_start_poll;
+  x.next_poll = cq_next_poll;
+  x.end_poll = cq_end_poll;
+  x.read_opcode = cq_read_opcode;
+  x.read_vendor_err = cq_read_vendor_err;
+  x.read_byte_len = cq_read_byte_len;
+  x.read_imm_data = cq_read_imm_data;
+  x.read_qp_num = cq_read_qp_num;
+  x.read_src_qp = cq_read_src_qp;
+  x.read_wc_flags = cq_read_wc_flags;
+  x.read_slid = cq_read_slid;
+  x.read_sl = cq_read_sl;
+  x.read_dlid_path_bits = cq_read_dlid_path_bits;
+  x.read_completion_ts = cq_read_zero64;
+  x.read_cvlan = cq_read_zero16;
+  x.read_flow_tag = cq_read_zero32;
+  x.read_tm_info = cq_read_tm_info;
+  x.read_completion_wallclock_ns = cq_read_zero64;
+  UContext* uc = ucontext(context);
+  std::lock_guard<std::mutex> lk(uc->mu);
+  uc->cqs.emplace_back(c->u, &c->cq());
+  return c;
+}
+
+ibv_cq_ex* vctx_create_cq_ex(ibv_context* context, ibv_cq_init_attr_ex* a) {
+  if (!context || !a) return fail_null<ibv_cq_ex>(EINVAL);
+  if (a->wc_flags & ~kCqExFlags) return fail_null<ibv_cq_ex>(EOPNOTSUPP);  // timestamps, CVLAN, flow tag, TM
+  if (a->comp_mask & ~uint32_t{IBV_CQ_INIT_ATTR_MASK_FLAGS}) return fail_null<ibv_cq_ex>(EOPNOTSUPP);  // a PD of its own
+  // Single-threaded is a hint; ignoring overruns is not something uroce does.
+  if ((a->comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS) && (a->flags & ~uint32_t{IBV_CREATE_CQ_ATTR_SINGLE_THREADED}))
+    return fail_null<ibv_cq_ex>(EOPNOTSUPP);
+  UCq* c = make_cq(context, static_cast<int>(a->cqe), a->cq_context, a->channel, static_cast<int>(a->comp_vector));
+  return c ? &c->x : nullptr;
+}
+
+// ------------------------------------------------- QPs, and the wr_* builders
+
+UQp* uqp_ex(ibv_qp_ex* x) { return reinterpret_cast<UQp*>(x); }
+
+/// A new WR of the batch, with the QP's wr_id and wr_flags as they are now.
+ibv_send_wr* wr_begin(ibv_qp_ex* x, ibv_wr_opcode op) {
+  UQp* q = uqp_ex(x);
+  if (q->built >= q->slots.size()) {
+    if (!q->err) q->err = ENOMEM;  // more than the send queue holds
+    return nullptr;
+  }
+  UQp::Slot& sl = q->slots[q->built++];
+  sl.wr = ibv_send_wr{};
+  sl.wr.wr_id = x->wr_id;
+  sl.wr.send_flags = x->wr_flags;
+  sl.wr.opcode = op;
+  sl.wr.sg_list = sl.sge;
+  return &sl.wr;
+}
+/// The WR the setters apply to: the last one begun.
+UQp::Slot* wr_current(ibv_qp_ex* x) {
+  UQp* q = uqp_ex(x);
+  if (q->built == 0) {
+    if (!q->err) q->err = EINVAL;  // a setter before any operation
+    return nullptr;
+  }
+  return &q->slots[q->built - 1];
+}
+void wr_refuse(ibv_qp_ex* x) {
+  UQp* q = uqp_ex(x);
+  if (!q->err) q->err = EOPNOTSUPP;
+}
+
+void wr_rdma(ibv_qp_ex* x, ibv_wr_opcode op, uint32_t rkey, uint64_t addr, __be32 imm) {
+  if (ibv_send_wr* w = wr_begin(x, op)) {
+    w->wr.rdma.rkey = rkey;
+    w->wr.rdma.remote_addr = addr;
+    w->imm_data = imm;
+  }
+}
+void wr_rdma_write(ibv_qp_ex* x, uint32_t rkey, uint64_t addr) { wr_rdma(x, IBV_WR_RDMA_WRITE, rkey, addr, 0); }
+void wr_rdma_write_imm(ibv_qp_ex* x, uint32_t rkey, uint64_t addr, __be32 imm) {
+  wr_rdma(x, IBV_WR_RDMA_WRITE_WITH_IMM, rkey, addr, imm);
+}
+void wr_rdma_read(ibv_qp_ex* x, uint32_t rkey, uint64_t addr) { wr_rdma(x, IBV_WR_RDMA_READ, rkey, addr, 0); }
+void wr_atomic(ibv_qp_ex* x, ibv_wr_opcode op, uint32_t rkey, uint64_t addr, uint64_t compare_add, uint64_t swap) {
+  if (ibv_send_wr* w = wr_begin(x, op)) {
+    w->wr.atomic.rkey = rkey;
+    w->wr.atomic.remote_addr = addr;
+    w->wr.atomic.compare_add = compare_add;
+    w->wr.atomic.swap = swap;
+  }
+}
+void wr_atomic_cmp_swp(ibv_qp_ex* x, uint32_t rkey, uint64_t addr, uint64_t compare, uint64_t swap) {
+  wr_atomic(x, IBV_WR_ATOMIC_CMP_AND_SWP, rkey, addr, compare, swap);
+}
+void wr_atomic_fetch_add(ibv_qp_ex* x, uint32_t rkey, uint64_t addr, uint64_t add) {
+  wr_atomic(x, IBV_WR_ATOMIC_FETCH_AND_ADD, rkey, addr, add, 0);
+}
+void wr_send(ibv_qp_ex* x) { (void)wr_begin(x, IBV_WR_SEND); }
+void wr_send_imm(ibv_qp_ex* x, __be32 imm) {
+  if (ibv_send_wr* w = wr_begin(x, IBV_WR_SEND_WITH_IMM)) w->imm_data = imm;
+}
+void wr_send_inv(ibv_qp_ex* x, uint32_t rkey) {
+  if (ibv_send_wr* w = wr_begin(x, IBV_WR_SEND_WITH_INV)) w->invalidate_rkey = rkey;
+}
+void wr_set_ud_addr(ibv_qp_ex* x, ibv_ah* ah, uint32_t qpn, uint32_t qkey) {
+  if (UQp::Slot* sl = wr_current(x)) {
+    sl->wr.wr.ud.ah = ah;
+    sl->wr.wr.ud.remote_qpn = qpn;
+    sl->wr.wr.ud.remote_qkey = qkey;
+  }
+}
+void wr_set_sge_list(ibv_qp_ex* x, size_t n, const ibv_sge* list) {
+  UQp::Slot* sl = wr_current(x);
+  if (!sl) return;
+  if (n > UROCE_ABI_MAX_SGE) {
+    UQp* q = uqp_ex(x);
+    if (!q->err) q->err = EINVAL;
+    return;
+  }
+  std::copy(list, list + n, sl->sge);
+  sl->wr.num_sge = static_cast<int>(n);
+  sl->wr.send_flags &= ~static_cast<unsigned>(IBV_SEND_INLINE);
+}
+void wr_set_sge(ibv_qp_ex* x, uint32_t lkey, uint64_t addr, uint32_t length) {
+  const ibv_sge one{addr, length, lkey};
+  wr_set_sge_list(x, 1, &one);
+}
+void wr_set_inline_data_list(ibv_qp_ex* x, size_t n, const ibv_data_buf* bufs) {
+  UQp::Slot* sl = wr_current(x);
+  if (!sl) return;
+  size_t len = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (len + bufs[i].length > sizeof sl->inl) {
+      UQp* q = uqp_ex(x);
+      if (!q->err) q->err = EINVAL;  // over max_inline_data
+      return;
+    }
+    std::memcpy(sl->inl + len, bufs[i].addr, bufs[i].length);
+    len += bufs[i].length;
+  }
+  sl->sge[0] = {reinterpret_cast<uintptr_t>(sl->inl), static_cast<uint32_t>(len), 0};
+  sl->wr.num_sge = 1;
+  sl->wr.send_flags |= IBV_SEND_INLINE;
+}
+void wr_set_inline_data(ibv_qp_ex* x, void* addr, size_t length) {
+  const ibv_data_buf one{addr, length};
+  wr_set_inline_data_list(x, 1, &one);
+}
+void wr_start(ibv_qp_ex* x) {
+  UQp* q = uqp_ex(x);
+  q->built = 0;
+  q->err = 0;
+}
+int wr_complete(ibv_qp_ex* x) {
+  UQp* q = uqp_ex(x);
+  const std::size_t n = q->built;
+  const int err = q->err;
+  q->built = 0;
+  q->err = 0;
+  if (err) return err;  // nothing of the batch is posted, as a provider's builders do
+  if (n == 0) return 0;
+  for (std::size_t i = 0; i < n; ++i) q->slots[i].wr.next = i + 1 < n ? &q->slots[i + 1].wr : nullptr;
+  ibv_send_wr* bad = nullptr;
+  return uroce_post_send(q->u, &q->slots[0].wr, &bad);
+}
+void wr_abort(ibv_qp_ex* x) { wr_start(x); }
+// What uroce does not do: the batch fails at wr_complete with EOPNOTSUPP.
+void wr_bind_mw(ibv_qp_ex* x, ibv_mw*, uint32_t, const ibv_mw_bind_info*) { wr_refuse(x); }
+void wr_local_inv(ibv_qp_ex* x, uint32_t) { wr_refuse(x); }
+void wr_send_tso(ibv_qp_ex* x, void*, uint16_t, uint16_t) { wr_refuse(x); }
+void wr_set_xrc_srqn(ibv_qp_ex* x, uint32_t) { wr_refuse(x); }
+void wr_atomic_write(ibv_qp_ex* x, uint32_t, uint64_t, const void*) { wr_refuse(x); }
+
+/// The send operations uroce's QPs carry (ibv_qp_init_attr_ex.send_ops_flags).
+constexpr uint64_t kSendOps = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_SEND |
+                              IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ |
+                              IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD |
+                              IBV_QP_EX_WITH_SEND_WITH_INV;
+
+UQp* make_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
+  if (!pd || !attr || !attr->send_cq || !attr->recv_cq) return fail_null<UQp>(EINVAL);
+  if (attr->qp_type != IBV_QPT_RC && attr->qp_type != IBV_QPT_UC && attr->qp_type != IBV_QPT_UD)
+    return fail_null<UQp>(EOPNOTSUPP);  // XRC, raw packet and driver QPs
+  uroce_qp_init_attr ia{};
+  ia.send_cq = ucq(attr->send_cq)->u;
+  ia.recv_cq = ucq(attr->recv_cq)->u;
+  ia.qp_type = attr->qp_type;
+  ia.cap = attr->cap;
+  ia.sq_sig_all = attr->sq_sig_all;
+  ia.srq = attr->srq ? usrq(attr->srq)->u : nullptr;
+  uroce_qp* u = uroce_create_qp(UPd::of(pd)->u, &ia);
+  if (!u) return fail_null<UQp>(errno ? errno : EINVAL);
+  auto* q = new UQp();
+  q->u = u;
+  ibv_qp& qp = q->qp();
+  qp.context = pd->context;
+  qp.qp_context = attr->qp_context;
+  qp.pd = pd;
+  qp.send_cq = attr->send_cq;
+  qp.recv_cq = attr->recv_cq;
+  qp.srq = attr->srq;
+  qp.qp_num = uroce_qp_num(u);
+  qp.state = IBV_QPS_RESET;
+  qp.qp_type = attr->qp_type;
+  pthread_mutex_init(&qp.mutex, nullptr);
+  pthread_cond_init(&qp.cond, nullptr);
+  // The caps the QP got (rounded up to the rings' sizes), as verbs reports them.
+  ibv_qp_attr qa{};
+  uroce_qp_init_attr got{};
+  if (uroce_query_qp(u, &qa, IBV_QP_CAP, &got) == 0) attr->cap = got.cap;
+  q->slots.resize(std::max<uint32_t>(attr->cap.max_send_wr, 1));
+  ibv_qp_ex& x = q->x;
+  x.comp_mask = 0;
+  x.wr_atomic_cmp_swp = wr_atomic_cmp_swp;
+  x.wr_atomic_fetch_add = wr_atomic_fetch_add;
+  x.wr_bind_mw = wr_bind_mw;
+  x.wr_local_inv = wr_local_inv;
+  x.wr_rdma_read = wr_rdma_read;
+  x.wr_rdma_write = wr_rdma_write;
+  x.wr_rdma_write_imm = wr_rdma_write_imm;
+  x.wr_send = wr_send;
+  x.wr_send_imm = wr_send_imm;
+  x.wr_send_inv = wr_send_inv;
+  x.wr_send_tso = wr_send_tso;
+  x.wr_set_ud_addr = wr_set_ud_addr;
+  x.wr_set_xrc_srqn = wr_set_xrc_srqn;
+  x.wr_set_inline_data = wr_set_inline_data;
+  x.wr_set_inline_data_list = wr_set_inline_data_list;
+  x.wr_set_sge = wr_set_sge;
+  x.wr_set_sge_list = wr_set_sge_list;
+  x.wr_start = wr_start;
+  x.wr_complete = wr_complete;
+  x.wr_abort = wr_abort;
+  x.wr_atomic_write = wr_atomic_write;
+  UContext* uc = ucontext(pd->context);
+  std::lock_guard<std::mutex> lk(uc->mu);
+  uc->qps.emplace_back(u, &qp);
+  return q;
+}
+
+ibv_qp* vctx_create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* a) {
+  if (!context || !a) return fail_null<ibv_qp>(EINVAL);
+  if (!(a->comp_mask & IBV_QP_INIT_ATTR_PD) || !a->pd) return fail_null<ibv_qp>(EINVAL);
+  // XRC domains, TSO, RSS and indirection tables: not uroce's.
+  const uint32_t known = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS | IBV_QP_INIT_ATTR_CREATE_FLAGS;
+  if (a->comp_mask & ~known) return fail_null<ibv_qp>(EOPNOTSUPP);
+  if ((a->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && a->create_flags) return fail_null<ibv_qp>(EOPNOTSUPP);
+  if ((a->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) && (a->send_ops_flags & ~kSendOps))
+    return fail_null<ibv_qp>(EOPNOTSUPP);  // bind MW, local invalidate, TSO, atomic write
+  // ibv_qp_init_attr is the start of ibv_qp_init_attr_ex (rdma-core's own
+  // ibv_create_qp_ex passes one as the other); make_qp writes the caps got.
+  static_assert(offsetof(ibv_qp_init_attr_ex, sq_sig_all) == offsetof(ibv_qp_init_attr, sq_sig_all));
+  UQp* q = make_qp(a->pd, reinterpret_cast<ibv_qp_init_attr*>(a));
+  return q ? &q->qp() : nullptr;
+}
 
 // The GID table: the port's address, as a RoCE v2 GID (IPv4-mapped for
 // IPv4), at index 0.
@@ -275,6 +597,8 @@ ibv_context* ibv_open_device(ibv_device* device) {
   v.sz = sizeof(verbs_context);
   v.query_port = vctx_query_port;
   v.query_device_ex = vctx_query_device_ex;
+  v.create_qp_ex = vctx_create_qp_ex;
+  v.create_cq_ex = vctx_create_cq_ex;
   ibv_context& ctx = v.context;
   ctx.device = device;
   ctx.cmd_fd = -1;
@@ -388,14 +712,14 @@ ibv_pd* ibv_alloc_pd(ibv_context* context) {
   if (!u) return fail_null<ibv_pd>(errno ? errno : ENOMEM);
   auto* p = new UPd();
   p->u = u;
-  p->pd.context = context;
-  p->pd.handle = 0;
-  return &p->pd;
+  p->v.context = context;
+  p->v.handle = 0;
+  return &p->v;
 }
 
 int ibv_dealloc_pd(ibv_pd* pd) {
   if (!pd) return fail(EINVAL);
-  auto* p = reinterpret_cast<UPd*>(pd);
+  auto* p = UPd::of(pd);
   if (const int rc = uroce_dealloc_pd(p->u)) return fail(rc);
   delete p;
   return 0;
@@ -516,17 +840,17 @@ int ibv_dofork_range(void*, size_t) { return 0; }
 
 ibv_mr* uroce_impl_ibv_reg_mr(ibv_pd* pd, void* addr, size_t length, int access) {
   if (!pd) return fail_null<ibv_mr>(EINVAL);
-  uroce_mr* u = uroce_reg_mr(reinterpret_cast<UPd*>(pd)->u, addr, length, access);
+  uroce_mr* u = uroce_reg_mr(UPd::of(pd)->u, addr, length, access);
   if (!u) return fail_null<ibv_mr>(errno ? errno : EINVAL);
   auto* m = new UMr();
   m->u = u;
-  m->mr.context = pd->context;
-  m->mr.pd = pd;
-  m->mr.addr = addr;
-  m->mr.length = length;
-  m->mr.lkey = uroce_mr_lkey(u);
-  m->mr.rkey = uroce_mr_rkey(u);
-  return &m->mr;
+  m->v.context = pd->context;
+  m->v.pd = pd;
+  m->v.addr = addr;
+  m->v.length = length;
+  m->v.lkey = uroce_mr_lkey(u);
+  m->v.rkey = uroce_mr_rkey(u);
+  return &m->v;
 }
 ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, uint64_t iova, unsigned int access) {
   if (iova != reinterpret_cast<uintptr_t>(addr)) return fail_null<ibv_mr>(EOPNOTSUPP);  // an IOVA of its own: not yet
@@ -540,7 +864,7 @@ ibv_mr* ibv_reg_dmabuf_mr(ibv_pd*, uint64_t, size_t, uint64_t, int, int) { retur
 int ibv_rereg_mr(ibv_mr*, int, ibv_pd*, void*, size_t, int) { return fail(EOPNOTSUPP); }
 int ibv_dereg_mr(ibv_mr* mr) {
   if (!mr) return fail(EINVAL);
-  auto* m = reinterpret_cast<UMr*>(mr);
+  auto* m = UMr::of(mr);
   if (const int rc = uroce_dereg_mr(m->u)) return fail(rc);
   delete m;
   return 0;
@@ -556,14 +880,14 @@ ibv_comp_channel* ibv_create_comp_channel(ibv_context* context) {
   if (!u) return fail_null<ibv_comp_channel>(errno ? errno : ENOMEM);
   auto* c = new UChannel();
   c->u = u;
-  c->ch.context = context;
-  c->ch.fd = uroce_comp_channel_fd(u);  // a real descriptor: poll, epoll and O_NONBLOCK work on it
-  c->ch.refcnt = 0;
-  return &c->ch;
+  c->v.context = context;
+  c->v.fd = uroce_comp_channel_fd(u);  // a real descriptor: poll, epoll and O_NONBLOCK work on it
+  c->v.refcnt = 0;
+  return &c->v;
 }
 int ibv_destroy_comp_channel(ibv_comp_channel* channel) {
   if (!channel) return fail(EINVAL);
-  auto* c = reinterpret_cast<UChannel*>(channel);
+  auto* c = UChannel::of(channel);
   if (const int rc = uroce_destroy_comp_channel(c->u)) return fail(rc);
   delete c;
   return 0;
@@ -571,25 +895,8 @@ int ibv_destroy_comp_channel(ibv_comp_channel* channel) {
 
 ibv_cq* uroce_impl_ibv_create_cq(ibv_context* context, int cqe, void* cq_context, ibv_comp_channel* channel,
                                  int comp_vector) {
-  if (!context || cqe <= 0) return fail_null<ibv_cq>(EINVAL);
-  auto* c = new UCq();
-  // liburoce hands our CQ back from uroce_get_cq_event as its context.
-  c->u = uroce_create_cq(ucontext(context)->u, cqe, c, channel ? reinterpret_cast<UChannel*>(channel)->u : nullptr,
-                         comp_vector);
-  if (!c->u) {
-    delete c;
-    return fail_null<ibv_cq>(errno ? errno : ENOMEM);
-  }
-  c->cq.context = context;
-  c->cq.channel = channel;
-  c->cq.cq_context = cq_context;
-  c->cq.cqe = cqe;
-  pthread_mutex_init(&c->cq.mutex, nullptr);
-  pthread_cond_init(&c->cq.cond, nullptr);
-  UContext* uc = ucontext(context);
-  std::lock_guard<std::mutex> lk(uc->mu);
-  uc->cqs.emplace_back(c->u, &c->cq);
-  return &c->cq;
+  UCq* c = make_cq(context, cqe, cq_context, channel, comp_vector);
+  return c ? &c->cq() : nullptr;
 }
 int uroce_impl_ibv_resize_cq(ibv_cq*, int) { return fail(EOPNOTSUPP); }
 int uroce_impl_ibv_destroy_cq(ibv_cq* cq) {
@@ -610,10 +917,10 @@ int uroce_impl_ibv_get_cq_event(ibv_comp_channel* channel, ibv_cq** cq, void** c
   if (!channel || !cq) return fail(EINVAL), -1;
   uroce_cq* u = nullptr;
   void* ours = nullptr;
-  if (uroce_get_cq_event(reinterpret_cast<UChannel*>(channel)->u, &u, &ours) != 0) return -1;  // errno set
+  if (uroce_get_cq_event(UChannel::of(channel)->u, &u, &ours) != 0) return -1;  // errno set
   UCq* c = static_cast<UCq*>(ours);
-  *cq = &c->cq;
-  if (cq_context) *cq_context = c->cq.cq_context;
+  *cq = &c->cq();
+  if (cq_context) *cq_context = c->cq().cq_context;
   return 0;
 }
 void uroce_impl_ibv_ack_cq_events(ibv_cq* cq, unsigned int nevents) {
@@ -638,16 +945,16 @@ void uroce_impl_ibv_ack_async_event(ibv_async_event*) {}
 
 ibv_srq* uroce_impl_ibv_create_srq(ibv_pd* pd, ibv_srq_init_attr* attr) {
   if (!pd || !attr) return fail_null<ibv_srq>(EINVAL);
-  uroce_srq* u = uroce_create_srq(reinterpret_cast<UPd*>(pd)->u, attr);
+  uroce_srq* u = uroce_create_srq(UPd::of(pd)->u, attr);
   if (!u) return fail_null<ibv_srq>(errno ? errno : EINVAL);
   auto* q = new USrq();
   q->u = u;
-  q->srq.context = pd->context;
-  q->srq.srq_context = attr->srq_context;
-  q->srq.pd = pd;
-  pthread_mutex_init(&q->srq.mutex, nullptr);
-  pthread_cond_init(&q->srq.cond, nullptr);
-  return &q->srq;
+  q->v.context = pd->context;
+  q->v.srq_context = attr->srq_context;
+  q->v.pd = pd;
+  pthread_mutex_init(&q->v.mutex, nullptr);
+  pthread_cond_init(&q->v.cond, nullptr);
+  return &q->v;
 }
 int uroce_impl_ibv_modify_srq(ibv_srq*, ibv_srq_attr*, int) { return fail(EOPNOTSUPP); }
 int uroce_impl_ibv_query_srq(ibv_srq*, ibv_srq_attr*) { return fail(EOPNOTSUPP); }
@@ -662,40 +969,8 @@ int uroce_impl_ibv_destroy_srq(ibv_srq* srq) {
 }
 
 ibv_qp* uroce_impl_ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
-  if (!pd || !attr || !attr->send_cq || !attr->recv_cq) return fail_null<ibv_qp>(EINVAL);
-  if (attr->qp_type != IBV_QPT_RC && attr->qp_type != IBV_QPT_UC && attr->qp_type != IBV_QPT_UD)
-    return fail_null<ibv_qp>(EOPNOTSUPP);  // XRC, raw packet and driver QPs
-  uroce_qp_init_attr ia{};
-  ia.send_cq = ucq(attr->send_cq)->u;
-  ia.recv_cq = ucq(attr->recv_cq)->u;
-  ia.qp_type = attr->qp_type;
-  ia.cap = attr->cap;
-  ia.sq_sig_all = attr->sq_sig_all;
-  ia.srq = attr->srq ? usrq(attr->srq)->u : nullptr;
-  uroce_qp* u = uroce_create_qp(reinterpret_cast<UPd*>(pd)->u, &ia);
-  if (!u) return fail_null<ibv_qp>(errno ? errno : EINVAL);
-  auto* q = new UQp();
-  q->u = u;
-  ibv_qp& qp = q->qp;
-  qp.context = pd->context;
-  qp.qp_context = attr->qp_context;
-  qp.pd = pd;
-  qp.send_cq = attr->send_cq;
-  qp.recv_cq = attr->recv_cq;
-  qp.srq = attr->srq;
-  qp.qp_num = uroce_qp_num(u);
-  qp.state = IBV_QPS_RESET;
-  qp.qp_type = attr->qp_type;
-  pthread_mutex_init(&qp.mutex, nullptr);
-  pthread_cond_init(&qp.cond, nullptr);
-  // The caps the QP got (rounded up to the rings' sizes), as verbs reports them.
-  ibv_qp_attr qa{};
-  uroce_qp_init_attr got{};
-  if (uroce_query_qp(u, &qa, IBV_QP_CAP, &got) == 0) attr->cap = got.cap;
-  UContext* uc = ucontext(pd->context);
-  std::lock_guard<std::mutex> lk(uc->mu);
-  uc->qps.emplace_back(u, &qp);
-  return &qp;
+  UQp* q = make_qp(pd, attr);
+  return q ? &q->qp() : nullptr;
 }
 int uroce_impl_ibv_query_qp(ibv_qp* qp, ibv_qp_attr* attr, int attr_mask, ibv_qp_init_attr* init_attr) {
   if (!qp || !attr) return fail(EINVAL);
@@ -733,7 +1008,7 @@ int uroce_impl_ibv_destroy_qp(ibv_qp* qp) {
   delete q;
   return 0;
 }
-ibv_qp_ex* ibv_qp_to_qp_ex(ibv_qp*) { return fail_null<ibv_qp_ex>(EOPNOTSUPP); }
+ibv_qp_ex* ibv_qp_to_qp_ex(ibv_qp* qp) { return qp ? &uqp(qp)->x : fail_null<ibv_qp_ex>(EINVAL); }
 int ibv_query_qp_data_in_order(ibv_qp*, enum ibv_wr_opcode, uint32_t) { return 0; }  // no guarantee given
 int ibv_query_ece(ibv_qp*, ibv_ece*) { return fail(EOPNOTSUPP); }
 int ibv_set_ece(ibv_qp*, ibv_ece*) { return fail(EOPNOTSUPP); }
@@ -744,7 +1019,7 @@ int ibv_detach_mcast(ibv_qp*, const ibv_gid*, uint16_t) { return fail(EOPNOTSUPP
 // kernel does for rxe); rdma-core's struct is their first member.
 ibv_ah* ibv_create_ah(ibv_pd* pd, ibv_ah_attr* attr) {
   if (!pd || !attr) return fail_null<ibv_ah>(EINVAL);
-  ibv_ah* ah = uroce_create_ah(reinterpret_cast<UPd*>(pd)->u, attr);
+  ibv_ah* ah = uroce_create_ah(UPd::of(pd)->u, attr);
   if (!ah) return fail_null<ibv_ah>(errno ? errno : EINVAL);
   ah->context = pd->context;
   ah->pd = pd;

@@ -7,6 +7,7 @@
  *
  *   verbs_loopback [DEVICE]      (default: the first device)
  * Prints "N passed, M failed"; exits 0 only when nothing failed. */
+#include <errno.h>
 #include <infiniband/verbs.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -119,6 +120,35 @@ static int post_send(struct ibv_qp* qp, enum ibv_wr_opcode op, void* local, uint
   return ibv_post_send(qp, &w, &bad) == 0 && wait_wc(cq_a, &wc) && wc.status == IBV_WC_SUCCESS && wc.wr_id == op;
 }
 
+/* Up to `want` completions from an extended CQ (start_poll, next_poll,
+ * end_poll), within 5 s; their wr_ids, opcodes and QP numbers. */
+static int poll_ex(struct ibv_cq_ex* cq, uint64_t* ids, enum ibv_wc_opcode* ops, uint32_t* qpns, int want) {
+  struct ibv_poll_cq_attr pa;
+  memset(&pa, 0, sizeof pa);
+  struct timespec t0, t;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  int got = 0;
+  while (got < want) {
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    if (t.tv_sec - t0.tv_sec > 5) break;
+    const int rc = ibv_start_poll(cq, &pa);
+    if (rc == ENOENT) continue;
+    if (rc != 0) return -1;
+    do {
+      if (cq->status != IBV_WC_SUCCESS) {
+        ibv_end_poll(cq);
+        return -1;
+      }
+      ids[got] = cq->wr_id;
+      ops[got] = ibv_wc_read_opcode(cq);
+      qpns[got] = ibv_wc_read_qp_num(cq);
+      ++got;
+    } while (got < want && ibv_next_poll(cq) == 0);
+    ibv_end_poll(cq);
+  }
+  return got;
+}
+
 static int post_recv(struct ibv_qp* qp, void* buf, uint32_t len, uint32_t lkey) {
   struct ibv_sge s = {(uintptr_t)buf, len, lkey};
   struct ibv_recv_wr w, *bad;
@@ -189,6 +219,62 @@ int main(int argc, char** argv) {
   check(post_send(qa, IBV_WR_ATOMIC_CMP_AND_SWP, a + 49152, 8, ma->lkey, (uintptr_t)b + 40960, mb->rkey) &&
             (memcpy(&v, b + 40960, 8), v == 7),
         "CMP_SWAP: swapped");
+
+  /* The extended verbs: a CQ from ibv_create_cq_ex, polled with
+   * start/next/end_poll, and a QP from ibv_create_qp_ex posting a batch of
+   * two with the wr_* builders (a WRITE from an SGE, a SEND of inline data). */
+  struct ibv_cq_init_attr_ex cqa;
+  memset(&cqa, 0, sizeof cqa);
+  cqa.cqe = 64;
+  cqa.wc_flags = IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_QP_NUM;
+  struct ibv_cq_ex* cqx = ibv_create_cq_ex(ctx, &cqa);
+  cqa.wc_flags |= IBV_WC_EX_WITH_COMPLETION_TIMESTAMP;
+  check(ibv_create_cq_ex(ctx, &cqa) == NULL && errno == EOPNOTSUPP, "create_cq_ex with timestamps: EOPNOTSUPP");
+  struct ibv_qp_init_attr_ex xa;
+  memset(&xa, 0, sizeof xa);
+  xa.qp_type = IBV_QPT_RC;
+  xa.cap.max_send_wr = xa.cap.max_recv_wr = 16;
+  xa.cap.max_send_sge = xa.cap.max_recv_sge = 1;
+  xa.cap.max_inline_data = 64;
+  xa.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+  xa.pd = pd;
+  xa.send_ops_flags = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_ATOMIC_WRITE;
+  check(cqx && (xa.send_cq = xa.recv_cq = ibv_cq_ex_to_cq(cqx), ibv_create_qp_ex(ctx, &xa) == NULL) && errno == EOPNOTSUPP,
+        "create_qp_ex asking for ATOMIC_WRITE: EOPNOTSUPP");
+  xa.send_ops_flags = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_RDMA_READ;
+  struct ibv_qp* xq = cqx ? ibv_create_qp_ex(ctx, &xa) : NULL;
+  struct ibv_qp_ex* xqx = xq ? ibv_qp_to_qp_ex(xq) : NULL;
+  struct ibv_qp* xb = make_qp(pd, cq_b, IBV_QPT_RC);
+  check(cqx && xq && xqx && xb && to_rts(xq, xb->qp_num, &gid, 0) && to_rts(xb, xq->qp_num, &gid, 0),
+        "an extended CQ and QP (create_cq_ex, create_qp_ex), connected on this device");
+  if (failed) goto out;
+  for (int i = 0; i < 8192; ++i) a[i] = (uint8_t)(i * 17 + 3);
+  check(post_recv(xb, b + 30000, 64, mb->lkey), "receive posted");
+  ibv_wr_start(xqx);
+  xqx->wr_id = 1001;
+  xqx->wr_flags = IBV_SEND_SIGNALED;
+  ibv_wr_rdma_write(xqx, mb->rkey, (uintptr_t)b + 20000);
+  ibv_wr_set_sge(xqx, ma->lkey, (uintptr_t)a, 4096);
+  xqx->wr_id = 1002;
+  ibv_wr_send(xqx);
+  ibv_wr_set_inline_data(xqx, a + 5000, 32);
+  check(ibv_wr_complete(xqx) == 0, "wr_start, a WRITE and a SEND, wr_complete: posted");
+  uint64_t ids[2] = {0, 0};
+  enum ibv_wc_opcode ops[2];
+  uint32_t qpns[2];
+  check(poll_ex(cqx, ids, ops, qpns, 2) == 2 && ids[0] == 1001 && ops[0] == IBV_WC_RDMA_WRITE && ids[1] == 1002 &&
+            ops[1] == IBV_WC_SEND && qpns[0] == xq->qp_num,
+        "both completed, in order, read through start_poll/next_poll/end_poll");
+  check(memcmp(b + 20000, a, 4096) == 0, "the WRITE landed, every byte");
+  check(wait_wc(cq_b, &wc) && wc.status == IBV_WC_SUCCESS && wc.byte_len == 32 && memcmp(b + 30000, a + 5000, 32) == 0,
+        "the inline SEND landed, every byte");
+  ibv_wr_start(xqx);
+  ibv_wr_send(xqx);
+  ibv_wr_set_sge(xqx, ma->lkey, (uintptr_t)a, 16);
+  ibv_wr_bind_mw(xqx, NULL, 0, NULL);
+  check(ibv_wr_complete(xqx) == EOPNOTSUPP, "a batch with a memory-window bind: EOPNOTSUPP, nothing posted");
+  check(ibv_destroy_qp(xq) == 0 && ibv_destroy_qp(xb) == 0 && ibv_destroy_cq(ibv_cq_ex_to_cq(cqx)) == 0,
+        "extended QP and CQ destroyed");
 
   /* UD: a datagram from one QP to another on this device, through an AH. */
   struct ibv_qp* ua = make_qp(pd, cq_a, IBV_QPT_UD);
