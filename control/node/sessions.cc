@@ -732,9 +732,9 @@ nlohmann::ordered_json SessionServer::limits_status() const {
             {"unhelloed", refused_.unhelloed},
             {"hello_timeouts", refused_.hello_timeouts},
             {"qps_per_uid", refused_.qps_per_uid},
-            {"memory_faults", refused_.memory_faults},
             {"accept_errors", guard_.errors()},
-            {"emfile_drops", guard_.dropped()}}}};
+            {"emfile_drops", guard_.dropped()}}},
+          {"closed", {{"memory_faults", memory_fault_closes_}}}};
 }
 
 nlohmann::ordered_json SessionServer::describe() const {
@@ -911,7 +911,7 @@ std::size_t SessionServer::step() {
     for (std::uint32_t id : owners) {
       auto it = sessions_.find(id);
       if (it == sessions_.end()) continue;
-      ++refused_.memory_faults;
+      ++memory_fault_closes_;
       close(*it->second);
       sessions_.erase(it);
       ++work;

@@ -102,8 +102,8 @@ class SessionServer {
   std::uint64_t last_sweep_ms_ = 0;
   struct Refusals {
     std::uint64_t sessions = 0, sessions_per_uid = 0, unhelloed = 0, hello_timeouts = 0, qps_per_uid = 0;
-    std::uint64_t memory_faults = 0;  // sessions closed because their memory faulted (sigbus_guard)
   } refused_;
+  std::uint64_t memory_fault_closes_ = 0;  // sessions closed because their memory faulted (sigbus_guard)
   std::uint64_t sigbus_seen_ = 0;  // sigbus_guard::caught() at the last look
   bool sleeping_ = false;
   std::uint64_t doorbells_ = 0;

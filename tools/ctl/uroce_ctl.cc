@@ -15,18 +15,16 @@
 #include <utility>  // boost 1.74's asio uses std::exchange without including it
 
 #include <boost/asio.hpp>
-#include <boost/property_tree/json_parser.hpp>
-#include <boost/property_tree/ptree.hpp>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
 #include <map>
-#include <sstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 
 namespace asio = boost::asio;
-namespace pt = boost::property_tree;
+using json = nlohmann::json;
 
 namespace {
 
@@ -47,11 +45,28 @@ bool request(const std::string& path, const std::string& line, std::string& repl
   }
 }
 
-std::uint64_t num(const pt::ptree& t, const std::string& path) { return t.get<std::uint64_t>(path, 0); }
+/// The number at a dotted path ("limits.refused.sessions"), or 0 where
+/// there is none: a status from an older or newer daemon still renders.
+std::uint64_t num(const json& t, const std::string& path) {
+  std::string ptr = "/" + path;
+  for (char& c : ptr)
+    if (c == '.') c = '/';
+  const json::json_pointer p(ptr);
+  if (!t.contains(p) || !t.at(p).is_number()) return 0;
+  return t.at(p).get<std::uint64_t>();
+}
+std::string str(const json& t, const char* key) {
+  const auto it = t.find(key);
+  return it != t.end() && it->is_string() ? it->get<std::string>() : "?";
+}
+const json* child(const json& t, const std::string& key) {
+  const auto it = t.find(key);
+  return it != t.end() && !it->is_null() ? &*it : nullptr;
+}
 
 /// Human view of a status object. With `prev` and `secs`, rates too.
-void render(const pt::ptree& st, const pt::ptree* prev, double secs) {
-  const unsigned n = st.get<unsigned>("pipelines", 0);
+void render(const json& st, const json* prev, double secs) {
+  const unsigned n = static_cast<unsigned>(num(st, "pipelines"));
   auto rate = [&](const std::string& key) -> std::string {
     if (!prev || secs <= 0) return "";
     const double r = (static_cast<double>(num(st, key)) - static_cast<double>(num(*prev, key))) / secs;
@@ -59,29 +74,29 @@ void render(const pt::ptree& st, const pt::ptree* prev, double secs) {
     std::snprintf(b, sizeof b, " (%.0f/s)", r);
     return b;
   };
-  std::printf("node: %u pipeline%s, stage %s\n", n, n == 1 ? "" : "s", st.get<std::string>("stage", "?").c_str());
-  if (auto ss = st.get_child_optional("session_list"); ss && !ss->empty()) {
+  std::printf("node: %u pipeline%s, stage %s\n", n, n == 1 ? "" : "s", str(st, "stage").c_str());
+  if (const json* ss = child(st, "session_list"); ss && ss->is_array() && !ss->empty()) {
     std::printf("\nsessions:\n  %-6s %-8s %4s %4s %12s %4s  %s\n", "id", "pid", "PDs", "MRs", "MR bytes", "CQs", "QPs");
-    for (const auto& [_, x] : *ss) {
+    for (const json& x : *ss) {
       std::string qpns;
-      if (auto q = x.get_child_optional("qpns"))
-        for (const auto& [__, v] : *q) {
+      if (const json* q = child(x, "qpns"); q && q->is_array())
+        for (const json& v : *q) {
           char b[16];
-          std::snprintf(b, sizeof b, "%s0x%06x", qpns.empty() ? "" : " ", v.get_value<unsigned>());
+          std::snprintf(b, sizeof b, "%s0x%06x", qpns.empty() ? "" : " ", v.is_number() ? v.get<unsigned>() : 0u);
           qpns += b;
         }
-      std::printf("  %-6u %-8d %4u %4u %12lu %4u  %s\n", x.get<unsigned>("id"), x.get<int>("pid"), x.get<unsigned>("pds"),
-                  x.get<unsigned>("mrs"), num(x, "mr_bytes"), x.get<unsigned>("cqs"), qpns.empty() ? "-" : qpns.c_str());
+      std::printf("  %-6lu %-8lu %4lu %4lu %12lu %4lu  %s\n", num(x, "id"), num(x, "pid"), num(x, "pds"), num(x, "mrs"),
+                  num(x, "mr_bytes"), num(x, "cqs"), qpns.empty() ? "-" : qpns.c_str());
     }
   }
-  if (auto c = st.get_child_optional("cm"); c && !c->empty()) {
+  if (const json* c = child(st, "cm"); c && !c->empty()) {
     std::printf("\nRDMA CM (QP1): %lu connections; MADs rx %lu tx %lu, resends %lu, duplicates %lu, rejects sent %lu, "
                 "established %lu, disconnected %lu, bad %lu, unmatched %lu\n",
                 num(*c, "connections"), num(*c, "mads_rx"), num(*c, "mads_tx"), num(*c, "resends"),
                 num(*c, "duplicates"), num(*c, "rejects_sent"), num(*c, "established"), num(*c, "disconnected"),
                 num(*c, "bad_mads"), num(*c, "unmatched"));
   }
-  if (auto l = st.get_child_optional("limits"); l && l->count("max_sessions")) {
+  if (const json* l = child(st, "limits"); l && l->contains("max_sessions")) {
     std::printf("\nlimits: sessions %lu (%lu per uid), QPs %lu per session and %lu per uid, CQs %lu, MRs %lu, "
                 "%lu connections awaiting hello (%lu ms)\n",
                 num(*l, "max_sessions"), num(*l, "max_sessions_per_uid"), num(*l, "max_qps"), num(*l, "max_qps_per_uid"),
@@ -91,13 +106,15 @@ void render(const pt::ptree& st, const pt::ptree* prev, double secs) {
                 num(*l, "refused.sessions"), num(*l, "refused.sessions_per_uid"), num(*l, "refused.unhelloed"),
                 num(*l, "refused.hello_timeouts"), num(*l, "refused.qps_per_uid"), num(*l, "refused.accept_errors"),
                 num(*l, "refused.emfile_drops"));
+    std::printf("  closed: sessions whose memory faulted %lu\n", num(*l, "closed.memory_faults"));
   }
   for (unsigned k = 0; k < n; ++k) {
     const std::string pre = k == 0 ? "" : "_" + std::to_string(k);
-    const auto& p = st.get_child("pipeline" + pre);
-    std::printf("\npipeline %u: port %s shard %u lcore %u ip %s, %u QPs\n", k, p.get<std::string>("port").c_str(),
-                p.get<unsigned>("shard"), p.get<unsigned>("lcore"), p.get<std::string>("ip").c_str(),
-                p.get<unsigned>("qps"));
+    const json* pp = child(st, "pipeline" + pre);
+    if (!pp) continue;
+    const json& p = *pp;
+    std::printf("\npipeline %u: port %s shard %lu lcore %lu ip %s, %lu QPs\n", k, str(p, "port").c_str(), num(p, "shard"),
+                num(p, "lcore"), str(p, "ip").c_str(), num(p, "qps"));
     std::printf("  rx %lu%s  roce %lu%s  tx %lu%s\n", num(st, "dataplane" + pre + ".rx_frames"),
                 rate("dataplane" + pre + ".rx_frames").c_str(), num(st, "dataplane" + pre + ".rx_roce"),
                 rate("dataplane" + pre + ".rx_roce").c_str(), num(st, "dataplane" + pre + ".tx_frames"),
@@ -108,11 +125,11 @@ void render(const pt::ptree& st, const pt::ptree* prev, double secs) {
                 num(st, "dataplane" + pre + ".rx_arp_nd"), num(st, "dataplane" + pre + ".idle_sleeps"));
     std::printf("  %-8s %-4s %-5s %-8s %-16s %12s %12s %8s %8s %6s %6s\n", "QPN", "type", "state", "dest", "peer",
                 "sent", "rcvd", "retx", "timeout", "naks", "rnr");
-    if (auto qps = st.get_child_optional("qp_list" + pre)) {
-      for (const auto& [_, q] : *qps) {
-        std::printf("  0x%06x %-4s %-5s 0x%06x %-16s %12lu %12lu %8lu %8lu %6lu %6lu\n", q.get<unsigned>("qpn"),
-                    q.get<std::string>("type").c_str(), q.get<std::string>("state").c_str(),
-                    q.get<unsigned>("dest_qpn"), q.get<std::string>("peer").c_str(), num(q, "sent_pkts"),
+    if (const json* qps = child(st, "qp_list" + pre); qps && qps->is_array()) {
+      for (const json& q : *qps) {
+        std::printf("  0x%06lx %-4s %-5s 0x%06lx %-16s %12lu %12lu %8lu %8lu %6lu %6lu\n", num(q, "qpn"),
+                    str(q, "type").c_str(), str(q, "state").c_str(), num(q, "dest_qpn"), str(q, "peer").c_str(),
+                    num(q, "sent_pkts"),
                     num(q, "rcvd_pkts"), num(q, "retransmitted_pkts"), num(q, "timeouts"), num(q, "sent_naks"),
                     num(q, "send_rnr_err"));
       }
@@ -120,15 +137,13 @@ void render(const pt::ptree& st, const pt::ptree* prev, double secs) {
   }
 }
 
-bool parse(const std::string& text, pt::ptree& out, std::string& err) {
-  try {
-    std::istringstream is(text);
-    pt::read_json(is, out);
-    return true;
-  } catch (const std::exception& e) {
-    err = std::string("bad reply from uroced: ") + e.what();
+bool parse(const std::string& text, json& out, std::string& err) {
+  out = json::parse(text, nullptr, false);  // no exceptions: a bad reply is a clear error
+  if (out.is_discarded() || !out.is_object()) {
+    err = "bad reply from uroced: not a JSON object";
     return false;
   }
+  return true;
 }
 
 void usage(FILE* f) {
@@ -166,18 +181,18 @@ int main(int argc, char** argv) {
   if (cmd == "status" || cmd == "json") {
     if (!request(path, "status", reply, err)) return std::fprintf(stderr, "uroce-ctl: %s\n", err.c_str()), 2;
     if (cmd == "json") return std::printf("%s\n", reply.c_str()), 0;
-    pt::ptree st;
+    json st;
     if (!parse(reply, st, err)) return std::fprintf(stderr, "uroce-ctl: %s\n", err.c_str()), 2;
     render(st, nullptr, 0);
     return 0;
   }
   if (cmd == "watch") {
-    pt::ptree prev;
+    json prev;
     bool have_prev = false;
     auto last = std::chrono::steady_clock::now();
     for (unsigned i = 0; count == 0 || i < count; ++i) {
       if (!request(path, "status", reply, err)) return std::fprintf(stderr, "uroce-ctl: %s\n", err.c_str()), 2;
-      pt::ptree st;
+      json st;
       if (!parse(reply, st, err)) return std::fprintf(stderr, "uroce-ctl: %s\n", err.c_str()), 2;
       const auto now = std::chrono::steady_clock::now();
       std::printf("\033[H\033[2J");  // home and clear: the view updates in place
@@ -198,5 +213,7 @@ int main(int argc, char** argv) {
   }
   if (!request(path, line, reply, err)) return std::fprintf(stderr, "uroce-ctl: %s\n", err.c_str()), 2;
   std::printf("%s\n", reply.c_str());
-  return reply.find("\"ok\": true") != std::string::npos ? 0 : 1;
+  json r;
+  if (!parse(reply, r, err)) return std::fprintf(stderr, "uroce-ctl: %s\n", err.c_str()), 2;
+  return r.value("ok", false) ? 0 : 1;
 }
