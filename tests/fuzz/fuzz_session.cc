@@ -73,12 +73,15 @@ struct Rig {
     lim.max_mr_bytes = 1 << 20;
     srv = std::make_unique<control::SessionServer>(io, path, 0600, *eng, lim);
   }
+  /// The server's loop until it has nothing left to do (at most 4 passes):
+  /// a Unix socket delivers at once, so one pass with work is the usual.
   void turn() {
     for (int i = 0; i < 4; ++i) {
-      io.poll();
-      (void)srv->step();
+      std::size_t work = io.poll();
+      work += srv->step();
       eng->poll(1'000'000);
-      eng->drain_tx([](const transport::TxFrame&) {});
+      work += eng->drain_tx([](const transport::TxFrame&) {});
+      if (work == 0) break;
     }
   }
 };
