@@ -17,6 +17,10 @@ src=$(cd "$(dirname "$0")/.." && pwd)
 runs=${FUZZ_RUNS:-10000000}
 targets=${FUZZ_TARGETS:-"parser cm options transport session"}
 jobs=${FUZZ_JOBS:-$(nproc)}
+# No allocation stacks: ASan's stack depot fills with the option parser's
+# unique stacks and its inserts came to cost 40% of the time (800 runs/s
+# against 3,500). A crash input is kept and replays with full stacks.
+export ASAN_OPTIONS=${ASAN_OPTIONS:-malloc_context_size=0}
 limit=()
 [ -n "${FUZZ_SECONDS:-}" ] && limit=(-max_total_time="$FUZZ_SECONDS")
 captures=$src/../shared/captures
