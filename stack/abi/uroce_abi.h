@@ -32,6 +32,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -113,6 +114,16 @@ struct uroce_send_entry {
 #define UROCE_UD_DGID_OFFSET 32
 #define UROCE_UD_DMAC_OFFSET 16
 #define UROCE_UD_TCLASS_OFFSET 22
+
+/* Writes a UD send entry's address vector: the one writer, for liburoce and
+ * the engine's heap rings alike. */
+static inline void uroce_send_entry_set_av(struct uroce_send_entry* e, const uint8_t dgid[16], const uint8_t dmac[6],
+                                           uint8_t traffic_class) {
+  uint8_t* b = (uint8_t*)e;
+  memcpy(b + UROCE_UD_DGID_OFFSET, dgid, 16);
+  memcpy(b + UROCE_UD_DMAC_OFFSET, dmac, 6);
+  b[UROCE_UD_TCLASS_OFFSET] = traffic_class;
+}
 
 /* A receive work request: 80 bytes. */
 struct uroce_recv_entry {

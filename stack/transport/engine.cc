@@ -574,10 +574,7 @@ int Engine::post_send(Qp* qp, const SendWr& wr) {
   }
   if (qp->type == IBV_QPT_UD) {
     if (wr.ah == nullptr) return EINVAL;
-    auto* b = reinterpret_cast<std::uint8_t*>(&e);
-    std::memcpy(b + UROCE_UD_DGID_OFFSET, wr.ah->dgid.b.data(), 16);
-    std::memcpy(b + UROCE_UD_DMAC_OFFSET, wr.ah->dmac.data(), 6);
-    b[UROCE_UD_TCLASS_OFFSET] = wr.ah->traffic_class;
+    uroce_send_entry_set_av(&e, wr.ah->dgid.b.data(), wr.ah->dmac.data(), wr.ah->traffic_class);
   }
   if (!send_entry_ok(*qp, e)) return EINVAL;
   if (qp->sq_ring.used() >= qp->cap.max_send_wr || !qp->sq_ring.push(e)) return ENOMEM;

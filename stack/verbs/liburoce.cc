@@ -1026,10 +1026,7 @@ int uroce_post_send(uroce_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
       }
       e.remote_qpn = wr->wr.ud.remote_qpn;
       e.remote_qkey = wr->wr.ud.remote_qkey;
-      auto* b = reinterpret_cast<std::uint8_t*>(&e);
-      std::memcpy(b + UROCE_UD_DGID_OFFSET, ah->dgid, 16);
-      std::memcpy(b + UROCE_UD_DMAC_OFFSET, ah->dmac, 6);
-      b[UROCE_UD_TCLASS_OFFSET] = ah->traffic_class;
+      uroce_send_entry_set_av(&e, ah->dgid, ah->dmac, ah->traffic_class);
     } else if (wr->opcode == IBV_WR_ATOMIC_CMP_AND_SWP || wr->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) {
       e.remote_addr = wr->wr.atomic.remote_addr;
       e.rkey = wr->wr.atomic.rkey;
