@@ -114,6 +114,7 @@ struct SessionServer::Session {
   Mapping page_map;
   uroce_session_page* page = nullptr;
   std::unique_ptr<asio::posix::stream_descriptor> bell;  // the daemon's end
+  int cm_chan = -1;  // the CM event channel (minor 7): a Unix datagram socket rung per CM event
   std::uint64_t doorbells = 0, notify_failed = 0, events_failed = 0;
   /// The page's posts word when the daemon last looked at the session's
   /// queues; a client older than minor 5 does not write it, so its queues
@@ -144,6 +145,15 @@ SessionServer::SessionServer(asio::io_context& io, const std::string& path, unsi
   cc.seed = static_cast<std::uint64_t>(::getpid()) ^ static_cast<std::uint64_t>(now_ns());
   cm_ = std::make_unique<cm::CmAgent>(eng, cc, resolve, resolve_ctx);
   eng_.set_hooks(&SessionServer::on_cq_notify, &SessionServer::on_async_event, this);
+  cm_->set_event_hook(&SessionServer::on_cm_event, this);
+}
+
+void SessionServer::on_cm_event(void* ctx, std::uint32_t owner) {
+  auto* self = static_cast<SessionServer*>(ctx);
+  const auto it = self->sessions_.find(owner);
+  if (it == self->sessions_.end() || it->second->cm_chan < 0) return;
+  // Never blocking: a full socket already holds a wake-up for this event.
+  (void)abi::ring(it->second->cm_chan);
 }
 
 void SessionServer::on_cq_notify(void* ctx, Cq& cq) {
@@ -359,28 +369,66 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
       s.pds[r.handle] = eng_.alloc_pd();
       return send_reply(sock, h, 0, "", &r, sizeof r);
     }
-    case UROCE_MSG_REG_MR: {
-      uroce_reg_mr_msg m;
-      if (!take(m)) return;
+    case UROCE_MSG_REG_MR:
+    case UROCE_MSG_REG_MR_PIECES: {
+      // One memfd (REG_MR), or several mapped one after another
+      // (REG_MR_PIECES: memory the application registered before in
+      // pieces, which must stay where it is).
+      uroce_reg_mr_pieces_msg pm{};
+      if (h.type == UROCE_MSG_REG_MR) {
+        if (!take(pm.mr)) return;
+        pm.count = 1;
+        pm.piece[0] = {pm.mr.offset, pm.mr.length};
+      } else {
+        if (!take(pm)) return;
+        if (pm.count == 0 || pm.count > UROCE_MR_MAX_PIECES) return fail(EINVAL, "an MR has 1..16 pieces");
+      }
+      const uroce_reg_mr_msg& m = pm.mr;
       auto pd = s.pds.find(m.pd);
       if (pd == s.pds.end()) return fail(EINVAL, "no such PD in this session");
-      if (fds.empty()) return fail(EINVAL, "REG_MR needs the memory's file descriptor");
+      if (fds.size() < pm.count) return fail(EINVAL, "REG_MR needs the memory's file descriptor (one per piece)");
       if (s.mrs.size() >= limits_.max_mrs || s.mr_bytes + m.length > limits_.max_mr_bytes)
         return fail(EDQUOT, "over this session's MR limit");
-      if (m.length == 0 || (m.offset & 4095)) return fail(EINVAL, "MR length 0 or offset not page aligned");
-      // The memory must be there, and stay there: the memfd must hold the
-      // whole range and be sealed against shrinking, or a client could
-      // truncate it under the daemon's mapping (SIGBUS on the next access).
-      struct stat st {};
-      if (::fstat(fds[0], &st) != 0 || !S_ISREG(st.st_mode)) return fail(EINVAL, "REG_MR needs a memfd (or a regular file)");
-      const int seals = ::fcntl(fds[0], F_GET_SEALS);
-      if (seals < 0 || !(seals & F_SEAL_SHRINK))
-        return fail(EINVAL, "the MR's memfd must be sealed against shrinking (F_SEAL_SHRINK)");
-      if (m.offset > static_cast<std::uint64_t>(st.st_size) || m.length > static_cast<std::uint64_t>(st.st_size) - m.offset)
-        return fail(EINVAL, "the MR's range is beyond the end of its memfd");
+      if (m.length == 0) return fail(EINVAL, "MR length 0");
+      std::uint64_t sum = 0;
+      for (std::uint32_t i = 0; i < pm.count; ++i) {
+        const uroce_reg_mr_piece& p = pm.piece[i];
+        if ((p.offset & 4095) || p.length == 0 || (pm.count > 1 && (p.length & 4095)))
+          return fail(EINVAL, "MR offset not page aligned, or a piece not whole pages");
+        // The memory must be there, and stay there: the memfd must hold the
+        // whole range and be sealed against shrinking, or a client could
+        // truncate it under the daemon's mapping (SIGBUS on the next access).
+        struct stat st {};
+        if (::fstat(fds[i], &st) != 0 || !S_ISREG(st.st_mode)) return fail(EINVAL, "REG_MR needs a memfd (or a regular file)");
+        const int seals = ::fcntl(fds[i], F_GET_SEALS);
+        if (seals < 0 || !(seals & F_SEAL_SHRINK))
+          return fail(EINVAL, "the MR's memfd must be sealed against shrinking (F_SEAL_SHRINK)");
+        if (p.offset > static_cast<std::uint64_t>(st.st_size) || p.length > static_cast<std::uint64_t>(st.st_size) - p.offset)
+          return fail(EINVAL, "the MR's range is beyond the end of its memfd");
+        if (p.length > m.length - sum) return fail(EINVAL, "the MR's pieces add up to more than its length");
+        sum += p.length;
+      }
+      if (sum != m.length) return fail(EINVAL, "the MR's pieces do not add up to its length");
       Mapping map;
       map.len = m.length;
-      map.addr = ::mmap(nullptr, m.length, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], static_cast<off_t>(m.offset));
+      if (pm.count == 1) {
+        map.addr = ::mmap(nullptr, m.length, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], static_cast<off_t>(m.offset));
+      } else {
+        // Reserve the whole range, then map each piece over its part.
+        map.addr = ::mmap(nullptr, m.length, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        std::uint64_t at = 0;
+        for (std::uint32_t i = 0; map.addr != MAP_FAILED && i < pm.count; ++i) {
+          void* want = static_cast<std::uint8_t*>(map.addr) + at;
+          if (::mmap(want, pm.piece[i].length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fds[i],
+                     static_cast<off_t>(pm.piece[i].offset)) == MAP_FAILED) {
+            const int e = errno;
+            map.unmap();
+            errno = e;
+            map.addr = MAP_FAILED;
+          }
+          at += pm.piece[i].length;
+        }
+      }
       if (map.addr == MAP_FAILED) return fail(errno, "cannot map the MR's memory");
       map.guard = sigbus_guard::guard(map.addr, map.len, s.id);  // a fault in it costs the session, not the daemon
       Mr* mr = eng_.reg_mr_iova(pd->second, map.addr, m.length, m.access, m.app_va);
@@ -659,6 +707,21 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
       }
       return send_reply(sock, h, 0, "", nullptr, 0);
     }
+    case UROCE_MSG_CM_UNLISTEN: {
+      uroce_cm_msg m;
+      if (!take(m)) return;
+      if (!cm_->ok()) return fail(ENODEV, "the CM agent has no QP1");
+      if (const int rc = cm_->unlisten(m.port, s.id)) return fail(rc, "this session does not listen on that port");
+      return send_reply(sock, h, 0, "", nullptr, 0);
+    }
+    case UROCE_MSG_CM_CHANNEL: {
+      if (fds.empty() || !abi::is_unix_dgram(fds.front()))
+        return fail(EINVAL, "a CM channel must be a Unix datagram socket");
+      if (s.cm_chan >= 0) ::close(s.cm_chan);  // a second one replaces the first
+      s.cm_chan = fds.front();
+      fds.erase(fds.begin());
+      return send_reply(sock, h, 0, "", nullptr, 0);
+    }
     case UROCE_MSG_CM_EVENT: {
       cm::CmEvent e;
       if (!cm_->next_event(s.id, e)) return fail(EAGAIN, "no CM event");
@@ -793,6 +856,8 @@ void SessionServer::close(Session& s) {
   boost::system::error_code ec;
   s.sock.close(ec);
   s.bell.reset();  // closes the daemon's end; a pending wait ends aborted
+  if (s.cm_chan >= 0) ::close(s.cm_chan);
+  s.cm_chan = -1;
   s.page = nullptr;
   s.page_map.unmap();
 }

@@ -64,6 +64,9 @@ class SessionServer {
   /// an async event to send on the session's doorbell socket.
   static void on_cq_notify(void* ctx, transport::Cq& cq);
   static void on_async_event(void* ctx, ibv_event_type type, transport::Cq* cq, transport::Qp* qp);
+  /// The CM agent's hook: a CM event waits for session `owner`; ring its
+  /// CM channel, if it gave one.
+  static void on_cm_event(void* ctx, std::uint32_t owner);
   void on_readable(const std::shared_ptr<Session>& s);
   void handle(Session& s, const uroce_msg_hdr& h, const std::uint8_t* body, std::vector<int>& fds);
   void close(Session& s);

@@ -11,7 +11,7 @@
 
 namespace uroce::abi {
 
-inline constexpr std::size_t kMaxFdsPerMsg = 4;
+inline constexpr std::size_t kMaxFdsPerMsg = 16;  // REG_MR_PIECES' most (UROCE_MR_MAX_PIECES)
 
 /// sendmsg of `len` bytes, with the descriptors `fds[0..nfds)` attached
 /// (at most kMaxFdsPerMsg; negative ones are skipped). `flags` add to
@@ -30,6 +30,7 @@ inline ssize_t send_with_fds(int sock, const void* buf, std::size_t len, const i
   if (k > 0) {
     mh.msg_control = ctrl;
     mh.msg_controllen = CMSG_SPACE(sizeof(int) * k);
+    std::memset(ctrl, 0, mh.msg_controllen);  // the padding after the descriptors too
     cmsghdr* c = CMSG_FIRSTHDR(&mh);
     c->cmsg_level = SOL_SOCKET;
     c->cmsg_type = SCM_RIGHTS;

@@ -48,6 +48,14 @@ enum uroce_msg_type {
    * resolves one at ibv_create_ah). Answered once known: at once from the
    * neighbour table, or after ARP/ND, or EHOSTUNREACH after 3 s. */
   UROCE_MSG_RESOLVE = 16,       /* body: resolve;  reply: resolve_reply */
+  /* Minor 7: a Unix datagram socket (the fd) that the daemon rings, never
+   * blocking, each time it queues a CM event for the session, so the
+   * application sleeps on it instead of asking again and again. */
+  UROCE_MSG_CM_CHANNEL = 17,    /* body: none + fd;  reply: status */
+  UROCE_MSG_CM_UNLISTEN = 18,   /* body: cm (port);  reply: status (minor 7) */
+  /* Minor 7: an MR over several memfds, each piece mapped after the one
+   * before (memory registered before in pieces stays where it is). */
+  UROCE_MSG_REG_MR_PIECES = 19, /* body: reg_mr_pieces + one fd per piece; reply: reg_mr_reply */
 };
 
 struct uroce_msg_hdr {
@@ -85,6 +93,18 @@ struct uroce_reg_mr_msg {
   uint64_t app_va; /* where the application sees the memory */
   uint64_t length;
   uint64_t offset; /* into the passed memfd */
+};
+/* At most this many pieces (and descriptors) in one REG_MR_PIECES. */
+#define UROCE_MR_MAX_PIECES 16u
+struct uroce_reg_mr_piece {
+  uint64_t offset; /* into the piece's memfd, page aligned */
+  uint64_t length; /* page aligned */
+};
+struct uroce_reg_mr_pieces_msg {
+  struct uroce_reg_mr_msg mr; /* length: the pieces' sum; offset: unused (0) */
+  uint32_t count;             /* 1..UROCE_MR_MAX_PIECES: the descriptors that come along, in order */
+  uint32_t pad;
+  struct uroce_reg_mr_piece piece[UROCE_MR_MAX_PIECES];
 };
 struct uroce_reg_mr_reply {
   uint32_t handle, lkey, rkey, pad;
@@ -184,6 +204,7 @@ UROCE_STATIC_ASSERT(sizeof(struct uroce_device_attr) == 48, "device_attr is 48 b
 UROCE_STATIC_ASSERT(sizeof(struct uroce_msg_hdr) == 16, "message header is 16 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_reply_status) == 128, "reply status is 128 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_reg_mr_msg) == 32, "reg_mr is 32 bytes");
+UROCE_STATIC_ASSERT(sizeof(struct uroce_reg_mr_pieces_msg) == 40 + 16 * UROCE_MR_MAX_PIECES, "reg_mr_pieces layout");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_create_qp_msg) == 32, "create_qp is 32 bytes (28 before minor 2)");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_cm_msg) == 88, "cm is 88 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_cm_event_msg) == 96, "cm_event is 96 bytes");

@@ -179,6 +179,7 @@ void CmAgent::event(const Conn& c, CmEvent::Type t, std::uint16_t reason, wire::
   if (t == CmEvent::Type::kEstablished) inc(CmCounter::established);
   if (t == CmEvent::Type::kDisconnected) inc(CmCounter::disconnected);
   events_[c.owner].push_back(e);
+  if (event_hook_) event_hook_(event_hook_ctx_, c.owner);
 }
 
 // ------------------------------------------------------------ QP moves

@@ -115,6 +115,12 @@ class CmAgent {
   void drop_owner(std::uint32_t owner, std::uint64_t now);
   /// The owner's next event, if any.
   bool next_event(std::uint32_t owner, CmEvent& out);
+  /// Called each time an event is queued for `owner` (after it is queued).
+  using EventHook = void (*)(void* ctx, std::uint32_t owner);
+  void set_event_hook(EventHook hook, void* ctx) {
+    event_hook_ = hook;
+    event_hook_ctx_ = ctx;
+  }
 
   /// Receives MADs, resends on timers, sends MADs whose peer MAC arrived.
   std::size_t poll(std::uint64_t now);
@@ -196,6 +202,8 @@ class CmAgent {
   CmConfig cfg_;
   Resolve resolve_;
   void* resolve_ctx_;
+  EventHook event_hook_ = nullptr;
+  void* event_hook_ctx_ = nullptr;
   transport::Pd* pd_ = nullptr;
   transport::Cq* cq_ = nullptr;
   transport::Mr* mr_ = nullptr;

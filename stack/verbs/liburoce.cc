@@ -54,11 +54,21 @@ using uroce::verbs_detail::set_error;
 using uroce::verbs_detail::t_error;
 
 
-struct Buf {
-  std::uint8_t* addr;
+/// The process's registered memory. Every page an MR covers lies in one
+/// segment: a sealed memfd mapped where the application sees it, so every
+/// daemon's mapping of that page shares the application's. A page never
+/// moves once in a segment: an MR over pages of several segments (two
+/// buffers sharing a page, registered in either order) maps them as pieces
+/// (REG_MR_PIECES), and only pages no segment holds yet move onto a new one.
+/// A segment lives while an MR (or a uroce_alloc_buf) pins it; after that
+/// its memory stays as it is, only no longer tracked.
+struct Segment {
   std::size_t len;
   int fd;
+  std::uint32_t refs;
 };
+std::mutex g_seg_mu;
+std::map<std::uintptr_t, Segment> g_segs;  // by start address; never overlapping
 
 /// Embedded mode: the process's one node, in the plugin (embedded.h). Every
 /// liburoce call that posts, polls or waits turns its loop, whichever
@@ -244,7 +254,7 @@ struct uroce_context {
   std::uint32_t seq = 0;
   std::uint32_t session = 0;
   std::uint8_t gid[16] = {};
-  std::vector<Buf> bufs;  // shared memory the application may register
+  std::vector<std::uintptr_t> bufs;  // uroce_alloc_buf's segments, pinned until the context closes
   // The session page and the doorbell (ABI minor 4): after a post, ring the
   // doorbell only while the page says the daemon may block.
   uroce_session_page* page = nullptr;
@@ -257,6 +267,14 @@ struct uroce_context {
   // For async events, which name a CQ or QP by its session handle.
   std::map<std::uint32_t, uroce_cq*> cqs;
   std::map<std::uint32_t, uroce_qp*> qps;
+  // One request at a time on the session socket: an rdma_cm program waits
+  // for CM events on one thread while another sets up its QPs.
+  std::mutex call_mu;
+  // The CM event channel (minor 7), made at the first CM call: our end is
+  // readable when the daemon has queued a CM event for this session.
+  std::once_flag cm_once;
+  int cm_fd = -1;
+  bool cm_pushed = false;  // the daemon rings cm_fd (false: an older daemon, asked every millisecond)
 };
 
 struct uroce_pd {
@@ -267,6 +285,7 @@ struct uroce_pd {
 struct uroce_mr {
   uroce_pd* pd;
   std::uint32_t handle, lkey, rkey;
+  std::vector<std::uintptr_t> segs;  // the segments it pins
 };
 
 struct uroce_comp_channel {
@@ -322,16 +341,19 @@ struct uroce_qp {
 
 namespace {
 
-/// One request and its reply. `fd_out` goes with the request; descriptors
-/// in the reply land in fd_in[0..nfd_in), in order (the rest are closed).
-int call(uroce_context* ctx, std::uint16_t type, const void* body, std::uint32_t blen, int fd_out, void* reply,
-         std::size_t rlen, int* fd_in = nullptr, std::size_t nfd_in = 1) {
+/// One request and its reply. `fds_out[0..nfds_out)` go with the request;
+/// descriptors in the reply land in fd_in[0..nfd_in), in order (the rest
+/// are closed).
+int call_fds(uroce_context* ctx, std::uint16_t type, const void* body, std::uint32_t blen, const int* fds_out,
+             std::size_t nfds_out, void* reply, std::size_t rlen, int* fd_in = nullptr, std::size_t nfd_in = 1) {
+  std::lock_guard<std::mutex> lock(ctx->call_mu);
   std::size_t fds_got = 0;
   std::uint8_t out[UROCE_MSG_MAX];
   const uroce_msg_hdr h{UROCE_MSG_MAGIC, UROCE_ABI_MAJOR, type, blen, ++ctx->seq};
   std::memcpy(out, &h, sizeof h);
   if (blen) std::memcpy(out + sizeof h, body, blen);
-  if (abi::send_with_fd(ctx->sock, out, sizeof h + blen, fd_out) < 0) return set_error(errno, "cannot send to uroced");
+  if (abi::send_with_fds(ctx->sock, out, sizeof h + blen, fds_out, nfds_out) < 0)
+    return set_error(errno, "cannot send to uroced");
   // The reply: header, status, body; a descriptor may ride with it.
   std::uint8_t in[UROCE_MSG_MAX];
   std::size_t got = 0, want = sizeof(uroce_msg_hdr);
@@ -363,6 +385,12 @@ int call(uroce_context* ctx, std::uint16_t type, const void* body, std::uint32_t
   if (rlen > body_len) return set_error(EPROTO, "short reply from uroced");
   if (rlen) std::memcpy(reply, in + sizeof(uroce_msg_hdr) + sizeof st, rlen);
   return 0;
+}
+
+/// The same with at most one descriptor (`fd_out`, -1 for none).
+int call(uroce_context* ctx, std::uint16_t type, const void* body, std::uint32_t blen, int fd_out, void* reply,
+         std::size_t rlen, int* fd_in = nullptr, std::size_t nfd_in = 1) {
+  return call_fds(ctx, type, body, blen, &fd_out, fd_out >= 0 ? 1 : 0, reply, rlen, fd_in, nfd_in);
 }
 
 /// A memfd of `len` bytes sealed at that size: the daemon maps registered
@@ -411,11 +439,65 @@ int push_recvs(abi::Ring<uroce_recv_entry>& ring, ibv_recv_wr* wr, ibv_recv_wr**
   return 0;
 }
 
-const Buf* find_buf(const uroce_context* ctx, const void* addr, std::size_t len) {
-  const auto* p = static_cast<const std::uint8_t*>(addr);
-  for (const Buf& b : ctx->bufs)
-    if (p >= b.addr && p + len <= b.addr + b.len) return &b;
-  return nullptr;
+void unpin_locked(std::uintptr_t start) {
+  const auto it = g_segs.find(start);
+  if (it == g_segs.end() || --it->second.refs != 0) return;
+  ::close(it->second.fd);  // the mapping keeps the memory
+  g_segs.erase(it);
+}
+
+void unpin(const std::vector<std::uintptr_t>& segs) {
+  std::lock_guard<std::mutex> lock(g_seg_mu);
+  for (std::uintptr_t s : segs) unpin_locked(s);
+}
+
+/// Moves the pages [start, end), which no segment holds, onto a new
+/// segment in place, keeping their contents. 0 or an errno.
+int new_segment_locked(std::uintptr_t start, std::uintptr_t end) {
+  const std::size_t len = end - start;
+  const int fd = sealed_memfd("uroce-mr", len);
+  if (fd < 0) return set_error(errno, "memfd");
+  void* tmp = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (tmp == MAP_FAILED) return ::close(fd), set_error(errno, "mmap");
+  std::memcpy(tmp, reinterpret_cast<void*>(start), len);
+  ::munmap(tmp, len);
+  if (::mmap(reinterpret_cast<void*>(start), len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED)
+    return ::close(fd), set_error(errno, "cannot remap the memory onto shared memory");
+  g_segs[start] = {len, fd, 0};
+  return 0;
+}
+
+/// The memfd pieces behind the pages [start, end), in order, making
+/// segments for pages no segment holds; pins each segment used (`segs`).
+/// 0, or an errno with nothing pinned.
+int pin(std::uintptr_t start, std::uintptr_t end, std::vector<uroce_reg_mr_piece>& pieces, std::vector<int>& fds,
+        std::vector<std::uintptr_t>& segs) {
+  std::lock_guard<std::mutex> lock(g_seg_mu);
+  for (std::uintptr_t pos = start; pos < end;) {
+    auto next = g_segs.upper_bound(pos);
+    auto it = next == g_segs.begin() ? g_segs.end() : std::prev(next);
+    if (it == g_segs.end() || pos >= it->first + it->second.len) {
+      const std::uintptr_t gap_end = next == g_segs.end() ? end : std::min(end, next->first);
+      if (const int rc = new_segment_locked(pos, gap_end)) {
+        for (std::uintptr_t s : segs) unpin_locked(s);
+        segs.clear();
+        return rc;
+      }
+      it = g_segs.find(pos);
+    }
+    const std::uintptr_t take = std::min(end, it->first + it->second.len) - pos;
+    if (pieces.size() == UROCE_MR_MAX_PIECES) {
+      for (std::uintptr_t s : segs) unpin_locked(s);
+      segs.clear();
+      return set_error(ENOMEM, "the MR spans more than 16 separately registered regions");
+    }
+    pieces.push_back({pos - it->first, take});
+    fds.push_back(it->second.fd);
+    ++it->second.refs;
+    segs.push_back(it->first);
+    pos += take;
+  }
+  return 0;
 }
 
 }  // namespace
@@ -458,6 +540,13 @@ int uroce_cm_listen(uroce_context* ctx, std::uint16_t port) {
   return cm_call(ctx, UROCE_MSG_CM_LISTEN, m, nullptr);
 }
 
+int uroce_cm_unlisten(uroce_context* ctx, std::uint16_t port) {
+  if (!ctx) return set_error(EINVAL, "no context");
+  uroce_cm_msg m{};
+  m.port = port;
+  return cm_call(ctx, UROCE_MSG_CM_UNLISTEN, m, nullptr);
+}
+
 int uroce_cm_connect(uroce_qp* qp, const ibv_gid* dgid, std::uint16_t port, const uroce_cm_param* p,
                      std::uint32_t* id) {
   if (!qp || !dgid || !id) return set_error(EINVAL, "no QP, GID or id");
@@ -494,13 +583,32 @@ int uroce_cm_disconnect(uroce_context* ctx, std::uint32_t id) {
   return cm_call(ctx, UROCE_MSG_CM_DISCONNECT, m, nullptr);
 }
 
+int uroce_cm_fd(uroce_context* ctx) {
+  if (!ctx) return set_error(EINVAL, "no context"), -1;
+  std::call_once(ctx->cm_once, [ctx] {
+    // A datagram socket pair, as for a completion channel: the daemon rings
+    // its end per queued event and never blocks on it.
+    int sv[2];
+    if (::socketpair(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) != 0) return;
+    ctx->cm_fd = sv[0];
+    ctx->cm_pushed = call(ctx, UROCE_MSG_CM_CHANNEL, nullptr, 0, sv[1], nullptr, 0) == 0;
+    ::close(sv[1]);  // the daemon holds its own copy
+  });
+  if (ctx->cm_fd < 0) return set_error(EMFILE, "cannot create the CM channel"), -1;
+  return ctx->cm_fd;
+}
+
 int uroce_cm_get_event(uroce_context* ctx, int timeout_ms, uroce_cm_event* ev) {
   if (!ctx || !ev) return set_error(EINVAL, "no context or event");
-  // Events wait in the daemon (or the embedded node); ask about every
-  // millisecond until one comes or the deadline passes.
+  // Events wait in the daemon (or the embedded node), which rings the CM
+  // channel after queueing one: drain the channel, ask, and sleep on it if
+  // there was none (a ring that comes after the drain wakes the sleep).
+  const int fd = uroce_cm_fd(ctx);
+  if (fd < 0) return errno;
   using clk = std::chrono::steady_clock;
   const auto deadline = clk::now() + std::chrono::milliseconds(timeout_ms);
   for (;;) {
+    (void)abi::drain(fd);
     uroce_cm_event_msg r{};
     const int rc = call(ctx, UROCE_MSG_CM_EVENT, nullptr, 0, -1, &r, sizeof r);
     if (rc == 0) {
@@ -521,9 +629,14 @@ int uroce_cm_get_event(uroce_context* ctx, int timeout_ms, uroce_cm_event* ev) {
     }
     if (rc != EAGAIN) return rc;
     if (timeout_ms == 0) return rc;
-    if (timeout_ms > 0 && clk::now() >= deadline) return set_error(ETIMEDOUT, "no CM event in time");
-    if (g_emb.node.load(std::memory_order_relaxed)) (void)wait_fd(-1, 1);  // turns the node's loop meanwhile
-    else ::usleep(1000);
+    int wait_ms = -1;
+    if (timeout_ms > 0) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clk::now()).count();
+      if (left <= 0) return set_error(ETIMEDOUT, "no CM event in time");
+      wait_ms = static_cast<int>(left);
+    }
+    if (!ctx->cm_pushed) wait_ms = wait_ms < 0 ? 1 : std::min(wait_ms, 1);  // an older daemon: ask again in 1 ms
+    if (wait_fd(fd, wait_ms) < 0 && errno != EINTR) return set_error(errno, "cannot wait on the CM channel");
   }
 }
 
@@ -660,7 +773,8 @@ int uroce_close_device(uroce_context* ctx) {
   if (ctx->sock >= 0) ::close(ctx->sock);  // the daemon frees everything the session held
   if (ctx->page) ::munmap(ctx->page, UROCE_SESSION_PAGE_BYTES);
   if (ctx->bell >= 0) ::close(ctx->bell);
-  for (Buf& b : ctx->bufs) ::close(b.fd);
+  if (ctx->cm_fd >= 0) ::close(ctx->cm_fd);
+  unpin(ctx->bufs);
   if (ctx->embedded) embedded_detach();  // the last context stops the node
   delete ctx;
   return 0;
@@ -688,46 +802,53 @@ void* uroce_alloc_buf(uroce_context* ctx, std::size_t length) {
     ::close(fd);
     return set_error(errno, "mmap"), nullptr;
   }
-  ctx->bufs.push_back({static_cast<std::uint8_t*>(p), len, fd});
+  {
+    std::lock_guard<std::mutex> lock(g_seg_mu);
+    g_segs[reinterpret_cast<std::uintptr_t>(p)] = {len, fd, 1};
+  }
+  ctx->bufs.push_back(reinterpret_cast<std::uintptr_t>(p));
   return p;
 }
 
 uroce_mr* uroce_reg_mr(uroce_pd* pd, void* addr, std::size_t length, int access) {
   if (!pd || !addr || length == 0) return set_error(EINVAL, "bad MR arguments"), nullptr;
   uroce_context* ctx = pd->ctx;
-  const Buf* b = find_buf(ctx, addr, length);
-  if (!b) {
-    // Ordinary memory: move its pages onto shared memory in place, keeping
-    // the contents, so the daemon can map them too.
-    const auto start = reinterpret_cast<std::uintptr_t>(addr) & ~std::uintptr_t{4095};
-    const auto end = (reinterpret_cast<std::uintptr_t>(addr) + length + 4095) & ~std::uintptr_t{4095};
-    const std::size_t len = end - start;
-    const int fd = sealed_memfd("uroce-mr", len);
-    if (fd < 0) return set_error(errno, "memfd"), nullptr;
-    void* tmp = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (tmp == MAP_FAILED) return ::close(fd), set_error(errno, "mmap"), nullptr;
-    std::memcpy(tmp, reinterpret_cast<void*>(start), len);
-    ::munmap(tmp, len);
-    if (::mmap(reinterpret_cast<void*>(start), len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED)
-      return ::close(fd), set_error(errno, "cannot remap the memory onto shared memory"), nullptr;
-    ctx->bufs.push_back({reinterpret_cast<std::uint8_t*>(start), len, fd});
-    b = &ctx->bufs.back();
-  }
   // The daemon maps whole pages: register from the page holding addr.
   const auto page = reinterpret_cast<std::uintptr_t>(addr) & ~std::uintptr_t{4095};
-  const std::size_t off = page - reinterpret_cast<std::uintptr_t>(b->addr);
-  const std::size_t span = ((reinterpret_cast<std::uintptr_t>(addr) + length + 4095) & ~std::uintptr_t{4095}) - page;
-  uroce_reg_mr_msg m{pd->handle, static_cast<std::uint32_t>(access), page, span, off};
+  const auto end = (reinterpret_cast<std::uintptr_t>(addr) + length + 4095) & ~std::uintptr_t{4095};
+  std::vector<uroce_reg_mr_piece> pieces;
+  std::vector<int> fds;
+  std::vector<std::uintptr_t> segs;
+  if (pin(page, end, pieces, fds, segs) != 0) return nullptr;
+  uroce_reg_mr_pieces_msg m{};
+  m.mr = {pd->handle, static_cast<std::uint32_t>(access), page, end - page, pieces[0].offset};
   uroce_reg_mr_reply r{};
-  if (call(ctx, UROCE_MSG_REG_MR, &m, sizeof m, b->fd, &r, sizeof r) != 0) return nullptr;
-  return new uroce_mr{pd, r.handle, r.lkey, r.rkey};
+  int rc;
+  if (pieces.size() == 1) {
+    rc = call(ctx, UROCE_MSG_REG_MR, &m.mr, sizeof m.mr, fds[0], &r, sizeof r);
+  } else {
+    m.mr.offset = 0;
+    m.count = static_cast<std::uint32_t>(pieces.size());
+    std::copy(pieces.begin(), pieces.end(), m.piece);
+    rc = call_fds(ctx, UROCE_MSG_REG_MR_PIECES, &m, sizeof m, fds.data(), fds.size(), &r, sizeof r);
+  }
+  if (rc != 0) {
+    const int e = errno;
+    unpin(segs);
+    errno = e;
+    return nullptr;
+  }
+  return new uroce_mr{pd, r.handle, r.lkey, r.rkey, std::move(segs)};
 }
 
 int uroce_dereg_mr(uroce_mr* mr) {
   if (!mr) return EINVAL;
   uroce_destroy_msg d{UROCE_OBJ_MR, mr->handle};
   const int rc = call(mr->pd->ctx, UROCE_MSG_DESTROY, &d, sizeof d, -1, nullptr, 0);
-  if (rc == 0) delete mr;
+  if (rc == 0) {
+    unpin(mr->segs);
+    delete mr;
+  }
   return rc;
 }
 

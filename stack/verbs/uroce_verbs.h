@@ -227,7 +227,11 @@ int uroce_poll_cq_wait(struct uroce_cq* cq, int num_entries, struct ibv_wc* wc, 
  * (rping, ib_*_bw -R) can connect to us and we to it. The QP must be RC in
  * RESET or INIT; the agent takes it to RTS (and to ERR on disconnect).
  * Events are rdma_cm's; uroce_cm_get_event waits up to timeout_ms
- * (ETIMEDOUT; 0 polls once, EAGAIN when there is none; negative: no end). */
+ * (ETIMEDOUT; 0 polls once, EAGAIN when there is none; negative: no end),
+ * asleep on uroce_cm_fd: a descriptor (made at the first call) that the
+ * daemon makes readable each time it queues an event for this context, for
+ * poll/epoll. A readable uroce_cm_fd may be spurious: uroce_cm_get_event
+ * with timeout 0 then says EAGAIN. */
 enum uroce_cm_event_type {
   UROCE_CM_EVENT_CONNECT_REQUEST = 4, /* RDMA_CM_EVENT_CONNECT_REQUEST: accept or reject it */
   UROCE_CM_EVENT_UNREACHABLE = 7,     /* no answer, or the handshake failed (status: reason) */
@@ -256,12 +260,14 @@ struct uroce_cm_param {
   enum ibv_mtu mtu;
 };
 int uroce_cm_listen(struct uroce_context* ctx, uint16_t port);
+int uroce_cm_unlisten(struct uroce_context* ctx, uint16_t port);
 int uroce_cm_connect(struct uroce_qp* qp, const union ibv_gid* dgid, uint16_t port, const struct uroce_cm_param* param,
                      uint32_t* id);
 int uroce_cm_accept(struct uroce_qp* qp, uint32_t id, const struct uroce_cm_param* param);
 int uroce_cm_reject(struct uroce_context* ctx, uint32_t id, const void* private_data, uint8_t private_data_len);
 int uroce_cm_disconnect(struct uroce_context* ctx, uint32_t id);
 int uroce_cm_get_event(struct uroce_context* ctx, int timeout_ms, struct uroce_cm_event* event);
+int uroce_cm_fd(struct uroce_context* ctx);
 
 /* The name of a completion status ("SUCCESS", "RETRY_EXC_ERR", ...). */
 const char* uroce_wc_status_str(enum ibv_wc_status status);

@@ -291,15 +291,15 @@ int hostile(const char* sa, const char* sb) {
   return g_fail ? 1 : 0;
 }
 
-/// One raw request with an optional descriptor; returns the reply's status
-/// (or -1) and the first descriptor that came back in *got.
-int raw_call(int sock, std::uint16_t type, std::uint32_t seq, const void* body, std::uint32_t len, int send_fd,
-             int* got = nullptr) {
+/// One raw request with descriptors; returns the reply's status (or -1)
+/// and the first descriptor that came back in *got.
+int raw_call_fds(int sock, std::uint16_t type, std::uint32_t seq, const void* body, std::uint32_t len,
+                 const int* send_fds, std::size_t nfds, int* got = nullptr) {
   std::uint8_t out[UROCE_MSG_MAX];
   uroce_msg_hdr h{UROCE_MSG_MAGIC, UROCE_ABI_MAJOR, type, len, seq};
   std::memcpy(out, &h, sizeof h);
   if (len) std::memcpy(out + sizeof h, body, len);
-  if (uroce::abi::send_with_fd(sock, out, sizeof h + len, send_fd) < 0) return -1;
+  if (uroce::abi::send_with_fds(sock, out, sizeof h + len, send_fds, nfds) < 0) return -1;
   std::uint8_t in[UROCE_MSG_MAX];
   const ssize_t n = uroce::abi::recv_with_fds(sock, in, sizeof in, 0, [&](int fd) {
     if (got && *got < 0) *got = fd;
@@ -309,6 +309,12 @@ int raw_call(int sock, std::uint16_t type, std::uint32_t seq, const void* body, 
   uroce_reply_status st;
   std::memcpy(&st, in + sizeof(uroce_msg_hdr), sizeof st);
   return st.err;
+}
+
+/// The same with at most one descriptor (-1 for none).
+int raw_call(int sock, std::uint16_t type, std::uint32_t seq, const void* body, std::uint32_t len, int send_fd,
+             int* got = nullptr) {
+  return raw_call_fds(sock, type, seq, body, len, &send_fd, send_fd >= 0 ? 1 : 0, got);
 }
 
 int count_fds(int pid) {
@@ -362,6 +368,37 @@ int seams(const char* sa, int daemon_pid) {
         "REG_MR on a 0-byte memfd is refused");
   check(reg(loose, 4096, 0, 14) == 0, "REG_MR of a sealed memfd that holds the range works");
   check(::ftruncate(loose, 0) != 0 && errno == EPERM, "and the registered memfd cannot be shrunk afterwards");
+  // REG_MR_PIECES (minor 7): an MR over several memfds, each checked as one.
+  const int big = ::memfd_create("big", MFD_ALLOW_SEALING);
+  check(big >= 0 && ::ftruncate(big, 3 * 4096) == 0 && ::fcntl(big, F_ADD_SEALS, F_SEAL_SHRINK) == 0, "a sealed 12 KiB memfd");
+  auto reg_pieces = [&](std::uint32_t count, std::uint64_t len, std::vector<uroce_reg_mr_piece> pieces,
+                        std::vector<int> fds, std::uint32_t seq) {
+    uroce_reg_mr_pieces_msg pm{};
+    pm.mr = {1, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, 0x200000, len, 0};
+    pm.count = count;
+    for (std::size_t i = 0; i < pieces.size() && i < UROCE_MR_MAX_PIECES; ++i) pm.piece[i] = pieces[i];
+    return raw_call_fds(s, UROCE_MSG_REG_MR_PIECES, seq, &pm, sizeof pm, fds.data(), fds.size());
+  };
+  check(reg_pieces(2, 8192, {{0, 4096}, {8192, 4096}}, {loose, big}, 20) == 0,
+        "REG_MR_PIECES of two sealed memfds, a page of each, works");
+  check(reg_pieces(0, 4096, {}, {big}, 21) == EINVAL, "REG_MR_PIECES with no piece is refused");
+  check(reg_pieces(17, 4096, {{0, 4096}}, {big}, 22) == EINVAL, "REG_MR_PIECES with 17 pieces is refused");
+  check(reg_pieces(2, 8192, {{0, 4096}, {0, 4096}}, {big}, 23) == EINVAL,
+        "REG_MR_PIECES with fewer descriptors than pieces is refused");
+  check(reg_pieces(2, 12288, {{0, 4096}, {0, 4096}}, {big, big}, 24) == EINVAL,
+        "REG_MR_PIECES whose pieces do not add up to its length is refused");
+  check(reg_pieces(2, 8192, {{0, 4096}, {4096, 8192}}, {big, big}, 25) == EINVAL,
+        "REG_MR_PIECES whose pieces add up to more than its length is refused");
+  check(reg_pieces(2, 8192, {{0, 4096}, {8192, 8192}}, {big, big}, 26) == EINVAL,
+        "REG_MR_PIECES with a piece beyond the end of its memfd is refused");
+  check(reg_pieces(2, 6144, {{0, 2048}, {0, 4096}}, {big, big}, 27) == EINVAL,
+        "REG_MR_PIECES with a piece that is not whole pages is refused");
+  const int unsealed = ::memfd_create("unsealed", MFD_ALLOW_SEALING);
+  check(unsealed >= 0 && ::ftruncate(unsealed, 4096) == 0 &&
+            reg_pieces(2, 8192, {{0, 4096}, {0, 4096}}, {big, unsealed}, 28) == EINVAL,
+        "REG_MR_PIECES with one unsealed piece is refused");
+  ::close(big);
+  ::close(unsealed);
   ::close(loose);
   ::close(empty);
   int p[2];

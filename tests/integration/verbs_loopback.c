@@ -3,7 +3,10 @@
  * library; uroce-run swaps in uroce's at run time). Both ends live on one
  * device, connected to the port's own GID (loopback, as verbs test suites
  * and many applications do): RC SEND, WRITE, READ and both atomics, and a
- * UD datagram through an address handle, every byte checked.
+ * UD datagram through an address handle, every byte checked; and MRs that
+ * share and overlap pages of one heap object, registered and deregistered
+ * in a random order, with WRITEs and READs through each checked against a
+ * shadow copy of every byte.
  *
  *   verbs_loopback [DEVICE]      (default: the first device)
  * Prints "N passed, M failed"; exits 0 only when nothing failed. */
@@ -275,6 +278,75 @@ int main(int argc, char** argv) {
   check(ibv_wr_complete(xqx) == EOPNOTSUPP, "a batch with a memory-window bind: EOPNOTSUPP, nothing posted");
   check(ibv_destroy_qp(xq) == 0 && ibv_destroy_qp(xb) == 0 && ibv_destroy_cq(ibv_cq_ex_to_cq(cqx)) == 0,
         "extended QP and CQ destroyed");
+
+  /* MRs that share pages, in any order: small unaligned MRs over one heap
+   * object (as rping registers its buffers), registered and deregistered at
+   * random; after each step a WRITE through one live MR and a local store,
+   * then the whole object against its shadow, and a READ back through
+   * another live MR. Every page must stay one memory, whichever MR reaches it. */
+  {
+    enum { kRegion = 5 * 4096 + 700, kMrs = 12, kSteps = 100 };
+    uint8_t* heap = malloc(kRegion + 123);
+    uint8_t* r = heap + 123; /* not page aligned */
+    uint8_t* shadow = malloc(kRegion);
+    struct ibv_mr* mrs[kMrs] = {0};
+    size_t mr_off[kMrs] = {0}, mr_len[kMrs] = {0};
+    int regs = 0, deregs = 0, writes = 0, reads = 0, bad_reg = 0, bad_write = 0, bad_read = 0, bad_bytes = 0;
+    srand(7);
+    for (int i = 0; i < kRegion; ++i) r[i] = shadow[i] = (uint8_t)(i * 13 + 1);
+    for (int step = 0; heap && shadow && step < kSteps; ++step) {
+      int k = rand() % kMrs;
+      if (mrs[k] && rand() % 3 == 0) {
+        bad_reg += ibv_dereg_mr(mrs[k]) != 0;
+        mrs[k] = NULL;
+        ++deregs;
+      } else if (!mrs[k]) {
+        mr_off[k] = (size_t)(rand() % (kRegion - 1));
+        mr_len[k] = 1 + (size_t)(rand() % (kRegion - mr_off[k] < 12000 ? kRegion - mr_off[k] : 12000));
+        mrs[k] = ibv_reg_mr(pd, r + mr_off[k], mr_len[k], access);
+        bad_reg += mrs[k] == NULL;
+        ++regs;
+      }
+      /* A WRITE from `a` into part of a live MR, through its rkey. */
+      int w = -1;
+      for (int t = 0; t < kMrs && w < 0; ++t)
+        if (mrs[(k + t) % kMrs]) w = (k + t) % kMrs;
+      if (w < 0) continue;
+      size_t off = mr_off[w] + (size_t)(rand() % mr_len[w]);
+      size_t len = 1 + (size_t)(rand() % (mr_off[w] + mr_len[w] - off));
+      for (size_t i = 0; i < len; ++i) a[i] = (uint8_t)(step * 7 + i * 3);
+      if (post_send(qa, IBV_WR_RDMA_WRITE, a, (uint32_t)len, ma->lkey, (uintptr_t)(r + off), mrs[w]->rkey)) {
+        memcpy(shadow + off, a, len);
+        ++writes;
+      } else {
+        ++bad_write;
+      }
+      /* A store by the application itself, anywhere in the object. */
+      size_t so = (size_t)(rand() % kRegion), sl = 1 + (size_t)(rand() % (kRegion - so < 3000 ? kRegion - so : 3000));
+      memset(r + so, step, sl);
+      memset(shadow + so, step, sl);
+      for (int i = 0; i < kRegion; ++i) bad_bytes += r[i] != shadow[i];
+      /* A READ of another live MR's whole range, through its rkey. */
+      int q = -1;
+      for (int t = 1; t <= kMrs && q < 0; ++t)
+        if (mrs[(w + t) % kMrs]) q = (w + t) % kMrs;
+      memset(b, 0xEE, mr_len[q]);
+      if (post_send(qa, IBV_WR_RDMA_READ, b, (uint32_t)mr_len[q], mb->lkey, (uintptr_t)(r + mr_off[q]), mrs[q]->rkey) &&
+          memcmp(b, shadow + mr_off[q], mr_len[q]) == 0)
+        ++reads;
+      else
+        ++bad_read;
+    }
+    for (int k = 0; k < kMrs; ++k)
+      if (mrs[k]) bad_reg += ibv_dereg_mr(mrs[k]) != 0;
+    printf("overlapping MRs: %d registered, %d deregistered, %d WRITEs, %d READs\n", regs, deregs, writes, reads);
+    check(heap && shadow && bad_reg == 0 && regs >= 20 && deregs >= 5, "overlapping MRs registered and deregistered in a random order");
+    check(bad_write == 0 && writes >= 60 && bad_bytes == 0,
+          "WRITEs through each and stores by the application: every byte of the object as its shadow");
+    check(bad_read == 0 && reads >= 60, "READs through each: every byte as the shadow");
+    free(heap);
+    free(shadow);
+  }
 
   /* UD: a datagram from one QP to another on this device, through an AH. */
   struct ibv_qp* ua = make_qp(pd, cq_a, IBV_QPT_UD);

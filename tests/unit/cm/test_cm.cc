@@ -175,6 +175,66 @@ TEST_F(CmPair, NoListenerIsRejectedWithInvalidServiceId) {
   EXPECT_EQ(a->counter(CmCounter::rejects_sent), 1u);
 }
 
+// The hook a daemon rings a session's CM channel from: once per queued
+// event, after it is queued (the hook can take it), naming its owner.
+TEST_F(CmPair, TheEventHookFiresOncePerQueuedEventForItsOwner) {
+  struct Seen {
+    CmAgent* agent = nullptr;
+    std::vector<std::uint32_t> owners;
+    std::vector<CmEvent> taken;  // what the hook found queued when it ran
+  } seen_a, seen_b;
+  auto hook = [](void* ctx, std::uint32_t owner) {
+    auto* s = static_cast<Seen*>(ctx);
+    s->owners.push_back(owner);
+    CmEvent e;
+    if (s->agent->next_event(owner, e)) s->taken.push_back(e);
+  };
+  seen_a.agent = a.get();
+  seen_b.agent = b.get();
+  a->set_event_hook(hook, &seen_a);
+  b->set_event_hook(hook, &seen_b);
+  ASSERT_EQ(a->listen(kPort, kOwnerA), 0);
+  Qp* qa = new_qp(0);
+  Qp* qb = new_qp(1);
+  std::uint32_t idb;
+  ASSERT_EQ(b->connect(qb, p.A().config().ip, kPort, {}, kOwnerB, {}, p.wire.now(), idb), 0);
+  ASSERT_TRUE(run([&] { return seen_a.owners.size() == 1; }));
+  ASSERT_EQ(seen_a.taken.size(), 1u);
+  EXPECT_EQ(seen_a.owners[0], kOwnerA);
+  EXPECT_EQ(seen_a.taken[0].type, CmEvent::Type::kConnectRequest);
+  EXPECT_TRUE(seen_b.owners.empty());
+  ASSERT_EQ(a->accept(seen_a.taken[0].id, qa, {}, kOwnerA, p.wire.now()), 0);
+  ASSERT_TRUE(run([&] { return seen_a.owners.size() == 2 && seen_b.owners.size() == 1; }));
+  ASSERT_EQ(seen_b.taken.size(), 1u);
+  EXPECT_EQ(seen_b.owners[0], kOwnerB);
+  EXPECT_EQ(seen_b.taken[0].type, CmEvent::Type::kEstablished);
+  EXPECT_EQ(seen_b.taken[0].id, idb);
+  ASSERT_EQ(seen_a.taken.size(), 2u);
+  EXPECT_EQ(seen_a.taken[1].type, CmEvent::Type::kEstablished);
+  // Nothing else fires, and nothing is left behind.
+  run([] { return false; }, 50'000'000);
+  EXPECT_EQ(seen_a.owners.size(), 2u);
+  EXPECT_EQ(seen_b.owners.size(), 1u);
+  CmEvent e;
+  EXPECT_FALSE(a->next_event(kOwnerA, e));
+  EXPECT_FALSE(b->next_event(kOwnerB, e));
+}
+
+TEST_F(CmPair, UnlistenFreesThePortForItsOwnerOnly) {
+  ASSERT_EQ(a->listen(kPort, kOwnerA), 0);
+  EXPECT_EQ(a->unlisten(kPort, kOwnerB), EINVAL);  // not B's
+  EXPECT_EQ(a->listen(kPort, kOwnerB), EADDRINUSE);
+  EXPECT_EQ(a->unlisten(kPort, kOwnerA), 0);
+  EXPECT_EQ(a->listen(kPort, kOwnerB), 0);  // free again
+  // A request now goes to B's listen.
+  Qp* qb = new_qp(1);
+  std::uint32_t id;
+  ASSERT_EQ(b->connect(qb, p.A().config().ip, kPort, {}, kOwnerB + 7, {}, p.wire.now(), id), 0);
+  CmEvent e;
+  ASSERT_TRUE(event(*a, kOwnerB, e));
+  EXPECT_EQ(e.type, CmEvent::Type::kConnectRequest);
+}
+
 TEST_F(CmPair, ApplicationRejectCarriesPrivateData) {
   ASSERT_EQ(a->listen(kPort, kOwnerA), 0);
   EXPECT_EQ(a->listen(kPort, kOwnerB), EADDRINUSE);
