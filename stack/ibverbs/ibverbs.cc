@@ -1171,3 +1171,9 @@ __asm__(".symver uroce_impl_ibv_resize_cq,ibv_resize_cq@@IBVERBS_1.1");
 // old way for a provider to register itself. uroce has no providers.
 extern "C" void compat_1_1_ibv_register_driver(const char*, void*) {}
 __asm__(".symver compat_1_1_ibv_register_driver,ibv_register_driver@IBVERBS_1.1");
+
+// For uroce's librdmacm.so.1 (stack/rdmacm), which runs the CM through
+// liburoce on the objects this library made: the liburoce objects behind
+// a context and a QP. Exported in their own version node, UROCE_PRIVATE_1.
+extern "C" uroce_context* uroce_ibv_context(ibv_context* c) { return c ? ucontext(c)->u : nullptr; }
+extern "C" uroce_qp* uroce_ibv_qp(ibv_qp* q) { return q ? uqp(q)->u : nullptr; }
