@@ -942,9 +942,13 @@ uroce_comp_channel* uroce_create_comp_channel(uroce_context* ctx) {
   if (!ctx) return set_error(EINVAL, "no context"), nullptr;
   // A datagram socket pair, not an eventfd: the daemon writes its end
   // with MSG_DONTWAIT, which no flag of ours can turn into a blocking write.
+  // Our end stays blocking unless the application makes it non-blocking
+  // (as UCX does): then uroce_get_cq_event says EAGAIN instead of waiting,
+  // as rdma-core's read() on the channel does.
   int sv[2];
-  if (::socketpair(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) != 0)
+  if (::socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, sv) != 0)
     return set_error(errno, "cannot create the channel's socket pair"), nullptr;
+  (void)::fcntl(sv[1], F_SETFL, ::fcntl(sv[1], F_GETFL) | O_NONBLOCK);
   return new uroce_comp_channel{ctx, sv[0], sv[1], {}};
 }
 
@@ -1015,6 +1019,7 @@ int uroce_get_cq_event(uroce_comp_channel* ch, uroce_cq** cq, void** cq_context)
       if (more) (void)abi::ring(ch->peer);  // keep the fd readable for the next one
       return 0;
     }
+    if (::fcntl(ch->fd, F_GETFL) & O_NONBLOCK) return set_error(EAGAIN, "no completion event (non-blocking channel)");
     if (wait_fd(ch->fd, -1) < 0) return set_error(errno, "cannot wait on the completion channel");
   }
 }

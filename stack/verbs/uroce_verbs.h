@@ -122,8 +122,9 @@ uint32_t uroce_mr_rkey(const struct uroce_mr* mr);
 
 /* Completion channels: a pollable fd for blocking waits, as in verbs. Arm a CQ
  * with uroce_req_notify_cq, then poll it once more (the usual verbs
- * pattern); uroce_get_cq_event blocks until an armed CQ gets a completion.
- * The channel's fd can go into poll/epoll. solicited_only is accepted but
+ * pattern); uroce_get_cq_event blocks until an armed CQ gets a completion
+ * (or, if the application made the channel's fd O_NONBLOCK, says EAGAIN at
+ * once, as rdma-core's channel read does). The fd can go into poll/epoll. solicited_only is accepted but
  * any completion notifies (spurious wake-ups are allowed by verbs). */
 struct uroce_comp_channel* uroce_create_comp_channel(struct uroce_context* ctx);
 int uroce_destroy_comp_channel(struct uroce_comp_channel* channel); /* EBUSY while CQs use it */
