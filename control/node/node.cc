@@ -569,7 +569,7 @@ std::unique_ptr<Node> Node::start(const NodeOptions& o, bool embedded, std::stri
       n->sessions_ = std::make_unique<SessionServer>(
           n->io_, o.app_socket, o.app_socket_mode, *n->pipes_[0]->eng, o.limits,
           [](void* ctx, const wire::IpAddr& ip) { static_cast<pipeline::Dataplane*>(ctx)->resolve(ip); },
-          n->pipes_[0]->dp.get());
+          n->pipes_[0]->dp.get(), [](void* ctx) { return static_cast<pipeline::Dataplane*>(ctx)->link(); });
     } catch (const std::exception& e) {
       err = "--app-socket " + o.app_socket + ": " + e.what();
       return nullptr;

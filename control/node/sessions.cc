@@ -127,8 +127,8 @@ struct SessionServer::Session {
 };
 
 SessionServer::SessionServer(asio::io_context& io, const std::string& path, unsigned mode, Engine& eng,
-                             const SessionLimits& limits, Resolve resolve, void* resolve_ctx)
-    : resolve_(resolve), resolve_ctx_(resolve_ctx), acceptor_(io), eng_(eng), limits_(limits), accept_pause_(io),
+                             const SessionLimits& limits, Resolve resolve, void* resolve_ctx, Link link)
+    : resolve_(resolve), resolve_ctx_(resolve_ctx), link_(link), acceptor_(io), eng_(eng), limits_(limits), accept_pause_(io),
       path_(path) {
   ::unlink(path.c_str());
   asio::local::stream_protocol::endpoint ep(path);
@@ -746,6 +746,11 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
     case UROCE_MSG_QUERY: {
       uroce_query_msg m;
       if (!take(m)) return;
+      if (m.object == UROCE_OBJ_PORT) {
+        const pipeline::LinkInfo l = link_ ? link_(resolve_ctx_) : pipeline::LinkInfo{};
+        const uroce_port_attr r{static_cast<std::uint32_t>(l.up ? IBV_PORT_ACTIVE : IBV_PORT_DOWN), l.speed_mbps};
+        return send_reply(sock, h, 0, "", &r, sizeof r);
+      }
       if (m.object == UROCE_OBJ_DEVICE) {
         uroce_device_attr r{};
         r.max_qp = limits_.max_qps;
@@ -965,7 +970,22 @@ void SessionServer::set_sleeping(bool sleeping) {
   }
 }
 
+void SessionServer::watch_link() {
+  if (link_ == nullptr) return;
+  const std::uint64_t now = now_ms();
+  if (now - link_checked_ms_ < 200) return;
+  link_checked_ms_ = now;
+  const bool up = link_(resolve_ctx_).up;
+  if (up == link_up_) return;
+  link_up_ = up;
+  const uroce_async_msg ev{static_cast<std::uint32_t>(up ? IBV_EVENT_PORT_ACTIVE : IBV_EVENT_PORT_ERR), 1};
+  for (auto& [id, s] : sessions_)
+    if (s->bell && ::send(s->bell->native_handle(), &ev, sizeof ev, MSG_DONTWAIT | MSG_NOSIGNAL) != sizeof ev)
+      ++s->events_failed;
+}
+
 std::size_t SessionServer::step() {
+  watch_link();
   std::size_t work = retry_pending() + cm_->poll(now_ns());
   // An application's memory that faulted (SIGBUS, caught by sigbus_guard
   // and replaced): its session ends, as if the application had died.

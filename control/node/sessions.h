@@ -24,6 +24,7 @@
 #include "stack/abi/ring.h"
 #include "stack/abi/session_proto.h"
 #include "stack/cm/agent.h"
+#include "stack/pipeline/port_io.h"
 #include "stack/transport/engine.h"
 #include "stack/wire/addr.h"
 
@@ -33,8 +34,12 @@ class SessionServer {
  public:
   /// `resolve(ip)` sends an ARP request or neighbour solicitation for ip.
   using Resolve = void (*)(void* ctx, const wire::IpAddr& ip);
+  /// `link()` says the port's link state and speed (QUERY of the port, and
+  /// port events to every session when the state changes).
+  using Link = pipeline::LinkInfo (*)(void* ctx);
   SessionServer(boost::asio::io_context& io, const std::string& path, unsigned mode, transport::Engine& eng,
-                const SessionLimits& limits, Resolve resolve = nullptr, void* resolve_ctx = nullptr);
+                const SessionLimits& limits, Resolve resolve = nullptr, void* resolve_ctx = nullptr,
+                Link link = nullptr);
   ~SessionServer();
   /// The application stage: parked RTRs, the CM agent, and a kick to the
   /// engine for each QP of a session that posted since. Returns the work done.
@@ -94,7 +99,13 @@ class SessionServer {
   std::vector<PendingRequest> pending_;
   std::unique_ptr<cm::CmAgent> cm_;  // RDMA CM on QP1, for every session
   Resolve resolve_;
-  void* resolve_ctx_;
+  void* resolve_ctx_;  // also link_'s
+  Link link_;
+  bool link_up_ = true;                // as last told to the sessions
+  std::uint64_t link_checked_ms_ = 0;  // when step() last asked
+  /// Asks about the link every 200 ms; a change goes to every session as
+  /// IBV_EVENT_PORT_ACTIVE or IBV_EVENT_PORT_ERR.
+  void watch_link();
   boost::asio::local::stream_protocol::acceptor acceptor_;
   transport::Engine& eng_;
   SessionLimits limits_;

@@ -62,6 +62,7 @@ struct Port::Queue : pipeline::PortIo {
   bool tx_raw(wire::ConstBytes frame) override;
   void tx_flush() override;
   [[nodiscard]] wire::MacAddr mac() const override { return mac_; }
+  [[nodiscard]] pipeline::LinkInfo link() const override;
   bool tx_zero_copy(const transport::TxFrame& f);
   void mark_offloads(rte_mbuf* b, const transport::TxFrame& f) const;
   /// Whether a frame is addressed to this port's own MAC: looped back, never
@@ -324,6 +325,17 @@ void Port::rx_done() { impl_->queues[0]->rx_done(); }
 bool Port::tx(const transport::TxFrame& f) { return impl_->queues[0]->tx(f); }
 bool Port::tx_raw(wire::ConstBytes frame) { return impl_->queues[0]->tx_raw(frame); }
 void Port::tx_flush() { impl_->queues[0]->tx_flush(); }
+namespace {
+pipeline::LinkInfo link_of(std::uint16_t port_id) {
+  rte_eth_link l{};
+  if (rte_eth_link_get_nowait(port_id, &l) != 0) return {};
+  return {l.link_status == RTE_ETH_LINK_UP, l.link_speed == RTE_ETH_SPEED_NUM_UNKNOWN ? 0u : l.link_speed};
+}
+}  // namespace
+
+pipeline::LinkInfo Port::link() const { return link_of(impl_->port_id); }
+pipeline::LinkInfo Port::Queue::link() const { return link_of(dev->port_id); }
+
 pipeline::PortIo& Port::shard(std::uint16_t i) { return *impl_->queues.at(i); }
 std::uint64_t Port::dispatch_drops() const { return impl_->dispatch_drops + impl_->funnel_drops; }
 

@@ -72,6 +72,7 @@ class Port : public pipeline::PortIo {
   bool tx_raw(wire::ConstBytes frame) override;
   void tx_flush() override;
   [[nodiscard]] wire::MacAddr mac() const override { return mac_; }
+  [[nodiscard]] pipeline::LinkInfo link() const override;
 
   [[nodiscard]] PortStats stats() const;
   /// Whether the port computes IPv4 header checksums on transmit.

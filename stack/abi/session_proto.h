@@ -146,14 +146,22 @@ struct uroce_modify_qp_msg {
   uint32_t flow_label, cur_qp_state;
 };
 
-enum uroce_object { UROCE_OBJ_QP = 1, UROCE_OBJ_CQ = 2, UROCE_OBJ_MR = 3, UROCE_OBJ_PD = 4, UROCE_OBJ_DEVICE = 5, UROCE_OBJ_SRQ = 6 };
+enum uroce_object {
+  UROCE_OBJ_QP = 1,
+  UROCE_OBJ_CQ = 2,
+  UROCE_OBJ_MR = 3,
+  UROCE_OBJ_PD = 4,
+  UROCE_OBJ_DEVICE = 5,
+  UROCE_OBJ_SRQ = 6,
+  UROCE_OBJ_PORT = 7 /* QUERY only (minor 7): reply port_attr */
+};
 struct uroce_destroy_msg {
   uint32_t object; /* enum uroce_object */
   uint32_t handle;
 };
 
 struct uroce_query_msg {
-  uint32_t object; /* UROCE_OBJ_DEVICE or UROCE_OBJ_QP */
+  uint32_t object; /* UROCE_OBJ_DEVICE, UROCE_OBJ_QP or UROCE_OBJ_PORT */
   uint32_t handle; /* the QP's; 0 for the device */
 };
 
@@ -200,7 +208,14 @@ struct uroce_device_attr {
   uint16_t pad;
 };
 
+/* The port's link as its driver reports it (minor 7). */
+struct uroce_port_attr {
+  uint32_t state;      /* enum ibv_port_state: IBV_PORT_ACTIVE or IBV_PORT_DOWN */
+  uint32_t speed_mbps; /* 0: the driver does not say */
+};
+
 UROCE_STATIC_ASSERT(sizeof(struct uroce_device_attr) == 48, "device_attr is 48 bytes");
+UROCE_STATIC_ASSERT(sizeof(struct uroce_port_attr) == 8, "port_attr is 8 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_msg_hdr) == 16, "message header is 16 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_reply_status) == 128, "reply status is 128 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_reg_mr_msg) == 32, "reg_mr is 32 bytes");

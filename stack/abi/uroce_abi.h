@@ -207,8 +207,8 @@ struct uroce_session_page {
  * only written) for each event, as ibv_get_async_event reports them.
  */
 struct uroce_async_msg {
-  uint32_t event_type; /* enum ibv_event_type: IBV_EVENT_CQ_ERR, IBV_EVENT_QP_FATAL */
-  uint32_t handle;     /* the session's handle of the CQ or QP */
+  uint32_t event_type; /* enum ibv_event_type: IBV_EVENT_CQ_ERR, IBV_EVENT_QP_FATAL; minor 7: IBV_EVENT_PORT_ACTIVE, IBV_EVENT_PORT_ERR */
+  uint32_t handle;     /* the session's handle of the CQ or QP; the port number (1) for a port event */
 };
 #define UROCE_SESSION_PAGE_BYTES 4096u
 

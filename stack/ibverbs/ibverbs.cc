@@ -939,6 +939,7 @@ int uroce_impl_ibv_get_async_event(ibv_context* context, ibv_async_event* event)
     if (u == e.cq) event->element.cq = v;
   for (const auto& [u, v] : uc->qps)
     if (u == e.qp) event->element.qp = v;
+  if (e.event_type == IBV_EVENT_PORT_ACTIVE || e.event_type == IBV_EVENT_PORT_ERR) event->element.port_num = e.port_num;
   return 0;
 }
 void uroce_impl_ibv_ack_async_event(ibv_async_event*) {}

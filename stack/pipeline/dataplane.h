@@ -90,6 +90,8 @@ class Dataplane {
   [[nodiscard]] const IdleConfig& idle_config() const { return idle_cfg_; }
   /// Sends an ARP request or IPv6 NS for `ip`.
   void resolve(const wire::IpAddr& ip);
+  /// The port's link (PortIo::link).
+  [[nodiscard]] LinkInfo link() const { return port_.link(); }
 
   FaultInjector& rx_faults() { return rx_fault_; }
   FaultInjector& tx_faults() { return tx_fault_; }

@@ -15,6 +15,12 @@ struct RxFrame {
   std::uint32_t len = 0;
 };
 
+/// The link as the driver reports it.
+struct LinkInfo {
+  bool up = true;
+  std::uint32_t speed_mbps = 0;  // 0: unknown
+};
+
 class PortIo {
  public:
   virtual ~PortIo() = default;
@@ -28,6 +34,9 @@ class PortIo {
   /// Sends what is queued.
   virtual void tx_flush() = 0;
   [[nodiscard]] virtual wire::MacAddr mac() const = 0;
+  /// The link's state and speed (control path: may ask the driver). A port
+  /// that cannot tell is up at an unknown speed.
+  [[nodiscard]] virtual LinkInfo link() const { return {}; }
 };
 
 }  // namespace uroce::pipeline

@@ -903,17 +903,39 @@ int uroce_query_device(uroce_context* ctx, ibv_device_attr* attr) {
 int uroce_query_port(uroce_context* ctx, uint8_t port_num, ibv_port_attr* attr) {
   if (!ctx || !attr) return set_error(EINVAL, "no context or attr");
   if (port_num != 1) return set_error(EINVAL, "uroced serves one port: port_num must be 1");
+  // The link as the daemon's driver reports it (minor 7); an older daemon
+  // does not say: up, speed unknown.
+  uroce_query_msg q{UROCE_OBJ_PORT, 0};
+  uroce_port_attr pa{IBV_PORT_ACTIVE, 0};
+  if (call(ctx, UROCE_MSG_QUERY, &q, sizeof q, -1, &pa, sizeof pa) != 0) pa = {IBV_PORT_ACTIVE, 0};
   *attr = ibv_port_attr{};
-  attr->state = IBV_PORT_ACTIVE;
+  attr->state = static_cast<ibv_port_state>(pa.state);
   attr->max_mtu = IBV_MTU_4096;
   attr->active_mtu = IBV_MTU_4096;  // the upper bound; the path MTU is set per QP
   attr->gid_tbl_len = 1;
   attr->pkey_tbl_len = 1;
   attr->link_layer = IBV_LINK_LAYER_ETHERNET;
-  attr->phys_state = 5;  // LinkUp
+  attr->phys_state = pa.state == IBV_PORT_ACTIVE ? 5 : 3;  // LinkUp, or Disabled
   attr->max_msg_sz = 1u << 31;  // the largest RDMA message (IBTA: 2^31 bytes)
   attr->max_vl_num = 1;         // VL0 only
-  attr->active_width = 1;       // 1X: Ethernet has one lane as verbs sees it
+  // The Ethernet speed as IB widths and lane speeds, as Linux reports a
+  // RoCE port's (ib_get_eth_speed): 1X/4X of SDR 2.5, DDR 5, FDR10 10,
+  // EDR 25, HDR 50 or NDR 100 Gb/s lanes. Unknown counts as the slowest.
+  struct Rate {
+    std::uint32_t up_to_mbps;
+    std::uint8_t width, speed;
+  };
+  static constexpr Rate kRates[] = {{2500, 1, 1},   {5000, 1, 2},   {10000, 1, 8},   {20000, 2, 2},
+                                    {25000, 1, 32}, {40000, 2, 8},  {50000, 1, 64},  {100000, 2, 32},
+                                    {200000, 2, 64}, {400000, 2, 128}};
+  attr->active_width = 2;
+  attr->active_speed = 128;  // beyond 400 Gb/s: NDR 4X
+  for (const Rate& r : kRates)
+    if (pa.speed_mbps <= r.up_to_mbps) {
+      attr->active_width = r.width;
+      attr->active_speed = r.speed;
+      break;
+    }
   return 0;
 }
 
@@ -1299,7 +1321,10 @@ int uroce_get_async_event(uroce_context* ctx, uroce_async_event* ev) {
     *ev = uroce_async_event{};
     ev->event_type = static_cast<ibv_event_type>(m.event_type);
     if (auto c = ctx->cqs.find(m.handle); m.event_type == IBV_EVENT_CQ_ERR && c != ctx->cqs.end()) ev->cq = c->second;
-    if (auto q = ctx->qps.find(m.handle); m.event_type != IBV_EVENT_CQ_ERR && q != ctx->qps.end()) ev->qp = q->second;
+    const bool port = m.event_type == IBV_EVENT_PORT_ACTIVE || m.event_type == IBV_EVENT_PORT_ERR;
+    if (port) ev->port_num = static_cast<std::uint8_t>(m.handle);
+    if (auto q = ctx->qps.find(m.handle); !port && m.event_type != IBV_EVENT_CQ_ERR && q != ctx->qps.end())
+      ev->qp = q->second;
     return 0;
   }
 }

@@ -203,12 +203,15 @@ int uroce_poll_cq(struct uroce_cq* cq, int num_entries, struct ibv_wc* wc);
 /* Async events, as ibv_get_async_event: IBV_EVENT_CQ_ERR names a CQ that
  * overflowed (completions were lost, and are counted by uroced), and
  * IBV_EVENT_QP_FATAL each QP that completes into it, which uroced moved to
- * ERR. uroce_get_async_event blocks until one comes; uroce_async_fd is a
+ * ERR; IBV_EVENT_PORT_ERR and IBV_EVENT_PORT_ACTIVE say the daemon's link
+ * went down or came up (its driver's link state, looked at every 200 ms;
+ * uroce_query_port reports it too). uroce_get_async_event blocks until one comes; uroce_async_fd is a
  * descriptor that is readable when one is waiting (for poll/epoll). */
 struct uroce_async_event {
   enum ibv_event_type event_type;
   struct uroce_cq* cq; /* IBV_EVENT_CQ_ERR */
   struct uroce_qp* qp; /* IBV_EVENT_QP_FATAL */
+  uint8_t port_num;    /* IBV_EVENT_PORT_ACTIVE, IBV_EVENT_PORT_ERR: the daemon's port's link came up or went down */
 };
 int uroce_get_async_event(struct uroce_context* ctx, struct uroce_async_event* event);
 int uroce_async_fd(const struct uroce_context* ctx);

@@ -1576,6 +1576,38 @@ int forked(const char* spec) {
   return g_fail ? 1 : 0;
 }
 
+/// Port events: the link of the daemon at `sa`, as an application sees it.
+/// Prints "ready" when the port is up, then waits (20 s at most each) for
+/// IBV_EVENT_PORT_ERR and IBV_EVENT_PORT_ACTIVE, which the test causes by
+/// stopping and restarting the peer daemon (memif's link follows it),
+/// printing "down" in between.
+int port_events(const char* sa) {
+  uroce_context* ctx = uroce_open_device(sa);
+  ibv_port_attr pa{};
+  check(ctx && uroce_query_port(ctx, 1, &pa) == 0 && pa.state == IBV_PORT_ACTIVE && pa.phys_state == 5 &&
+            pa.active_speed != 0 && pa.active_width != 0,
+        "query_port: ACTIVE, LinkUp, a width and speed from the link");
+  if (g_fail) return 1;
+  std::printf("ready: speed %u width %u\n", pa.active_speed, pa.active_width);
+  std::fflush(stdout);
+  const auto wait_event = [&](ibv_event_type want) {
+    pollfd p{uroce_async_fd(ctx), POLLIN, 0};
+    if (::poll(&p, 1, 20000) != 1) return false;
+    uroce_async_event e{};
+    return uroce_get_async_event(ctx, &e) == 0 && e.event_type == want && e.port_num == 1 && !e.qp && !e.cq;
+  };
+  check(wait_event(IBV_EVENT_PORT_ERR), "IBV_EVENT_PORT_ERR on port 1 when the link went down");
+  check(uroce_query_port(ctx, 1, &pa) == 0 && pa.state == IBV_PORT_DOWN && pa.phys_state == 3,
+        "query_port then: DOWN, Disabled");
+  std::printf("down\n");
+  std::fflush(stdout);
+  check(wait_event(IBV_EVENT_PORT_ACTIVE), "IBV_EVENT_PORT_ACTIVE on port 1 when it came back");
+  check(uroce_query_port(ctx, 1, &pa) == 0 && pa.state == IBV_PORT_ACTIVE, "query_port then: ACTIVE");
+  uroce_close_device(ctx);
+  std::printf("%d passed, %d failed\n", g_pass, g_fail);
+  return g_fail ? 1 : 0;
+}
+
 int main(int argc, char** argv) {
   alarm(60);  // a blocking call that never returns is a failure, not a hang
   if (argc >= 4 && std::string(argv[1]) == "ops") return ops(argv[2], argv[3]);
@@ -1594,6 +1626,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (argc >= 4 && std::string(argv[1]) == "events") return events(argv[2], argv[3]);
+  if (argc >= 3 && std::string(argv[1]) == "port") return port_events(argv[2]);
   if (argc >= 4 && std::string(argv[1]) == "srq") return srq(argv[2], argv[3]);
   if (argc >= 4 && std::string(argv[1]) == "ud") return ud(argv[2], argv[3]);
   if (argc >= 4 && std::string(argv[1]) == "cm") return cm(argv[2], argv[3]);

@@ -12,6 +12,7 @@ A_PID=$LAST_PID
 sleep 1
 start_daemon "" db --port net_memif0 --vdev "net_memif0,role=client,socket=$TMP/m.sock,bsize=8192" --ip 10.94.0.2 --lcore 1 \
   --app-socket "$TMP/b.app" --ctl-socket "$TMP/b.ctl"
+B_PID=$LAST_PID
 for i in $(seq 1 50); do [ -S "$TMP/a.app" ] && [ -S "$TMP/b.app" ] && break; sleep 0.1; done
 # The daemons find each other by ARP when a QP goes to RTR: prime it.
 check "application socket is owner/group only (0660)" "[ \$(stat -c %a '$TMP/a.app') = 660 ]"
@@ -118,6 +119,19 @@ check "rnr: 10,000 SENDs into receives posted just before, all delivered" \
   "[ $rc -eq 0 ] && grep -qE '^[1-9][0-9]* passed, 0 failed' '$TMP/rnr.out'"
 check "rnr: daemon B sent no RNR NAK" "[ $((r1 - r0)) -eq 0 ]"
 read -r RNR_QPN RNR_QPN_A < <(awk '/^qpn/ {print $2, $3}' "$TMP/rnr.out")
+
+echo "== port events: the peer daemon stops and starts again (memif's link follows it)"
+"$APP" port "$TMP/a.app" > "$TMP/port.out" 2>&1 & pp=$!
+for i in $(seq 1 50); do grep -q ready "$TMP/port.out" && break; sleep 0.1; done
+kill "$B_PID"; wait "$B_PID" 2>/dev/null
+for i in $(seq 1 100); do grep -q down "$TMP/port.out" && break; sleep 0.1; done
+start_daemon "" db2 --port net_memif0 --vdev "net_memif0,role=client,socket=$TMP/m.sock,bsize=8192" --ip 10.94.0.2 --lcore 1 \
+  --app-socket "$TMP/b.app" --ctl-socket "$TMP/b.ctl"
+B_PID=$LAST_PID
+wait $pp; rc=$?
+sed 's/^/  /' "$TMP/port.out"
+check "port events: PORT_ERR when the link went down, PORT_ACTIVE when it came back, query_port agreeing" \
+  "[ $rc -eq 0 ] && grep -qE '^[1-9][0-9]* passed, 0 failed' '$TMP/port.out'"
 
 # Daemon A's capture, read once A has stopped (so every frame is on disk).
 kill -TERM "$A_PID" 2>/dev/null; while kill -0 "$A_PID" 2>/dev/null; do sleep 0.1; done
