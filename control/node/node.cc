@@ -479,6 +479,7 @@ std::unique_ptr<Node> Node::start(const NodeOptions& o, bool embedded, std::stri
     popt.name = o.ports[pi];
     popt.zero_copy = !o.tx_copy;
     popt.rx_interrupts = o.rx_interrupts;
+    popt.mtu = o.mtu;
     popt.shards = static_cast<std::uint16_t>(o.shards);
     auto port = dpdk::Port::open(popt, err);
     if (!port) {

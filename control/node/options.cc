@@ -76,6 +76,7 @@ ParseResult parse_options(int argc, const char* const* argv, NodeOptions& out, s
   std::uint64_t max_mr_mb = lim.max_mr_bytes >> 20;
   bool busy_poll = false;
   unsigned mem_mb = out.mem_mb, vlan = out.vlan, pcp = out.pcp, dscp = out.dscp, ecn = out.ecn, lcore = 0;
+  unsigned mtu = out.mtu;
   double duration = 0;
 
   po::options_description opts("node options");
@@ -103,6 +104,9 @@ ParseResult parse_options(int argc, const char* const* argv, NodeOptions& out, s
       ("fault-rx", po::value(&fault_rx), "RX fault injection, e.g. drop=0.01,dup=0.01,reorder=0.02")
       ("fault-tx", po::value(&fault_tx), "TX fault injection, same syntax")
       ("tx-copy", po::bool_switch(&tx_copy), "always copy payloads into mbufs (no external-buffer zero-copy)")
+      ("link-mtu", po::value(&mtu),
+       "the links' Ethernet MTU, 576..9600 (set on the driver where it takes it; default: the driver's, often 1500); "
+       "the verbs port's active MTU follows it")
       ("max-sessions", po::value(&lim.max_sessions), "application sessions in all (default 256)")
       ("max-sessions-per-uid", po::value(&lim.max_sessions_per_uid), "sessions one uid may hold (default 64)")
       ("max-unhelloed", po::value(&lim.max_unhelloed), "connections yet to say hello (default 64)")
@@ -219,6 +223,7 @@ ParseResult parse_options(int argc, const char* const* argv, NodeOptions& out, s
     return bad("need " + std::to_string(npipes) + " lcores (ports x shards), --lcores gives " + std::to_string(lcores.size()));
   if (!app_socket.empty() && npipes != 1) return bad("--app-socket needs a single pipeline for now (one port, --shards 1)");
   if (dscp > 63) return bad("--dscp must be 0..63");
+  if (mtu != 0 && (mtu < 576 || mtu > 9600)) return bad("--link-mtu must be 576..9600");
   if (vm.count("vlan") && (vlan < 1 || vlan > 4094)) return bad("--vlan must be 1..4094");
   if (pcp > 7) return bad("--pcp must be 0..7");
   if (ecn > 3) return bad("--ecn must be 0..3");
@@ -294,6 +299,7 @@ ParseResult parse_options(int argc, const char* const* argv, NodeOptions& out, s
   out.fault_rx = frx;
   out.fault_tx = ftx;
   out.tx_copy = tx_copy;
+  out.mtu = mtu;
   out.rx_interrupts = !no_rx_intr;
   out.idle = idle_cfg;
   out.duration = duration;

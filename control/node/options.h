@@ -53,6 +53,7 @@ struct NodeOptions {
   std::string capture, ctl_socket;
   pipeline::FaultConfig fault_rx, fault_tx;
   bool tx_copy = false;
+  std::uint32_t mtu = 0;  // the ports' Ethernet MTU (--link-mtu); 0: as the driver has it
   bool rx_interrupts = true;  // block on the port's RX interrupt where the PMD has one
   pipeline::IdleConfig idle;
   double duration = 0;  // seconds; 0 = until stopped

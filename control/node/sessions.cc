@@ -748,7 +748,7 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
       if (!take(m)) return;
       if (m.object == UROCE_OBJ_PORT) {
         const pipeline::LinkInfo l = link_ ? link_(resolve_ctx_) : pipeline::LinkInfo{};
-        const uroce_port_attr r{static_cast<std::uint32_t>(l.up ? IBV_PORT_ACTIVE : IBV_PORT_DOWN), l.speed_mbps};
+        const uroce_port_attr r{static_cast<std::uint32_t>(l.up ? IBV_PORT_ACTIVE : IBV_PORT_DOWN), l.speed_mbps, l.mtu};
         return send_reply(sock, h, 0, "", &r, sizeof r);
       }
       if (m.object == UROCE_OBJ_DEVICE) {

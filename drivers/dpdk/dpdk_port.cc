@@ -90,6 +90,7 @@ struct Port::Impl {
   rte_ring* loop = nullptr;
   std::uint64_t dispatch_drops = 0;
   std::uint64_t funnel_drops = 0;
+  std::uint32_t mtu = 0;  // --link-mtu, or 0: the driver's
   int rx_intr_fd = -1;  // RX queue 0's interrupt, when the PMD has one
   bool rx_intr_eventfd = false;  // an eventfd, cleared by reading it
 };
@@ -156,6 +157,13 @@ std::unique_ptr<Port> Port::open(const PortOptions& o, std::string& err) {
   const std::uint16_t nq = std::max<std::uint16_t>(1, o.shards);
   const bool want_intr = o.rx_interrupts && may_have_rx_interrupts(m.driver);
   conf.intr_conf.rxq = want_intr ? 1 : 0;
+  // --link-mtu: given to the driver where it takes it (a NIC); some vdevs carry
+  // larger frames than they will configure (memif's limit is its buffer
+  // size), so it is in any case the MTU the link is taken to have.
+  m.mtu = o.mtu;
+  if (o.mtu != 0 && o.mtu >= info.min_mtu && o.mtu <= info.max_mtu &&
+      o.mtu + RTE_ETHER_HDR_LEN + RTE_ETHER_CRC_LEN <= info.max_rx_pktlen)
+    conf.rxmode.mtu = o.mtu;
   int rc = rte_eth_dev_configure(m.port_id, 1, 1, &conf);
   if (rc != 0 && want_intr) {  // the PMD refuses RX interrupts: poll
     conf.intr_conf.rxq = 0;
@@ -326,15 +334,18 @@ bool Port::tx(const transport::TxFrame& f) { return impl_->queues[0]->tx(f); }
 bool Port::tx_raw(wire::ConstBytes frame) { return impl_->queues[0]->tx_raw(frame); }
 void Port::tx_flush() { impl_->queues[0]->tx_flush(); }
 namespace {
-pipeline::LinkInfo link_of(std::uint16_t port_id) {
+pipeline::LinkInfo link_of(std::uint16_t port_id, std::uint32_t mtu_given) {
   rte_eth_link l{};
   if (rte_eth_link_get_nowait(port_id, &l) != 0) return {};
-  return {l.link_status == RTE_ETH_LINK_UP, l.link_speed == RTE_ETH_SPEED_NUM_UNKNOWN ? 0u : l.link_speed};
+  std::uint16_t mtu = 0;
+  if (mtu_given == 0 && rte_eth_dev_get_mtu(port_id, &mtu) != 0) mtu = 0;
+  return {l.link_status == RTE_ETH_LINK_UP, l.link_speed == RTE_ETH_SPEED_NUM_UNKNOWN ? 0u : l.link_speed,
+          mtu_given != 0 ? mtu_given : mtu};
 }
 }  // namespace
 
-pipeline::LinkInfo Port::link() const { return link_of(impl_->port_id); }
-pipeline::LinkInfo Port::Queue::link() const { return link_of(dev->port_id); }
+pipeline::LinkInfo Port::link() const { return link_of(impl_->port_id, impl_->mtu); }
+pipeline::LinkInfo Port::Queue::link() const { return link_of(dev->port_id, dev->mtu); }
 
 pipeline::PortIo& Port::shard(std::uint16_t i) { return *impl_->queues.at(i); }
 std::uint64_t Port::dispatch_drops() const { return impl_->dispatch_drops + impl_->funnel_drops; }

@@ -52,6 +52,8 @@ struct PortOptions {
   /// net_af_xdp, NICs; not memif or af_packet in DPDK 22.11), so an idle
   /// loop can block until a frame comes instead of waking on a poll tick.
   bool rx_interrupts = true;
+  /// The Ethernet MTU to set (rte_eth_dev_set_mtu); 0 leaves the driver's.
+  std::uint32_t mtu = 0;
 };
 
 struct PortStats {

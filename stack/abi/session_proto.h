@@ -212,10 +212,11 @@ struct uroce_device_attr {
 struct uroce_port_attr {
   uint32_t state;      /* enum ibv_port_state: IBV_PORT_ACTIVE or IBV_PORT_DOWN */
   uint32_t speed_mbps; /* 0: the driver does not say */
+  uint32_t mtu;        /* the Ethernet MTU; 0: the driver does not say */
 };
 
 UROCE_STATIC_ASSERT(sizeof(struct uroce_device_attr) == 48, "device_attr is 48 bytes");
-UROCE_STATIC_ASSERT(sizeof(struct uroce_port_attr) == 8, "port_attr is 8 bytes");
+UROCE_STATIC_ASSERT(sizeof(struct uroce_port_attr) == 12, "port_attr is 12 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_msg_hdr) == 16, "message header is 16 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_reply_status) == 128, "reply status is 128 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_reg_mr_msg) == 32, "reg_mr is 32 bytes");

@@ -19,6 +19,7 @@ struct RxFrame {
 struct LinkInfo {
   bool up = true;
   std::uint32_t speed_mbps = 0;  // 0: unknown
+  std::uint32_t mtu = 0;         // the Ethernet MTU; 0: unknown
 };
 
 class PortIo {

@@ -59,7 +59,10 @@ check "uroce-run --socket to no daemon: exit 2, and says why" "[ $rc -eq 2 ] && 
 # Two daemons over memif, each with its application socket in its own run
 # folder: the verbs programs on each side see one device, uroce0.
 mkdir -p "$TMP/run_b"
-start_daemon "" d --port net_memif0 --vdev "net_memif0,role=server,socket=$TMP/m.sock,bsize=8192" --ip 10.96.0.1 --lcore 0 \
+# A says its link carries 9000-byte frames (--link-mtu; memif's buffers do), B
+# leaves the driver's 1500: their verbs ports are at 4096 and 1024, and the
+# programs between them settle on 1024 as they would between such hosts.
+start_daemon "" d --port net_memif0 --vdev "net_memif0,role=server,socket=$TMP/m.sock,bsize=8192" --ip 10.96.0.1 --link-mtu 9000 --lcore 0 \
   --app-socket "$TMP/run/uroce0.sock" --ctl-socket "$TMP/d.ctl"
 DA=$LAST_PID
 for i in $(seq 50); do [ -S "$TMP/run/uroce0.sock" ] && [ -S "$TMP/d.ctl" ] && break; sleep 0.1; done
@@ -85,6 +88,10 @@ check "a CA on the IB transport, vendor 0xffffff (as rxe)" \
 check "port 1 active, Ethernet link layer" \
   "grep -qE 'state:\s+PORT_ACTIVE \(4\)' '$TMP/devinfo.out' && grep -qE 'link_layer:\s+Ethernet' '$TMP/devinfo.out'"
 check "GID 0 is the port's address as a RoCE v2 GID" "grep -qE 'GID\[ *0\]:\s+::ffff:10.96.0.1, RoCE v2' '$TMP/devinfo.out'"
+check "the port's speed and MTU are the link's: memif's 100 Gb/s as 4X EDR, MTU 9000 as 4096" \
+  "grep -qE 'active_width:\s+4X' '$TMP/devinfo.out' && grep -qE 'active_speed:\s+25.0 Gbps' '$TMP/devinfo.out' && grep -qE 'active_mtu:\s+4096' '$TMP/devinfo.out'"
+timeout 20 "$URUN" --lib "$IBV_DIR" --run-dir "$TMP/run_b" ibv_devinfo -v > "$TMP/devinfo_b.out" 2>&1
+check "daemon B, at the driver's MTU of 1500: active_mtu 1024" "grep -qE 'active_mtu:\s+1024' '$TMP/devinfo_b.out'"
 
 echo "== ibv_*_pingpong between the two daemons: every buffer checked (--chk) where the program can"
 pp_port=18600

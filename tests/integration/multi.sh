@@ -51,6 +51,8 @@ check "a bad fault spec is refused at start" "[ $e4 -eq 2 ] && grep -q 'fault-rx
 printf 'port = net_memif0\nip = 10.0.0.1\ndscp = 99\n' > "$TMP/bad.conf"
 "$UROCED" --no-huge --config "$TMP/bad.conf" > "$TMP/e5" 2>&1; e5=$?
 check "a bad value in the config file is refused" "[ $e5 -eq 2 ] && grep -q 'dscp must be' '$TMP/e5'"
+"$UROCED" --no-huge --port net_memif0 --ip 10.0.0.1 --link-mtu 100 > "$TMP/e9" 2>&1; e9=$?
+check "a link MTU out of range is refused" "[ $e9 -eq 2 ] && grep -q 'link-mtu must be 576..9600' '$TMP/e9'"
 printf 'port = net_memif0\nip = 10.0.0.1\nrole = client\npeer = 127.0.0.1\nmtu = 1000\n' > "$TMP/bad2.conf"
 "$UROCE_TRAFFIC" --no-huge --config "$TMP/bad2.conf" > "$TMP/e6" 2>&1; e6=$?
 check "uroce-traffic's own keys are checked in the same config file" "[ $e6 -eq 2 ] && grep -q 'mtu must be' '$TMP/e6'"
