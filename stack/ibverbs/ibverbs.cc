@@ -362,6 +362,16 @@ void wr_atomic_cmp_swp(ibv_qp_ex* x, uint32_t rkey, uint64_t addr, uint64_t comp
 void wr_atomic_fetch_add(ibv_qp_ex* x, uint32_t rkey, uint64_t addr, uint64_t add) {
   wr_atomic(x, IBV_WR_ATOMIC_FETCH_AND_ADD, rkey, addr, add, 0);
 }
+// ATOMIC WRITE: the 8 bytes at atomic_wr are taken now (as rdma-core's
+void wr_set_inline_data(ibv_qp_ex* x, void* addr, size_t length);
+// providers do), carried inline.
+void wr_atomic_write(ibv_qp_ex* x, uint32_t rkey, uint64_t addr, const void* atomic_wr) {
+  if (ibv_send_wr* w = wr_begin(x, IBV_WR_ATOMIC_WRITE)) {
+    w->wr.rdma.rkey = rkey;
+    w->wr.rdma.remote_addr = addr;
+    wr_set_inline_data(x, const_cast<void*>(atomic_wr), 8);
+  }
+}
 void wr_send(ibv_qp_ex* x) { (void)wr_begin(x, IBV_WR_SEND); }
 void wr_send_imm(ibv_qp_ex* x, __be32 imm) {
   if (ibv_send_wr* w = wr_begin(x, IBV_WR_SEND_WITH_IMM)) w->imm_data = imm;
@@ -436,13 +446,12 @@ void wr_bind_mw(ibv_qp_ex* x, ibv_mw*, uint32_t, const ibv_mw_bind_info*) { wr_r
 void wr_local_inv(ibv_qp_ex* x, uint32_t) { wr_refuse(x); }
 void wr_send_tso(ibv_qp_ex* x, void*, uint16_t, uint16_t) { wr_refuse(x); }
 void wr_set_xrc_srqn(ibv_qp_ex* x, uint32_t) { wr_refuse(x); }
-void wr_atomic_write(ibv_qp_ex* x, uint32_t, uint64_t, const void*) { wr_refuse(x); }
 
 /// The send operations uroce's QPs carry (ibv_qp_init_attr_ex.send_ops_flags).
 constexpr uint64_t kSendOps = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_SEND |
                               IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ |
                               IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD |
-                              IBV_QP_EX_WITH_SEND_WITH_INV;
+                              IBV_QP_EX_WITH_SEND_WITH_INV | IBV_QP_EX_WITH_ATOMIC_WRITE;
 
 UQp* make_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
   if (!pd || !attr || !attr->send_cq || !attr->recv_cq) return fail_null<UQp>(EINVAL);

@@ -516,6 +516,9 @@ std::optional<WqeKind> send_kind(ibv_qp_type type, std::uint8_t opcode) {
     case IBV_WR_ATOMIC_FETCH_AND_ADD:
       if (type != IBV_QPT_RC) return std::nullopt;
       return WqeKind::kAtomic;
+    case IBV_WR_ATOMIC_WRITE:  // IBTA 1.5: an 8-byte WRITE the responder stores at once; acknowledged as a WRITE
+      if (type != IBV_QPT_RC) return std::nullopt;
+      return WqeKind::kWrite;
     default: return std::nullopt;
   }
 }
@@ -534,6 +537,11 @@ bool send_entry_ok(const Qp& qp, const uroce_send_entry& e) {
   }
   if (*kind == WqeKind::kAtomic) {
     if (e.num_sge != 1 || e.sg_list[0].length != 8) return false;
+  }
+  if (e.opcode == IBV_WR_ATOMIC_WRITE) {
+    // Exactly 8 bytes, from one SGE or inline, to an 8-byte aligned address.
+    const std::uint64_t len = inl ? e.inline_len : (e.num_sge == 1 ? e.sg_list[0].length : 0);
+    if (len != 8 || (e.remote_addr & 7) != 0) return false;
   }
   return true;
 }
@@ -724,6 +732,7 @@ ibv_wc_opcode wc_opcode(ibv_wr_opcode op) {
     case IBV_WR_RDMA_READ: return IBV_WC_RDMA_READ;
     case IBV_WR_ATOMIC_CMP_AND_SWP: return IBV_WC_COMP_SWAP;
     case IBV_WR_ATOMIC_FETCH_AND_ADD: return IBV_WC_FETCH_ADD;
+    case IBV_WR_ATOMIC_WRITE: return IBV_WC_ATOMIC_WRITE;
     default: return IBV_WC_SEND;
   }
 }

@@ -26,6 +26,7 @@ std::uint8_t pick_opcode(const SendWqe& w, bool first, bool last, ibv_qp_type ty
       if (last) return base + (imm ? op::kRcSendLastImm : op::kRcSendLast);
       return base + op::kRcSendMiddle;
     case WqeKind::kWrite:
+      if (w.opcode == IBV_WR_ATOMIC_WRITE) return op::kRcAtomicWrite;  // 8 bytes: always one packet
       if (first && last) return base + (imm ? op::kRcWriteOnlyImm : op::kRcWriteOnly);
       if (first) return base + op::kRcWriteFirst;
       if (last) return base + (imm ? op::kRcWriteLastImm : op::kRcWriteLast);

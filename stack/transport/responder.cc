@@ -152,7 +152,8 @@ Engine::Exec Engine::execute(Qp& qp, const wire::Packet& pkt) {
     qp.ctr.inc(QpCounter::bad_opcode_seq);
     return Exec::kNakInvalid;
   }
-  if (info.has(wire::kOpFlush) || info.has(wire::kOpAtomicWrite)) return Exec::kNakInvalid;  // not offered
+  if (info.has(wire::kOpFlush)) return Exec::kNakInvalid;  // not offered (rdma-core 44 has no verb to ask for it)
+  if (info.has(wire::kOpAtomicWrite)) return exec_atomic_write(qp, pkt);
   // Every packet but the last of a multi-packet message is exactly one MTU.
   if (info.has(wire::kOpPayload) && !info.has(wire::kOpEnd) && pkt.payload_len != qp.mtu) return Exec::kNakInvalid;
   if (info.has(wire::kOpPayload) && info.has(wire::kOpEnd) && !info.has(wire::kOpStart) && pkt.payload_len == 0)
@@ -210,6 +211,30 @@ Engine::Exec Engine::exec_send(Qp& qp, const wire::Packet& pkt) {
   }
   complete_recv(qp, s.rwqe, IBV_WC_SUCCESS, IBV_WC_RECV, static_cast<std::uint32_t>(s.offset), flags, extra);
   s.have_rwqe = false;
+  s.in_msg = Responder::InMsg::kNone;
+  ++s.msn;
+  return Exec::kOk;
+}
+
+// ATOMIC WRITE (IBTA 1.5): eight bytes stored at an aligned address as one
+// store, so a reader never sees half of them; acknowledged as a WRITE. Its
+// length is exactly 8, in the RETH and in the packet (a shorter payload is
+// malformed, never read past).
+Engine::Exec Engine::exec_atomic_write(Qp& qp, const wire::Packet& pkt) {
+  const wire::Reth* reth = pkt.reth();
+  if (reth->dma_len.get() != 8 || pkt.payload_len != 8) return Exec::kNakInvalid;
+  if ((reth->va.get() & 7) != 0) return Exec::kNakInvalid;  // misaligned
+  std::uint8_t* p = nullptr;
+  if (!(qp.access & IBV_ACCESS_REMOTE_WRITE) ||
+      mrs_.check(reth->rkey.get(), true, qp.pd, reth->va.get(), 8, IBV_ACCESS_REMOTE_WRITE, &p) != KeyCheck::kOk) {
+    qp.ctr.inc(QpCounter::remote_access_err);
+    return Exec::kNakAccess;
+  }
+  std::uint64_t v;
+  std::memcpy(&v, pkt.payload().data(), 8);  // the bytes as they came, stored as they are
+  std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(p)).store(v, std::memory_order_release);
+  Responder& s = qp.resp;
+  ++s.epsn;
   s.in_msg = Responder::InMsg::kNone;
   ++s.msn;
   return Exec::kOk;

@@ -222,6 +222,11 @@ int main(int argc, char** argv) {
   check(post_send(qa, IBV_WR_ATOMIC_CMP_AND_SWP, a + 49152, 8, ma->lkey, (uintptr_t)b + 40960, mb->rkey) &&
             (memcpy(&v, b + 40960, 8), v == 7),
         "CMP_SWAP: swapped");
+  v = 0x0102030405060708ull;
+  memcpy(a + 49160, &v, 8);
+  check(post_send(qa, IBV_WR_ATOMIC_WRITE, a + 49160, 8, ma->lkey, (uintptr_t)b + 40968, mb->rkey) &&
+            (memcpy(&got, b + 40968, 8), got == v) && (memcpy(&got, b + 40960, 8), got == 7),
+        "ATOMIC_WRITE (ibv_post_send, 8 bytes from an SGE): stored, its neighbour untouched");
 
   /* The extended verbs: a CQ from ibv_create_cq_ex, polled with
    * start/next/end_poll, and a QP from ibv_create_qp_ex posting a batch of
@@ -241,10 +246,11 @@ int main(int argc, char** argv) {
   xa.cap.max_inline_data = 64;
   xa.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
   xa.pd = pd;
-  xa.send_ops_flags = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_ATOMIC_WRITE;
+  xa.send_ops_flags = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_BIND_MW;
   check(cqx && (xa.send_cq = xa.recv_cq = ibv_cq_ex_to_cq(cqx), ibv_create_qp_ex(ctx, &xa) == NULL) && errno == EOPNOTSUPP,
-        "create_qp_ex asking for ATOMIC_WRITE: EOPNOTSUPP");
-  xa.send_ops_flags = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_RDMA_READ;
+        "create_qp_ex asking for memory-window binds: EOPNOTSUPP");
+  xa.send_ops_flags =
+      IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_WRITE;
   struct ibv_qp* xq = cqx ? ibv_create_qp_ex(ctx, &xa) : NULL;
   struct ibv_qp_ex* xqx = xq ? ibv_qp_to_qp_ex(xq) : NULL;
   struct ibv_qp* xb = make_qp(pd, cq_b, IBV_QPT_RC);
@@ -261,14 +267,21 @@ int main(int argc, char** argv) {
   xqx->wr_id = 1002;
   ibv_wr_send(xqx);
   ibv_wr_set_inline_data(xqx, a + 5000, 32);
-  check(ibv_wr_complete(xqx) == 0, "wr_start, a WRITE and a SEND, wr_complete: posted");
-  uint64_t ids[2] = {0, 0};
-  enum ibv_wc_opcode ops[2];
-  uint32_t qpns[2];
-  check(poll_ex(cqx, ids, ops, qpns, 2) == 2 && ids[0] == 1001 && ops[0] == IBV_WC_RDMA_WRITE && ids[1] == 1002 &&
-            ops[1] == IBV_WC_SEND && qpns[0] == xq->qp_num,
-        "both completed, in order, read through start_poll/next_poll/end_poll");
+  const uint64_t aw = 0x1122334455667788ull;
+  memset(b + 49152, 0xAB, 24);
+  xqx->wr_id = 1003;
+  ibv_wr_atomic_write(xqx, mb->rkey, (uintptr_t)b + 49160, &aw);
+  check(ibv_wr_complete(xqx) == 0, "wr_start, a WRITE, a SEND and an ATOMIC WRITE, wr_complete: posted");
+  uint64_t ids[3] = {0, 0, 0};
+  enum ibv_wc_opcode ops[3];
+  uint32_t qpns[3];
+  check(poll_ex(cqx, ids, ops, qpns, 3) == 3 && ids[0] == 1001 && ops[0] == IBV_WC_RDMA_WRITE && ids[1] == 1002 &&
+            ops[1] == IBV_WC_SEND && ids[2] == 1003 && ops[2] == IBV_WC_ATOMIC_WRITE && qpns[0] == xq->qp_num,
+        "all three completed, in order, read through start_poll/next_poll/end_poll");
   check(memcmp(b + 20000, a, 4096) == 0, "the WRITE landed, every byte");
+  uint64_t got_aw = 0;
+  memcpy(&got_aw, b + 49160, 8);
+  check(got_aw == aw && b[49159] == 0xAB && b[49168] == 0xAB, "the ATOMIC WRITE stored its 8 bytes, and only those");
   check(wait_wc(cq_b, &wc) && wc.status == IBV_WC_SUCCESS && wc.byte_len == 32 && memcmp(b + 30000, a + 5000, 32) == 0,
         "the inline SEND landed, every byte");
   ibv_wr_start(xqx);

@@ -968,7 +968,7 @@ TEST_F(Errors, BadWorkRequestsAreRefusedAtPost) {
   EXPECT_EQ(p.A().post_send(q.a, w), EINVAL);  // an atomic needs one 8-byte SGE
   // Opcodes the engine does not offer (a real enum value each: an
   // out-of-range enum would be undefined behaviour before we ever saw it).
-  for (ibv_wr_opcode bad_op : {IBV_WR_DRIVER1, IBV_WR_ATOMIC_WRITE, IBV_WR_LOCAL_INV, IBV_WR_BIND_MW}) {
+  for (ibv_wr_opcode bad_op : {IBV_WR_DRIVER1, IBV_WR_LOCAL_INV, IBV_WR_BIND_MW}) {  // ATOMIC_WRITE: its own tests
     w = send_wr(5, &eight, IBV_SEND_SIGNALED, bad_op);
     EXPECT_EQ(p.A().post_send(q.a, w), EINVAL);
   }
@@ -1463,6 +1463,97 @@ TEST_F(HeaderChecks, RequesterIgnoresAnAckWithAForeignPkey) {
   EXPECT_EQ(p.A().counters()[PortCounter::rx_bad_pkey], 1u);
   p.poll(0, wa);
   EXPECT_TRUE(wa.empty()) << "the WRITE was retired by an ACK from a foreign partition";
+}
+
+// ------------------------------------------------------ ATOMIC WRITE (IBTA 1.5)
+
+TEST_F(Errors, AtomicWriteStoresEightBytesOnceAndCompletes) {
+  const QpPair q = p.connect();
+  put64(1, 128, 0x1111);
+  put64(1, 136, 0x2222);
+  put64(0, 0, 0x0123456789abcdefull);
+  Sge s = p.sge(0, 0, 8);
+  SendWr w = rdma_wr(5, IBV_WR_ATOMIC_WRITE, &s, p.addr(1, 128), p.rkey(1));
+  ASSERT_EQ(p.A().post_send(q.a, w), 0);
+  ASSERT_TRUE(wait(0, wa, 1));
+  EXPECT_EQ(wa[0].status, IBV_WC_SUCCESS) << to_string(wa[0].status);
+  EXPECT_EQ(wa[0].opcode, IBV_WC_ATOMIC_WRITE);
+  EXPECT_EQ(get64(1, 128), 0x0123456789abcdefull);
+  EXPECT_EQ(get64(1, 136), 0x2222u);  // exactly 8 bytes
+  const auto sent = frames(0, op::kRcAtomicWrite, q.b->qpn);
+  ASSERT_EQ(sent.size(), 1u);  // one packet, acknowledged as a WRITE
+  EXPECT_FALSE(frames(1, op::kRcAck, q.a->qpn).empty());
+  EXPECT_TRUE(frames(1, op::kRcAtomicAck, q.a->qpn).empty());
+  // The same request again (a retransmission): acknowledged, not stored again.
+  put64(1, 128, 0x7777);
+  const auto again = frame(0, op::kRcAtomicWrite, q.b->qpn, q.b->resp.epsn - 1,
+                           [&] {
+                             wire::ExtFields e;
+                             e.reth_va = p.addr(1, 128);
+                             e.reth_rkey = p.rkey(1);
+                             e.reth_len = 8;
+                             return e;
+                           }(),
+                           8);
+  ASSERT_FALSE(again.empty());
+  p.wire.inject(wire::ConstBytes(again.data(), again.size()));
+  settle(200'000);
+  EXPECT_EQ(get64(1, 128), 0x7777u);
+  EXPECT_EQ(q.b->ctr[QpCounter::duplicate_request], 1u);
+  EXPECT_EQ(q.b->state, IBV_QPS_RTS);
+  // And the QP goes on: a WRITE after it completes (the PSN and MSN moved on).
+  for (int i = 0; i < 64; ++i) p.node[0].mem[512 + i] = static_cast<std::uint8_t>(i + 3);
+  Sge ws = p.sge(0, 512, 64);
+  ASSERT_EQ(p.A().post_send(q.a, rdma_wr(6, IBV_WR_RDMA_WRITE, &ws, p.addr(1, 1024), p.rkey(1))), 0);
+  ASSERT_TRUE(wait(0, wa, 2));
+  EXPECT_EQ(wa[1].status, IBV_WC_SUCCESS) << to_string(wa[1].status);
+  EXPECT_EQ(std::memcmp(&p.node[1].mem[1024], &p.node[0].mem[512], 64), 0);
+  EXPECT_EQ(q.a->ctr[QpCounter::retransmitted_pkts], 0u);
+}
+
+TEST_F(Errors, AtomicWriteOfOtherThanEightAlignedBytesIsRefusedAtPost) {
+  const QpPair q = p.connect();
+  Sge four = p.sge(0, 0, 4);
+  EXPECT_EQ(p.A().post_send(q.a, rdma_wr(1, IBV_WR_ATOMIC_WRITE, &four, p.addr(1, 128), p.rkey(1))), EINVAL);
+  Sge eight = p.sge(0, 0, 8);
+  EXPECT_EQ(p.A().post_send(q.a, rdma_wr(2, IBV_WR_ATOMIC_WRITE, &eight, p.addr(1, 132), p.rkey(1))), EINVAL);
+  settle(100'000);
+  EXPECT_TRUE(wa.empty());
+  EXPECT_EQ(q.a->state, IBV_QPS_RTS);
+}
+
+TEST_F(Errors, AtomicWriteToReadOnlyMrIsRefused) {
+  Mr* ro = p.B().reg_mr(p.node[1].pd, p.node[1].mem.data() + 16384, 4096,
+                        IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
+  ASSERT_NE(ro, nullptr);
+  const QpPair q = p.connect();
+  put64(1, 16384, 41);
+  Sge s = p.sge(0, 0, 8);
+  ASSERT_EQ(p.A().post_send(q.a, rdma_wr(1, IBV_WR_ATOMIC_WRITE, &s, p.addr(1, 16384), ro->rkey)), 0);
+  ASSERT_TRUE(wait(0, wa, 1));
+  EXPECT_EQ(wa[0].status, IBV_WC_REM_ACCESS_ERR) << to_string(wa[0].status);
+  EXPECT_EQ(wa[0].opcode, IBV_WC_ATOMIC_WRITE);
+  EXPECT_EQ(get64(1, 16384), 41u);
+  EXPECT_EQ(q.b->ctr[QpCounter::remote_access_err], 1u);
+}
+
+TEST_F(Errors, AtomicWriteWhoseRethIsNotEightBytesIsInvalidRequest) {
+  // A peer's ATOMIC WRITE saying 16 bytes (its payload is 8): never stored.
+  const QpPair q = p.connect();
+  put64(1, 256, 0x3333);
+  wire::ExtFields e;
+  e.reth_va = p.addr(1, 256);
+  e.reth_rkey = p.rkey(1);
+  e.reth_len = 16;
+  const auto f = frame(0, op::kRcAtomicWrite, q.b->qpn, q.b->resp.epsn, e, 8);
+  ASSERT_FALSE(f.empty());
+  p.wire.inject(wire::ConstBytes(f.data(), f.size()));
+  ASSERT_TRUE(p.wire.run_until([&] { return q.b->state == IBV_QPS_ERR; }, 1'000'000));
+  settle(200'000);  // the NAK goes out
+  EXPECT_EQ(get64(1, 256), 0x3333u);
+  const auto naks = frames(1, op::kRcAck, q.a->qpn);
+  ASSERT_EQ(naks.size(), 1u);
+  EXPECT_EQ(naks[0]->syndrome, 0x61);
 }
 
 }  // namespace
