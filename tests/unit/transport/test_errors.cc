@@ -650,18 +650,22 @@ TEST_F(Errors, AtomicToReadOnlyMrIsRefused) {
   Mr* ro = p.B().reg_mr(p.node[1].pd, p.node[1].mem.data() + 16384, 4096,
                         IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
   ASSERT_NE(ro, nullptr);
-  const QpPair q = p.connect();
-  put64(1, 16384, 41);
-  Sge s = p.sge(0, 0, 8);
-  SendWr w = rdma_wr(1, IBV_WR_ATOMIC_FETCH_AND_ADD, &s, p.addr(1, 16384), ro->rkey);
-  w.compare_add = 1;
-  ASSERT_EQ(p.A().post_send(q.a, w), 0);
-  ASSERT_TRUE(wait(0, wa, 1));
-  EXPECT_EQ(wa[0].status, IBV_WC_REM_ACCESS_ERR) << to_string(wa[0].status);
-  EXPECT_EQ(wa[0].opcode, IBV_WC_FETCH_ADD);
-  EXPECT_EQ(get64(1, 16384), 41u);
-  EXPECT_EQ(q.b->ctr[QpCounter::remote_access_err], 1u);
-  EXPECT_EQ(q.b->state, IBV_QPS_ERR);
+  for (const ibv_wr_opcode opc : {IBV_WR_ATOMIC_FETCH_AND_ADD, IBV_WR_ATOMIC_WRITE}) {
+    SCOPED_TRACE(opc);
+    wa.clear();
+    const QpPair q = p.connect();
+    put64(1, 16384, 41);
+    Sge s = p.sge(0, 0, 8);
+    SendWr w = rdma_wr(1, opc, &s, p.addr(1, 16384), ro->rkey);
+    w.compare_add = 1;
+    ASSERT_EQ(p.A().post_send(q.a, w), 0);
+    ASSERT_TRUE(wait(0, wa, 1));
+    EXPECT_EQ(wa[0].status, IBV_WC_REM_ACCESS_ERR) << to_string(wa[0].status);
+    EXPECT_EQ(wa[0].opcode, opc == IBV_WR_ATOMIC_WRITE ? IBV_WC_ATOMIC_WRITE : IBV_WC_FETCH_ADD);
+    EXPECT_EQ(get64(1, 16384), 41u);
+    EXPECT_EQ(q.b->ctr[QpCounter::remote_access_err], 1u);
+    EXPECT_EQ(q.b->state, IBV_QPS_ERR);
+  }
 }
 
 // ---------------------------------------------------- 6. misaligned atomic
@@ -1520,21 +1524,6 @@ TEST_F(Errors, AtomicWriteOfOtherThanEightAlignedBytesIsRefusedAtPost) {
   settle(100'000);
   EXPECT_TRUE(wa.empty());
   EXPECT_EQ(q.a->state, IBV_QPS_RTS);
-}
-
-TEST_F(Errors, AtomicWriteToReadOnlyMrIsRefused) {
-  Mr* ro = p.B().reg_mr(p.node[1].pd, p.node[1].mem.data() + 16384, 4096,
-                        IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
-  ASSERT_NE(ro, nullptr);
-  const QpPair q = p.connect();
-  put64(1, 16384, 41);
-  Sge s = p.sge(0, 0, 8);
-  ASSERT_EQ(p.A().post_send(q.a, rdma_wr(1, IBV_WR_ATOMIC_WRITE, &s, p.addr(1, 16384), ro->rkey)), 0);
-  ASSERT_TRUE(wait(0, wa, 1));
-  EXPECT_EQ(wa[0].status, IBV_WC_REM_ACCESS_ERR) << to_string(wa[0].status);
-  EXPECT_EQ(wa[0].opcode, IBV_WC_ATOMIC_WRITE);
-  EXPECT_EQ(get64(1, 16384), 41u);
-  EXPECT_EQ(q.b->ctr[QpCounter::remote_access_err], 1u);
 }
 
 TEST_F(Errors, AtomicWriteWhoseRethIsNotEightBytesIsInvalidRequest) {
