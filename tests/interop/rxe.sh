@@ -1,6 +1,8 @@
 #!/bin/bash
 # Live interop: uroce against Linux rxe in a QEMU guest (../shared/peers/rxe-vm),
-# both directions, at MTU 1024 and 4096, then with 1% and 5% of RoCEv2 frames
+# both directions, uroce's own tools and (at MTU 1024 and at 1% loss) the same
+# stock Debian binaries on both sides, uroce's through uroce-run,
+# at MTU 1024 and 4096, then with 1% and 5% of RoCEv2 frames
 # dropped on the guest's bridge (nftables) plus reordering and duplication
 # from uroced's fault injector. Every run is captured; the captures must pass
 # uroce-pcap --strict and show both sides' go-back-N at work under loss.
@@ -15,6 +17,10 @@ for sz in 1 1000 4096; do pingpong "mtu1024" $sz 50; done
 for t in write_bw read_bw send_bw atomic_bw; do perftest "mtu1024" $t 100; done
 for t in write_lat send_lat read_lat atomic_lat; do perftest "mtu1024" $t 100; done
 rping "mtu1024" 5
+echo "  -- the same stock binaries on both sides (uroce's through uroce-run)"
+stock_pingpong "mtu1024" 4096 20
+for t in write_bw read_bw send_lat write_lat; do stock_perftest "mtu1024" $t 50; done
+stock_rping "mtu1024" 5
 stop_daemon
 strict m1024
 
@@ -27,6 +33,12 @@ for pct in 1 5; do
   perftest "loss$pct" write_lat 30
   perftest "loss$pct" send_lat 30
   rping "loss$pct" 3
+  if [ "$pct" = 1 ]; then
+    stock_pingpong "loss$pct" 4096 20
+    stock_perftest "loss$pct" write_bw 20
+    stock_perftest "loss$pct" send_lat 20
+    stock_rping "loss$pct" 3
+  fi
   stop_daemon
   echo "  frames dropped by nftables: $(dropped)"
   strict "loss$pct"

@@ -2,11 +2,18 @@
 # bridge, and one function per pairing (each runs both directions).
 #
 # UROCE_INTEROP_ONLY="rping write_bw ..." runs only the named pairings
-# (pingpong, rping, or a perftest name), for chasing one failure.
+# (pingpong, rping, a perftest name, or stock: the stock binaries through
+# uroce-run), for chasing one failure.
 . "$(dirname "${BASH_SOURCE[0]}")/../integration/lib.sh"
 need_root
+# meson puts the drop-in libraries' folders on LD_LIBRARY_PATH (the test
+# depends on them); uroced's EAL needs the system's libibverbs, and the
+# stock binaries get uroce's from uroce-run.
+unset LD_LIBRARY_PATH
 PEER=${UROCE_RXE_PEER:-$(dirname "${BASH_SOURCE[0]}")/../../../shared/peers/rxe-vm}
 PERF=${UROCE_PERF:?}
+URUN=${UROCE_RUN:?the path of tools/uroce-run}
+IBV_DIR=${UROCE_IBVERBS_DIR:?the folder of the uroce libibverbs.so.1}
 PP=${UROCE_PINGPONG:?}
 RPING=${UROCE_RPING:?}
 NSX=rxepeer
@@ -122,6 +129,80 @@ rping() {
   wait $sp
   check_show "$tag: uroce-rping server <- rping -V client (rxe) over RDMA CM, $n pings" \
     "grep -q rc=0 $TMP/rpc.rc && grep -q '^$n pings' $TMP/rps.out" "tail -3 $TMP/rps.out; G 'tail -3 /tmp/rpc.log'"
+}
+
+# The same stock binaries on both sides (Debian's, unmodified): uroce's
+# through tools/uroce-run on its drop-in libibverbs.so.1 and
+# librdmacm.so.1, in the namespace (their TCP exchange reaches the guest).
+# The daemon's socket as device uroce0: a run folder holding uroce0.sock.
+URUN_X() {
+  mkdir -p "$TMP/run" && ln -sf "$TMP/u.app" "$TMP/run/uroce0.sock"
+  X timeout 150 "$URUN" --lib "$IBV_DIR" --run-dir "$TMP/run" "$@"
+}
+
+# stock_pingpong TAG SIZE ITERS: ibv_rc_pingpong --chk both ways
+stock_pingpong() {
+  local tag=$1 sz=$2 n=$3
+  want stock || return 0
+  fresh
+  G "timeout 120 ibv_rc_pingpong -d rxe0 -g 1 -n $n -s $sz -c </dev/null >/tmp/sp.log 2>&1 &"
+  sleep 1
+  URUN_X ibv_rc_pingpong -d uroce0 -g 0 -n "$n" -s "$sz" -c 10.77.0.2 > "$TMP/sp.out" 2>&1
+  check_show "$tag: ibv_rc_pingpong server (rxe) <- ibv_rc_pingpong client (uroce), $sz B x $n, --chk" \
+    "grep -q '$n iters in' $TMP/sp.out && sleep 1 && G 'cat /tmp/sp.log' | grep -q '$n iters in'" \
+    "tail -3 $TMP/sp.out; G 'tail -3 /tmp/sp.log'"
+  URUN_X ibv_rc_pingpong -d uroce0 -g 0 -n "$n" -s "$sz" -c > "$TMP/sps.out" 2>&1 & local sp=$!
+  sleep 0.7
+  G "timeout 120 ibv_rc_pingpong -d rxe0 -g 1 -n $n -s $sz -c 10.77.0.1 > /tmp/spc.log 2>&1; echo rc=\$?" > "$TMP/spc.rc"
+  wait $sp
+  check_show "$tag: ibv_rc_pingpong server (uroce) <- ibv_rc_pingpong client (rxe), $sz B x $n, --chk" \
+    "grep -q rc=0 $TMP/spc.rc && grep -q '$n iters in' $TMP/sps.out" "tail -3 $TMP/sps.out; G 'tail -3 /tmp/spc.log'"
+}
+
+# stock_perftest TAG TEST ITERS: Debian's ib_TEST on both sides, both ways.
+# perftest takes the peer's outstanding-read count as its own QP's
+# max_rd_atomic: rxe offers 128, uroce 16 (as a ConnectX-4 does), so READ
+# and atomic tests say -o 16 on both sides, as they would between rxe and
+# such a NIC.
+stock_perftest() {
+  local tag=$1 t=$2 n=$3 ex=""
+  case $t in read_*|atomic_*) ex="-o 16" ;; esac
+  want stock || want "stock_$t" || return 0
+  fresh
+  G "timeout 120 ib_$t -d rxe0 -x 1 -n $n $ex </dev/null >/tmp/st.log 2>&1 &"
+  sleep 1.5
+  URUN_X ib_$t -d uroce0 -x 0 -n "$n" $ex 10.77.0.2 > "$TMP/st.out" 2>&1; local rc=$?
+  check_show "$tag: ib_$t server (rxe) <- ib_$t client (uroce, stock perftest), $n iterations" \
+    "[ $rc -eq 0 ] && grep -qE '^ +[0-9]+ +$n ' $TMP/st.out" "grep -v '^ *-*$' $TMP/st.out | tail -6; G 'tail -6 /tmp/st.log'"
+  fresh
+  URUN_X ib_$t -d uroce0 -x 0 -n "$n" $ex > "$TMP/sts.out" 2>&1 & local sp=$!
+  sleep 1
+  # perftest's exchange is TCP: to the host's kernel address, not uroced's.
+  G "timeout 120 ib_$t -d rxe0 -x 1 -n $n $ex 10.77.0.1 > /tmp/stc.log 2>&1; echo rc=\$?" > "$TMP/stc.rc"
+  wait $sp; rc=$?
+  check_show "$tag: ib_$t server (uroce, stock perftest) <- ib_$t client (rxe), $n iterations" \
+    "[ $rc -eq 0 ] && grep -q rc=0 $TMP/stc.rc && G 'cat /tmp/stc.log' | grep -qE '^ +[0-9]+ +$n '" \
+    "tail -3 $TMP/sts.out; G 'tail -3 /tmp/stc.log'"
+}
+
+# stock_rping TAG COUNT: Debian's rping -V on both sides, over RDMA CM, both ways
+stock_rping() {
+  local tag=$1 n=$2
+  want stock || return 0
+  fresh
+  G "timeout 120 rping -s -a 10.77.0.2 -C $n -V </dev/null >/tmp/srp.log 2>&1 &"
+  sleep 2
+  URUN_X rping -c -a 10.77.0.2 -C "$n" -V > "$TMP/srp.out" 2>&1; local rc=$?
+  check_show "$tag: rping server (rxe) <- rping -V client (uroce, librdmacm drop-in), $n pings" \
+    "[ $rc -eq 0 ] && ! grep -qi mismatch $TMP/srp.out" "tail -3 $TMP/srp.out; G 'tail -3 /tmp/srp.log'"
+  fresh
+  URUN_X rping -s -a 10.77.0.10 -C "$n" -V > "$TMP/srps.out" 2>&1 & local sp=$!
+  sleep 1.5
+  G "timeout 120 rping -c -a 10.77.0.10 -C $n -V > /tmp/srpc.log 2>&1; echo rc=\$?" > "$TMP/srpc.rc"
+  wait $sp; rc=$?
+  check_show "$tag: rping server (uroce, librdmacm drop-in) <- rping -V client (rxe), $n pings" \
+    "[ $rc -eq 0 ] && grep -q rc=0 $TMP/srpc.rc && ! grep -qi mismatch $TMP/srps.out" \
+    "tail -3 $TMP/srps.out; G 'tail -3 /tmp/srpc.log'"
 }
 
 strict() {  # TAG: the capture decodes, every ICRC is right
