@@ -845,11 +845,11 @@ enum ibv_fork_status ibv_is_fork_initialized(void) { return IBV_FORK_UNNEEDED; }
 int ibv_dontfork_range(void*, size_t) { return 0; }
 int ibv_dofork_range(void*, size_t) { return 0; }
 
-// ------------------------------------------------- not built yet: clean refusals
+// ------------------------------------------------- MRs
 
-ibv_mr* uroce_impl_ibv_reg_mr(ibv_pd* pd, void* addr, size_t length, int access) {
+static ibv_mr* reg_mr_at(ibv_pd* pd, void* addr, size_t length, uint64_t iova, int access) {
   if (!pd) return fail_null<ibv_mr>(EINVAL);
-  uroce_mr* u = uroce_reg_mr(UPd::of(pd)->u, addr, length, access);
+  uroce_mr* u = uroce_reg_mr_iova(UPd::of(pd)->u, addr, length, iova, access);
   if (!u) return fail_null<ibv_mr>(errno ? errno : EINVAL);
   auto* m = new UMr();
   m->u = u;
@@ -861,14 +861,19 @@ ibv_mr* uroce_impl_ibv_reg_mr(ibv_pd* pd, void* addr, size_t length, int access)
   m->v.rkey = uroce_mr_rkey(u);
   return &m->v;
 }
+ibv_mr* uroce_impl_ibv_reg_mr(ibv_pd* pd, void* addr, size_t length, int access) {
+  return reg_mr_at(pd, addr, length, reinterpret_cast<uintptr_t>(addr), access);
+}
 ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, uint64_t iova, unsigned int access) {
-  if (iova != reinterpret_cast<uintptr_t>(addr)) return fail_null<ibv_mr>(EOPNOTSUPP);  // an IOVA of its own: not yet
   if (access & IBV_ACCESS_OPTIONAL_RANGE) access &= ~static_cast<unsigned>(IBV_ACCESS_OPTIONAL_RANGE);
-  return uroce_impl_ibv_reg_mr(pd, addr, length, static_cast<int>(access));
+  return reg_mr_at(pd, addr, length, iova, static_cast<int>(access));
 }
 ibv_mr* ibv_reg_mr_iova(ibv_pd* pd, void* addr, size_t length, uint64_t iova, int access) {
   return ibv_reg_mr_iova2(pd, addr, length, iova, static_cast<unsigned>(access));
 }
+
+// ------------------------------------------------- not built yet: clean refusals
+
 ibv_mr* ibv_reg_dmabuf_mr(ibv_pd*, uint64_t, size_t, uint64_t, int, int) { return fail_null<ibv_mr>(EOPNOTSUPP); }
 int ibv_rereg_mr(ibv_mr*, int, ibv_pd*, void*, size_t, int) { return fail(EOPNOTSUPP); }
 int ibv_dereg_mr(ibv_mr* mr) {

@@ -811,17 +811,24 @@ void* uroce_alloc_buf(uroce_context* ctx, std::size_t length) {
 }
 
 uroce_mr* uroce_reg_mr(uroce_pd* pd, void* addr, std::size_t length, int access) {
+  return uroce_reg_mr_iova(pd, addr, length, reinterpret_cast<std::uintptr_t>(addr), access);
+}
+
+uroce_mr* uroce_reg_mr_iova(uroce_pd* pd, void* addr, std::size_t length, std::uint64_t iova, int access) {
   if (!pd || !addr || length == 0) return set_error(EINVAL, "bad MR arguments"), nullptr;
   uroce_context* ctx = pd->ctx;
-  // The daemon maps whole pages: register from the page holding addr.
+  // The daemon maps whole pages: register from the page holding addr,
+  // which the MR's address space (its IOVA) reaches at iova - (addr - page).
   const auto page = reinterpret_cast<std::uintptr_t>(addr) & ~std::uintptr_t{4095};
   const auto end = (reinterpret_cast<std::uintptr_t>(addr) + length + 4095) & ~std::uintptr_t{4095};
+  const std::uint64_t head = reinterpret_cast<std::uintptr_t>(addr) - page;
+  if (iova < head || iova + length < iova) return set_error(EINVAL, "the IOVA range wraps"), nullptr;
   std::vector<uroce_reg_mr_piece> pieces;
   std::vector<int> fds;
   std::vector<std::uintptr_t> segs;
   if (pin(page, end, pieces, fds, segs) != 0) return nullptr;
   uroce_reg_mr_pieces_msg m{};
-  m.mr = {pd->handle, static_cast<std::uint32_t>(access), page, end - page, pieces[0].offset};
+  m.mr = {pd->handle, static_cast<std::uint32_t>(access), iova - head, end - page, pieces[0].offset};
   uroce_reg_mr_reply r{};
   int rc;
   if (pieces.size() == 1) {

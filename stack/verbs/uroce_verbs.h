@@ -116,6 +116,9 @@ int uroce_dealloc_pd(struct uroce_pd* pd);
 void* uroce_alloc_buf(struct uroce_context* ctx, size_t length);
 
 struct uroce_mr* uroce_reg_mr(struct uroce_pd* pd, void* addr, size_t length, int access);
+/* The same with an address space of its own (ibv_reg_mr_iova2): local and
+ * remote accesses name addr's bytes at iova onwards, as on rdma-core. */
+struct uroce_mr* uroce_reg_mr_iova(struct uroce_pd* pd, void* addr, size_t length, uint64_t iova, int access);
 int uroce_dereg_mr(struct uroce_mr* mr);
 uint32_t uroce_mr_lkey(const struct uroce_mr* mr);
 uint32_t uroce_mr_rkey(const struct uroce_mr* mr);

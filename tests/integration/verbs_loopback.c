@@ -228,6 +228,30 @@ int main(int argc, char** argv) {
             (memcpy(&got, b + 40968, 8), got == v) && (memcpy(&got, b + 40960, 8), got == 7),
         "ATOMIC_WRITE (ibv_post_send, 8 bytes from an SGE): stored, its neighbour untouched");
 
+  /* An MR with an address space of its own (ibv_reg_mr_iova2): local and
+   * remote accesses name its bytes from the IOVA on, not from where the
+   * process has them. */
+  {
+    uint8_t* c = aligned_alloc(4096, 16384);
+    memset(c, 0, 16384);
+    const uint64_t iova = 0x100000000123ull;
+    struct ibv_mr* mc = c ? ibv_reg_mr_iova2(pd, c, 16384, iova, access) : NULL;
+    check(mc && mc->addr == c && mc->length == 16384, "ibv_reg_mr_iova2 with an IOVA of its own");
+    for (int i = 0; i < 3000; ++i) a[i] = (uint8_t)(i * 5 + 1);
+    check(mc && post_send(qa, IBV_WR_RDMA_WRITE, a, 3000, ma->lkey, iova + 500, mc->rkey) && memcmp(c + 500, a, 3000) == 0,
+          "a WRITE to IOVA + 500 lands at the MR's byte 500");
+    memset(a + 8192, 0, 3000);
+    check(mc && post_send(qa, IBV_WR_RDMA_READ, a + 8192, 3000, ma->lkey, iova + 500, mc->rkey) &&
+              memcmp(a + 8192, c + 500, 3000) == 0,
+          "a READ from IOVA + 500 reads the MR's byte 500 on");
+    check(mc && post_recv(qb, (void*)(uintptr_t)(iova + 6000), 64, mc->lkey) &&
+              post_send(qa, IBV_WR_SEND, a, 64, ma->lkey, 0, 0) && wait_wc(cq_b, &wc) && wc.status == IBV_WC_SUCCESS &&
+              memcmp(c + 6000, a, 64) == 0,
+          "a receive into IOVA + 6000 (a local SGE in the IOVA space) lands at the MR's byte 6000");
+    check(mc && ibv_dereg_mr(mc) == 0, "IOVA MR deregistered");
+    free(c);
+  }
+
   /* The extended verbs: a CQ from ibv_create_cq_ex, polled with
    * start/next/end_poll, and a QP from ibv_create_qp_ex posting a batch of
    * two with the wr_* builders (a WRITE from an SGE, a SEND of inline data). */
