@@ -405,6 +405,13 @@ int seams(const char* sa, int daemon_pid) {
   check(::pipe(p) == 0, "a pipe");
   check(raw_call(s, UROCE_MSG_CREATE_CQ, 5, &cm, sizeof cm, p[1]) == EINVAL,
         "a pipe as the completion channel is refused (EINVAL): the daemon never writes to what could block it");
+  // The CM channel (minor 7) is held to the same rule, and unlisten to the owner.
+  check(raw_call(s, UROCE_MSG_CM_CHANNEL, 30, nullptr, 0, p[1]) == EINVAL, "a pipe as the CM channel is refused");
+  check(raw_call(s, UROCE_MSG_CM_CHANNEL, 31, nullptr, 0, -1) == EINVAL, "a CM channel without a descriptor is refused");
+  uroce_cm_msg um{};
+  um.port = 7999;
+  check(raw_call(s, UROCE_MSG_CM_UNLISTEN, 32, &um, sizeof um, -1) == EINVAL,
+        "unlistening a port this session does not listen on is refused");
   ::close(p[0]);
   ::close(p[1]);
   ::close(s);
