@@ -100,6 +100,7 @@ struct Channel {
   rdma_event_channel ch{};  // fd: the epoll set
   int efd = -1;             // readable while `queue` holds events
   bool own = false;         // a sync id's private channel
+  bool destroyed = false;   // kept, never freed: a thread may still wait on it
   std::deque<Event*> queue;
 };
 
@@ -261,12 +262,19 @@ Channel* new_channel_locked(bool own) {
   return ch;
 }
 
+/// A destroyed channel's descriptors close, and its events go; the struct
+/// stays (a few bytes), because a thread may still be inside
+/// rdma_get_cm_event on it, as rping's CM thread is when rping destroys the
+/// channel at exit: that thread then waits for good, as it would on
+/// rdma-core's kernel channel, instead of touching freed memory.
 void free_channel_locked(Channel* ch) {
   for (Event* e : ch->queue) delete e;
+  ch->queue.clear();
   ::close(ch->ch.fd);
   ::close(ch->efd);
+  ch->ch.fd = ch->efd = -1;
+  ch->destroyed = true;
   g_chans.erase(std::remove(g_chans.begin(), g_chans.end(), ch), g_chans.end());
-  delete ch;
 }
 
 void enqueue(Channel* ch, Event* e) {
@@ -358,6 +366,7 @@ int next_event(Channel* ch, bool block, Event** out) {
   for (;;) {
     {
       std::lock_guard<std::mutex> lock(g_mu);
+      if (ch->destroyed) break;
       pump_locked();
       if (!ch->queue.empty()) {
         *out = ch->queue.front();
@@ -372,8 +381,10 @@ int next_event(Channel* ch, bool block, Event** out) {
     if (!block) return fail(EAGAIN);
     epoll_event evs[8];
     const int n = ::epoll_wait(ch->ch.fd, evs, 8, -1);
-    if (n < 0 && errno != EINTR) return -1;
+    if (n < 0 && errno != EINTR && errno != EBADF) return -1;  // EBADF: destroyed meanwhile, looked at above
   }
+  if (!block) return fail(EBADF);
+  for (;;) ::pause();  // the channel is gone: nothing will ever come
 }
 
 void free_sync_event(Id* id) {

@@ -70,6 +70,38 @@ struct Segment {
 std::mutex g_seg_mu;
 std::map<std::uintptr_t, Segment> g_segs;  // by start address; never overlapping
 
+/// Loads the embedded-mode plugin. When this process's libibverbs.so.1 is
+/// uroce's drop-in (stack/ibverbs, put first by uroce-run), DPDK's EAL
+/// would bind the mlx4 and mlx5 drivers it loads with every plugin to it,
+/// and fail on rdma-core's private symbols. The plugin then goes into a
+/// link-map namespace of its own (dlmopen), where rdma-core's own
+/// libibverbs, libmlx5 and libmlx4 are loaded first by path, from the
+/// folder of the system's C library or $UROCE_SYSTEM_LIB_DIR: the drivers
+/// bind to those, and the application keeps uroce's.
+void* load_plugin(const char* name) {
+  if (::dlsym(RTLD_DEFAULT, "uroce_ibv_context") == nullptr) return ::dlopen(name, RTLD_NOW | RTLD_LOCAL);
+  std::vector<std::string> dirs;
+  if (const char* d = std::getenv("UROCE_SYSTEM_LIB_DIR"); d && *d) dirs.emplace_back(d);
+  Dl_info info{};
+  if (::dladdr(reinterpret_cast<void*>(&::printf), &info) != 0 && info.dli_fname) {
+    std::string libc = info.dli_fname;
+    const std::string dir = libc.substr(0, libc.rfind('/'));
+    dirs.push_back(dir);
+    if (dir.rfind("/lib/", 0) == 0) dirs.push_back("/usr" + dir);
+  }
+  Lmid_t lm = LM_ID_NEWLM;
+  for (const char* lib : {"libibverbs.so.1", "libmlx5.so.1", "libmlx4.so.1"}) {
+    for (const std::string& d : dirs) {
+      const std::string path = d + "/" + lib;
+      if (::access(path.c_str(), R_OK) != 0) continue;
+      void* h = ::dlmopen(lm, path.c_str(), RTLD_NOW | RTLD_LOCAL);
+      if (h && lm == LM_ID_NEWLM && ::dlinfo(h, RTLD_DI_LMID, &lm) != 0) return nullptr;
+      break;
+    }
+  }
+  return ::dlmopen(lm, name, RTLD_NOW | RTLD_LOCAL);
+}
+
 /// Embedded mode: the process's one node, in the plugin (embedded.h). Every
 /// liburoce call that posts, polls or waits turns its loop, whichever
 /// context it is made on: progress is the process's, as in libfabric's
@@ -86,6 +118,13 @@ struct EmbeddedNode {
   bool ended = false;  // started once and stopped: the EAL cannot start again
   bool atfork = false;  // the fork handler is registered
   bool forked = false;  // this process is a fork() child of the node's
+  // A thread that turns the node while the application blocks outside
+  // liburoce (UROCE_EMBEDDED_PROGRESS=thread, and always under uroce's
+  // drop-in libibverbs: unmodified programs block in their own TCP
+  // exchanges, where manual progress would stop the node).
+  pthread_t progress{};
+  bool progress_running = false;
+  std::atomic<bool> progress_stop{false};
 };
 EmbeddedNode g_emb;
 
@@ -102,6 +141,7 @@ void forget_node_in_child() {
   g_emb.node.store(nullptr);
   g_emb.inflight.store(0);
   new (&g_emb.mu) std::mutex();
+  g_emb.progress_running = false;  // the parent's thread, not this process's
   g_emb.forked = true;
 }
 
@@ -163,6 +203,20 @@ int wait_fd(int fd, int timeout_ms) {
 
 /// Starts the embedded node (or shares the one running with the same
 /// options) and gives the session socket to attach to; false and why.
+/// The progress thread: turns the node, sleeping by the node's idle policy
+/// in between (wait_fd on no descriptor), until told to stop.
+void* progress_thread(void*) {
+  using clk = std::chrono::steady_clock;
+  while (!g_emb.progress_stop.load(std::memory_order_relaxed)) {
+    const auto t0 = clk::now();
+    (void)wait_fd(-1, 10);
+    // Another thread may be turning the node (the wait returns at once):
+    // give it the core rather than spin.
+    if (clk::now() - t0 < std::chrono::microseconds(50)) ::usleep(100);
+  }
+  return nullptr;
+}
+
 bool embedded_attach(const std::string& options, std::string& sock, std::string& why) {
   std::lock_guard<std::mutex> lk(g_emb.mu);
   if (g_emb.node.load()) {
@@ -186,7 +240,7 @@ bool embedded_attach(const std::string& options, std::string& sock, std::string&
   if (!g_emb.lib) {
     const char* env = std::getenv("UROCE_EMBEDDED_PLUGIN");
     const char* name = env && *env ? env : "liburoce-embedded.so";
-    g_emb.lib = ::dlopen(name, RTLD_NOW | RTLD_LOCAL);
+    g_emb.lib = load_plugin(name);
     if (!g_emb.lib) {
       const char* e = ::dlerror();
       why = std::string("cannot load the embedded-mode plugin (") + name + "): " + (e ? e : "?");
@@ -215,12 +269,25 @@ bool embedded_attach(const std::string& options, std::string& sock, std::string&
   g_emb.refs = 1;
   if (!g_emb.atfork) g_emb.atfork = ::pthread_atfork(nullptr, nullptr, forget_node_in_child) == 0;
   g_emb.node.store(n, std::memory_order_release);
+  const char* prog = std::getenv("UROCE_EMBEDDED_PROGRESS");
+  const bool want_thread = (prog && std::strcmp(prog, "thread") == 0) ||
+                           (!(prog && std::strcmp(prog, "manual") == 0) && ::dlsym(RTLD_DEFAULT, "uroce_ibv_context"));
+  if (want_thread) {
+    g_emb.progress_stop.store(false);
+    g_emb.progress_running = ::pthread_create(&g_emb.progress, nullptr, progress_thread, nullptr) == 0;
+  }
   return true;
 }
 
 void embedded_detach() {
   std::lock_guard<std::mutex> lk(g_emb.mu);
   if (--g_emb.refs > 0) return;
+  if (g_emb.progress_running) {
+    g_emb.progress_stop.store(true);
+    if (void* live = g_emb.node.load()) g_emb.ops->interrupt(live);  // its wait ends early
+    ::pthread_join(g_emb.progress, nullptr);
+    g_emb.progress_running = false;
+  }
   void* n = g_emb.node.exchange(nullptr);
   if (!n) return;  // a child of fork(): the node is the parent's
   // Threads inside the node (a wait on another context, a poll) leave it:

@@ -3,9 +3,15 @@
 # (liburoce's plugin), driven by its own calls. Two embedded processes over
 # memif run the perftest matrix, loss recovery and the RDMA CM; an embedded
 # application against a daemon runs app_pair's op matrix, completion
-# channels, SRQs and CM. Bad specs are refused with a reason.
+# channels, SRQs and CM. Unmodified programs (ibv_rc_pingpong, rping,
+# perftest) run embedded through uroce-run and the drop-in libraries. Bad
+# specs are refused with a reason.
 . "$(dirname "$0")/lib.sh"
 need_root
+# meson puts the drop-in libraries' folders on LD_LIBRARY_PATH (this test
+# depends on them): the nodes' DPDK needs the system's libibverbs, and the
+# stock programs get uroce's from uroce-run.
+unset LD_LIBRARY_PATH
 PERF=${UROCE_PERF:?path to uroce-perf}
 RPING=${UROCE_RPING:?path to uroce-rping}
 APP=${APP_PAIR:?path to app_pair}
@@ -94,6 +100,50 @@ check "uroce-ctl status: one session with its QP, in the application's own proce
   "echo '$st' | /usr/bin/python3 -c 'import json,sys; d=json.load(sys.stdin); l=d[\"session_list\"]; sys.exit(not (d[\"sessions\"]==1 and l[0][\"pid\"]==$hp and len(l[0][\"qpns\"])==1))'"
 check "stop is refused: an embedded node stops with its application" "echo '$stp' | grep -q 'stops when its application closes'"
 check "the holding application ran to its end" "[ $hrc -eq 0 ]"
+
+echo "== unmodified programs in embedded mode, through uroce-run (no daemon between two of them)"
+if [ -n "${UROCE_RUN:-}" ] && command -v ibv_rc_pingpong > /dev/null && command -v rping > /dev/null; then
+  URUN() { timeout 60 "$UROCE_RUN" --lib "$UROCE_IBVERBS_DIR" "$@"; }
+  stock_pair() {  # tag server-cmd... -- client-cmd...: the server embedded as A, the client as B
+    local tag=$1; shift
+    local scmd=() ccmd=()
+    while [ "$1" != "--" ]; do scmd+=("$1"); shift; done
+    shift; ccmd=("$@")
+    # Their own memif socket: daemon B still serves m.sock.
+    rm -f "$TMP/s.sock"
+    UROCE_EMBEDDED="$(spec a | sed "s#$TMP/m.sock#$TMP/s.sock#")" URUN "${scmd[@]}" > "$TMP/es-$tag.out" 2>&1 & local sp=$!
+    for i in $(seq 50); do [ -S "$TMP/s.sock" ] && break; sleep 0.1; done
+    sleep 0.5
+    UROCE_EMBEDDED="$(spec b | sed "s#$TMP/m.sock#$TMP/s.sock#")" URUN "${ccmd[@]}" > "$TMP/ec-$tag.out" 2>&1; ST_C=$?
+    wait $sp; ST_S=$?
+    echo "  $tag: client exit $ST_C, server exit $ST_S"
+    [ $ST_C -eq 0 ] && [ $ST_S -eq 0 ] || tail -4 "$TMP/ec-$tag.out" "$TMP/es-$tag.out" | sed 's/^/    /'
+  }
+  port=$BASE; BASE=$((BASE + 2))
+  stock_pair pingpong ibv_rc_pingpong -d embedded -g 0 -n 500 -s 4096 -c -p $port -- \
+    ibv_rc_pingpong -d embedded -g 0 -n 500 -s 4096 -c -p $port 127.0.0.1
+  check "ibv_rc_pingpong --chk between two embedded processes (their own nodes, no daemon)" \
+    "[ $ST_C -eq 0 ] && [ $ST_S -eq 0 ] && grep -q '500 iters in' '$TMP/ec-pingpong.out'"
+  stock_pair rping rping -s -a 10.97.0.1 -p $((port + 1)) -V -C 50 -S 4000 -- rping -c -a 10.97.0.1 -p $((port + 1)) -V -C 50 -S 4000
+  check "rping -V between two embedded processes (the CM on both nodes, through librdmacm)" \
+    "[ $ST_C -eq 0 ] && [ $ST_S -eq 0 ] && ! grep -qi mismatch '$TMP/ec-rping.out'"
+  # perftest wants an active port when it starts: the embedded process is
+  # the server (its node brings daemon B's memif link up as it starts),
+  # and the client on daemon B comes once it listens.
+  mkdir -p "$TMP/run_b" && ln -sf "$TMP/b.app" "$TMP/run_b/uroce0.sock"
+  UROCE_EMBEDDED="${EA#embedded:}" URUN ib_write_bw -d embedded -x 0 -n 500 -p $((port + 2)) > "$TMP/pw-s.out" 2>&1 & sp=$!
+  sleep 2
+  timeout 60 "$UROCE_RUN" --lib "$UROCE_IBVERBS_DIR" --run-dir "$TMP/run_b" ib_write_bw -d uroce0 -x 0 -n 500 -p $((port + 2)) \
+    127.0.0.1 > "$TMP/pw-c.out" 2>&1; crc=$?
+  wait $sp; src=$?
+  row=$(grep -E '^ +[0-9]+ +500 ' "$TMP/pw-c.out" | head -1 | tr -s ' ')
+  echo "  ib_write_bw, daemon B's client -> an embedded server: client exit $crc, server exit $src:$row"
+  [ $crc -eq 0 ] && [ $src -eq 0 ] || tail -4 "$TMP/pw-c.out" "$TMP/pw-s.out" | sed 's/^/    /'
+  check "ib_write_bw between an embedded process and a daemon, both through the drop-in" \
+    "[ $crc -eq 0 ] && [ $src -eq 0 ] && [ -n '$row' ]"
+else
+  echo "  (uroce-run, ibverbs-utils or rdmacm-utils missing: skipped)"
+fi
 
 echo "== bad specs are refused with a reason, not a crash"
 UROCE_EMBEDDED="--port net_memif0 --bogus" "$PERF" send_lat -p $BASE 127.0.0.1 > "$TMP/bad1.out" 2>&1; rc1=$?
