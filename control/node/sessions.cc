@@ -441,6 +441,30 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
       s.mr_bytes += m.length;
       return send_reply(sock, h, 0, "", &r, sizeof r);
     }
+    case UROCE_MSG_RESIZE_CQ: {
+      uroce_resize_cq_msg m;
+      if (!take(m)) return;
+      const auto c = s.cqs.find(m.handle);
+      if (c == s.cqs.end()) return fail(EINVAL, "no such CQ in this session");
+      if (m.entries == 0 || m.entries > (1u << 16)) return fail(EINVAL, "CQ entries must be 1..65536");
+      const std::uint32_t entries = std::bit_ceil(m.entries);
+      Mapping map;
+      int fd = -1;
+      if (!make_shared(uroce_ring_bytes(entries, sizeof(uroce_cq_entry)), map, fd))
+        return fail(ENOMEM, "cannot create the CQ ring");
+      const auto ring = abi::Ring<uroce_cq_entry>::create(map.addr, entries, UROCE_RING_CQ, m.handle);
+      if (c->second.cq->resize(ring) != 0) {
+        map.unmap();
+        ::close(fd);
+        return fail(EINVAL, "the new size has no room for the completions waiting");
+      }
+      c->second.map.unmap();
+      c->second.map = map;
+      uroce_handle_reply r{m.handle};
+      send_reply(sock, h, 0, "", &r, sizeof r, fd);
+      ::close(fd);
+      return;
+    }
     case UROCE_MSG_CREATE_CQ: {
       uroce_create_cq_msg m;
       if (!take(m)) return;

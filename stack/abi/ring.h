@@ -137,6 +137,22 @@ class Ring {
   [[nodiscard]] std::uint32_t notified() const { return load(&h_->notified, std::memory_order_acquire); }
   [[nodiscard]] bool valid() const { return h_ != nullptr; }
 
+  /// Producer: copies the entries pushed and not yet consumed, in order,
+  /// into `to` (a fresh ring of the same kind), and a CQ's notification
+  /// state with them, for a resize. False, with `to` unusable, if they do
+  /// not fit or the consumer's index makes no sense.
+  bool copy_to(Ring& to) const {
+    const std::uint32_t cons = load(&h_->cons, std::memory_order_acquire);
+    if (prod_ - cons > to.capacity() || prod_ - cons > entries_) return false;
+    for (std::uint32_t i = cons; i != prod_; ++i) {
+      E e;
+      if (!peek(i, e) || !to.push(e)) return false;
+    }
+    store(&to.h_->arm, load(&h_->arm, std::memory_order_relaxed), std::memory_order_relaxed);
+    store(&to.h_->notified, load(&h_->notified, std::memory_order_relaxed), std::memory_order_release);
+    return true;
+  }
+
  private:
   explicit Ring(uroce_ring_header* h)
       : h_(h), slots_(reinterpret_cast<E*>(h + 1)), entries_(h->entries), mask_(h->entries - 1), prod_(load(&h->prod, std::memory_order_acquire)),

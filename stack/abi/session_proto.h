@@ -56,6 +56,9 @@ enum uroce_msg_type {
   /* Minor 7: an MR over several memfds, each piece mapped after the one
    * before (memory registered before in pieces stays where it is). */
   UROCE_MSG_REG_MR_PIECES = 19, /* body: reg_mr_pieces + one fd per piece; reply: reg_mr_reply */
+  /* Minor 7: a CQ onto a new ring, with the completions not yet taken
+   * (ibv_resize_cq); the application must not poll the CQ meanwhile. */
+  UROCE_MSG_RESIZE_CQ = 20,     /* body: resize_cq;  reply: handle + fd of the new CQ ring */
 };
 
 struct uroce_msg_hdr {
@@ -112,6 +115,10 @@ struct uroce_reg_mr_reply {
 
 struct uroce_create_cq_msg {
   uint32_t entries;
+};
+struct uroce_resize_cq_msg {
+  uint32_t handle;  /* the CQ's */
+  uint32_t entries; /* 1..65536, and room for the completions waiting */
 };
 
 struct uroce_create_qp_msg {

@@ -912,7 +912,13 @@ ibv_cq* uroce_impl_ibv_create_cq(ibv_context* context, int cqe, void* cq_context
   UCq* c = make_cq(context, cqe, cq_context, channel, comp_vector);
   return c ? &c->cq() : nullptr;
 }
-int uroce_impl_ibv_resize_cq(ibv_cq*, int) { return fail(EOPNOTSUPP); }
+int uroce_impl_ibv_resize_cq(ibv_cq* cq, int cqe) {
+  if (!cq) return fail(EINVAL);
+  UCq* c = ucq(cq);
+  if (const int rc = uroce_resize_cq(c->u, cqe)) return fail(rc);
+  c->cq().cqe = uroce_cq_capacity(c->u);
+  return 0;
+}
 int uroce_impl_ibv_destroy_cq(ibv_cq* cq) {
   if (!cq) return fail(EINVAL);
   UCq* c = ucq(cq);

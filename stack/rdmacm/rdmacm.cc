@@ -381,7 +381,13 @@ int next_event(Channel* ch, bool block, Event** out) {
     if (!block) return fail(EAGAIN);
     epoll_event evs[8];
     const int n = ::epoll_wait(ch->ch.fd, evs, 8, -1);
-    if (n < 0 && errno != EINTR && errno != EBADF) return -1;  // EBADF: destroyed meanwhile, looked at above
+    if (n < 0 && errno != EINTR) {
+      // Destroyed meanwhile (its descriptor closed, maybe even reused): the
+      // loop looks again and waits for good; any other error is the caller's.
+      const int e = errno;
+      std::lock_guard<std::mutex> lock(g_mu);
+      if (!ch->destroyed) return fail(e);
+    }
   }
   if (!block) return fail(EBADF);
   for (;;) ::pause();  // the channel is gone: nothing will ever come

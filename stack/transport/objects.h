@@ -1,6 +1,7 @@
 // Verbs objects owned by the engine: PD, MR (with its key table), CQ, SRQ.
 #pragma once
 
+#include <cerrno>
 #include <cstdint>
 #include <random>
 #include <span>
@@ -87,6 +88,14 @@ class Cq {
   [[nodiscard]] std::uint32_t depth() const { return ring_.used(); }
   [[nodiscard]] bool overflowed() const { return overflowed_; }
   abi::Ring<uroce_cq_entry>& ring() { return ring_; }
+  /// Moves to a larger (or smaller) shared ring, with the completions not
+  /// yet consumed and the notification state: EINVAL if they do not fit.
+  int resize(const abi::Ring<uroce_cq_entry>& to) {
+    abi::Ring<uroce_cq_entry> next = to;
+    if (!ring_.copy_to(next)) return EINVAL;
+    ring_ = next;
+    return 0;
+  }
   std::uint32_t handle = 0;
   void* owner = nullptr;  // the control plane's tag, handed to the notify and event hooks
   /// The owner wants to hear when entries land while the consumer has armed.

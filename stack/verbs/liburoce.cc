@@ -1094,6 +1094,32 @@ uroce_cq* uroce_create_cq(uroce_context* ctx, int cqe, void* cq_context, uroce_c
   return cq;
 }
 
+int uroce_resize_cq(uroce_cq* cq, int cqe) {
+  if (!cq || cqe <= 0) return set_error(EINVAL, "cqe must be positive");
+  uroce_resize_cq_msg m{cq->handle, static_cast<std::uint32_t>(cqe)};
+  uroce_handle_reply r{};
+  int fd = -1;
+  if (const int rc = call(cq->ctx, UROCE_MSG_RESIZE_CQ, &m, sizeof m, -1, &r, sizeof r, &fd)) return rc;
+  // The daemon now fills the new ring, which holds what the old one had not
+  // given out yet; the old one is only unmapped.
+  void* map = nullptr;
+  std::size_t len = 0;
+  if (!map_fd(fd, map, len, "CQ ring")) return errno;
+  uroce::abi::Ring<uroce_cq_entry> ring;
+  const auto e = uroce::abi::Ring<uroce_cq_entry>::attach(map, len, UROCE_RING_CQ, ring);
+  if (e != uroce::abi::AttachError::kOk) {
+    ::munmap(map, len);
+    return set_error(EPROTO, uroce::abi::to_string(e));
+  }
+  ::munmap(cq->map, cq->map_len);
+  cq->map = map;
+  cq->map_len = len;
+  cq->ring = ring;
+  return 0;
+}
+
+int uroce_cq_capacity(const uroce_cq* cq) { return cq ? static_cast<int>(cq->ring.capacity()) : 0; }
+
 int uroce_req_notify_cq(uroce_cq* cq, int solicited_only) {
   (void)solicited_only;  // notified on the next completion of any kind (a superset, as verbs allows)
   if (!cq || !cq->channel) return set_error(EINVAL, "the CQ has no completion channel");

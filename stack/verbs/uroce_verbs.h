@@ -139,6 +139,12 @@ void uroce_ack_cq_events(struct uroce_cq* cq, unsigned int nevents);
 /* As ibv_create_cq: channel may be NULL; comp_vector is ignored (one vector). */
 struct uroce_cq* uroce_create_cq(struct uroce_context* ctx, int cqe, void* cq_context,
                                  struct uroce_comp_channel* channel, int comp_vector);
+/* ibv_resize_cq: the CQ moves to a ring of at least cqe entries, keeping the
+ * completions not yet polled (EINVAL if cqe leaves no room for them). Do not
+ * poll the CQ from another thread meanwhile, as verbs asks. */
+int uroce_resize_cq(struct uroce_cq* cq, int cqe);
+/* The entries the CQ holds (its ring's, a power of two >= the cqe asked). */
+int uroce_cq_capacity(const struct uroce_cq* cq);
 /* EBUSY while a QP uses it. */
 int uroce_destroy_cq(struct uroce_cq* cq);
 

@@ -228,6 +228,55 @@ int main(int argc, char** argv) {
             (memcpy(&got, b + 40968, 8), got == v) && (memcpy(&got, b + 40960, 8), got == 7),
         "ATOMIC_WRITE (ibv_post_send, 8 bytes from an SGE): stored, its neighbour untouched");
 
+  /* ibv_resize_cq: a CQ of 2 grows to 64 and keeps its completions (the
+   * refusal to shrink below what waits is Ring.CopyTo's unit test). */
+  {
+    struct ibv_cq* small = ibv_create_cq(ctx, 2, NULL, NULL, 0);
+    struct ibv_qp* ra = small ? make_qp(pd, small, IBV_QPT_RC) : NULL;
+    struct ibv_qp* rb = make_qp(pd, cq_b, IBV_QPT_RC);
+    check(small && ra && rb && to_rts(ra, rb->qp_num, &gid, 0) && to_rts(rb, ra->qp_num, &gid, 0),
+          "a QP whose send CQ holds 2");
+    int posted = 0, got = 0, in_order = 1;
+    struct ibv_sge s1 = {(uintptr_t)a, 8, ma->lkey};
+    for (int i = 0; ra && i < 2; ++i) {
+      struct ibv_send_wr w, *bad;
+      memset(&w, 0, sizeof w);
+      w.wr_id = 500 + i;
+      w.opcode = IBV_WR_RDMA_WRITE;
+      w.send_flags = IBV_SEND_SIGNALED;
+      w.sg_list = &s1;
+      w.num_sge = 1;
+      w.wr.rdma.remote_addr = (uintptr_t)b + 8 * i;
+      w.wr.rdma.rkey = mb->rkey;
+      posted += ibv_post_send(ra, &w, &bad) == 0;
+    }
+    struct timespec t0 = {0, 50 * 1000 * 1000};
+    nanosleep(&t0, NULL);  /* both complete into the full CQ */
+    check(small && ibv_resize_cq(small, 64) == 0 && small->cqe >= 64, "resize_cq 2 -> 64");
+    for (int i = 2; ra && i < 16; ++i) {  /* the send queue holds 16 */
+      struct ibv_send_wr w, *bad;
+      memset(&w, 0, sizeof w);
+      w.wr_id = 500 + i;
+      w.opcode = IBV_WR_RDMA_WRITE;
+      w.send_flags = IBV_SEND_SIGNALED;
+      w.sg_list = &s1;
+      w.num_sge = 1;
+      w.wr.rdma.remote_addr = (uintptr_t)b + 8 * i;
+      w.wr.rdma.rkey = mb->rkey;
+      posted += ibv_post_send(ra, &w, &bad) == 0;
+    }
+    while (small && got < posted) {
+      struct ibv_wc wc2;
+      if (!wait_wc(small, &wc2)) break;
+      in_order &= wc2.wr_id == (uint64_t)(500 + got) && wc2.status == IBV_WC_SUCCESS;
+      ++got;
+    }
+    if (!(posted == 16 && got == 16 && in_order)) printf("resize: %d posted, %d completions, in order %d\n", posted, got, in_order);
+    check(posted == 16 && got == 16 && in_order, "all 16 completions, the 2 from before the resize first, in order");
+    check(ra && rb && ibv_destroy_qp(ra) == 0 && ibv_destroy_qp(rb) == 0 && ibv_destroy_cq(small) == 0,
+          "resized CQ destroyed");
+  }
+
   /* An MR with an address space of its own (ibv_reg_mr_iova2): local and
    * remote accesses name its bytes from the IOVA on, not from where the
    * process has them. */

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <thread>
+#include <vector>
 
 #include "stack/abi/ring.h"
 
@@ -103,6 +104,39 @@ TEST(Ring, FullAndEmptyOnOneThread) {
   }
   EXPECT_FALSE(c.pop(e));  // empty
   EXPECT_TRUE(p.push(e));  // room again
+}
+
+// A CQ's resize: what the consumer has not taken moves to the new ring, in
+// order, with the notification state; a ring too small for it is refused.
+TEST(Ring, CopyToMovesWhatWaitsAndTheNotificationState) {
+  Shared shm(uroce_ring_bytes(4, sizeof(uroce_cq_entry)));
+  auto p = Ring<uroce_cq_entry>::create(shm.a, 4, UROCE_RING_CQ, 1);
+  Ring<uroce_cq_entry> c;
+  ASSERT_EQ(Ring<uroce_cq_entry>::attach(shm.b, shm.bytes, UROCE_RING_CQ, c), AttachError::kOk);
+  uroce_cq_entry e{};
+  for (int i = 0; i < 4; ++i) {
+    e.wr_id = static_cast<std::uint64_t>(i);
+    ASSERT_TRUE(p.push(e));
+  }
+  ASSERT_TRUE(c.pop(e));  // the consumer took #0: #1..#3 wait
+  c.arm_notify();
+  ASSERT_TRUE(p.take_notify());  // notified == arm == 1
+  c.arm_notify();                // armed again, not yet notified
+  std::vector<std::byte> small(uroce_ring_bytes(2, sizeof(uroce_cq_entry)));
+  auto too_small = Ring<uroce_cq_entry>::create(small.data(), 2, UROCE_RING_CQ, 1);
+  EXPECT_FALSE(p.copy_to(too_small));
+  std::vector<std::byte> big(uroce_ring_bytes(16, sizeof(uroce_cq_entry)));
+  auto bigger = Ring<uroce_cq_entry>::create(big.data(), 16, UROCE_RING_CQ, 1);
+  ASSERT_TRUE(p.copy_to(bigger));
+  Ring<uroce_cq_entry> c2;
+  ASSERT_EQ(Ring<uroce_cq_entry>::attach(big.data(), big.size(), UROCE_RING_CQ, c2), AttachError::kOk);
+  for (int i = 1; i < 4; ++i) {
+    ASSERT_TRUE(c2.pop(e));
+    EXPECT_EQ(e.wr_id, static_cast<std::uint64_t>(i));
+  }
+  EXPECT_FALSE(c2.pop(e));
+  EXPECT_EQ(c2.notified(), 1u);
+  EXPECT_TRUE(bigger.take_notify());  // the second arm carried over: it is still owed
 }
 
 TEST(Ring, AttachRefusesWhatItCannotTrust) {
