@@ -123,6 +123,20 @@ static int post_send(struct ibv_qp* qp, enum ibv_wr_opcode op, void* local, uint
   return ibv_post_send(qp, &w, &bad) == 0 && wait_wc(cq_a, &wc) && wc.status == IBV_WC_SUCCESS && wc.wr_id == op;
 }
 
+/* A signaled RDMA WRITE posted, not waited for: 1 if posted. */
+static int post_write_signaled(struct ibv_qp* qp, uint64_t id, struct ibv_sge* s, uint64_t remote, uint32_t rkey) {
+  struct ibv_send_wr w, *bad;
+  memset(&w, 0, sizeof w);
+  w.wr_id = id;
+  w.opcode = IBV_WR_RDMA_WRITE;
+  w.send_flags = IBV_SEND_SIGNALED;
+  w.sg_list = s;
+  w.num_sge = 1;
+  w.wr.rdma.remote_addr = remote;
+  w.wr.rdma.rkey = rkey;
+  return ibv_post_send(qp, &w, &bad) == 0;
+}
+
 /* Up to `want` completions from an extended CQ (start_poll, next_poll,
  * end_poll), within 5 s; their wr_ids, opcodes and QP numbers. */
 static int poll_ex(struct ibv_cq_ex* cq, uint64_t* ids, enum ibv_wc_opcode* ops, uint32_t* qpns, int want) {
@@ -238,33 +252,12 @@ int main(int argc, char** argv) {
           "a QP whose send CQ holds 2");
     int posted = 0, got = 0, in_order = 1;
     struct ibv_sge s1 = {(uintptr_t)a, 8, ma->lkey};
-    for (int i = 0; ra && i < 2; ++i) {
-      struct ibv_send_wr w, *bad;
-      memset(&w, 0, sizeof w);
-      w.wr_id = 500 + i;
-      w.opcode = IBV_WR_RDMA_WRITE;
-      w.send_flags = IBV_SEND_SIGNALED;
-      w.sg_list = &s1;
-      w.num_sge = 1;
-      w.wr.rdma.remote_addr = (uintptr_t)b + 8 * i;
-      w.wr.rdma.rkey = mb->rkey;
-      posted += ibv_post_send(ra, &w, &bad) == 0;
-    }
+    for (int i = 0; ra && i < 2; ++i) posted += post_write_signaled(ra, 500 + i, &s1, (uintptr_t)b + 8 * i, mb->rkey);
     struct timespec t0 = {0, 50 * 1000 * 1000};
     nanosleep(&t0, NULL);  /* both complete into the full CQ */
     check(small && ibv_resize_cq(small, 64) == 0 && small->cqe >= 64, "resize_cq 2 -> 64");
-    for (int i = 2; ra && i < 16; ++i) {  /* the send queue holds 16 */
-      struct ibv_send_wr w, *bad;
-      memset(&w, 0, sizeof w);
-      w.wr_id = 500 + i;
-      w.opcode = IBV_WR_RDMA_WRITE;
-      w.send_flags = IBV_SEND_SIGNALED;
-      w.sg_list = &s1;
-      w.num_sge = 1;
-      w.wr.rdma.remote_addr = (uintptr_t)b + 8 * i;
-      w.wr.rdma.rkey = mb->rkey;
-      posted += ibv_post_send(ra, &w, &bad) == 0;
-    }
+    for (int i = 2; ra && i < 16; ++i)  /* the send queue holds 16 */
+      posted += post_write_signaled(ra, 500 + i, &s1, (uintptr_t)b + 8 * i, mb->rkey);
     while (small && got < posted) {
       struct ibv_wc wc2;
       if (!wait_wc(small, &wc2)) break;
