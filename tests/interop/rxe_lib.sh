@@ -164,9 +164,9 @@ stock_pingpong() {
 # max_rd_atomic: rxe offers 128, uroce 16 (as a ConnectX-4 does), so READ
 # and atomic tests say -o 16 on both sides, as they would between rxe and
 # such a NIC.
-stock_perftest() {
-  local tag=$1 t=$2 n=$3 ex=""
-  case $t in read_*|atomic_*) ex="-o 16" ;; esac
+stock_perftest() {  # TAG TEST ITERS [EXTRA for both sides]
+  local tag=$1 t=$2 n=$3 ex=${4:-}
+  case $t in read_*|atomic_*) ex="$ex -o 16" ;; esac
   want stock || want "stock_$t" || return 0
   fresh
   G "timeout 120 ib_$t -d rxe0 -x 1 -n $n $ex </dev/null >/tmp/st.log 2>&1 &"
