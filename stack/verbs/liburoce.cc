@@ -78,8 +78,12 @@ std::map<std::uintptr_t, Segment> g_segs;  // by start address; never overlappin
 /// libibverbs, libmlx5 and libmlx4 are loaded first by path, from the
 /// folder of the system's C library or $UROCE_SYSTEM_LIB_DIR: the drivers
 /// bind to those, and the application keeps uroce's.
+/// Whether this process's libibverbs.so.1 is uroce's drop-in (it exports
+/// uroce_ibv_context; rdma-core's does not).
+bool under_dropin() { return ::dlsym(RTLD_DEFAULT, "uroce_ibv_context") != nullptr; }
+
 void* load_plugin(const char* name) {
-  if (::dlsym(RTLD_DEFAULT, "uroce_ibv_context") == nullptr) return ::dlopen(name, RTLD_NOW | RTLD_LOCAL);
+  if (!under_dropin()) return ::dlopen(name, RTLD_NOW | RTLD_LOCAL);
   std::vector<std::string> dirs;
   if (const char* d = std::getenv("UROCE_SYSTEM_LIB_DIR"); d && *d) dirs.emplace_back(d);
   Dl_info info{};
@@ -271,7 +275,7 @@ bool embedded_attach(const std::string& options, std::string& sock, std::string&
   g_emb.node.store(n, std::memory_order_release);
   const char* prog = std::getenv("UROCE_EMBEDDED_PROGRESS");
   const bool want_thread = (prog && std::strcmp(prog, "thread") == 0) ||
-                           (!(prog && std::strcmp(prog, "manual") == 0) && ::dlsym(RTLD_DEFAULT, "uroce_ibv_context"));
+                           (!(prog && std::strcmp(prog, "manual") == 0) && under_dropin());
   if (want_thread) {
     g_emb.progress_stop.store(false);
     g_emb.progress_running = ::pthread_create(&g_emb.progress, nullptr, progress_thread, nullptr) == 0;
@@ -540,22 +544,24 @@ int new_segment_locked(std::uintptr_t start, std::uintptr_t end) {
 int pin(std::uintptr_t start, std::uintptr_t end, std::vector<uroce_reg_mr_piece>& pieces, std::vector<int>& fds,
         std::vector<std::uintptr_t>& segs) {
   std::lock_guard<std::mutex> lock(g_seg_mu);
+  const auto undo = [&segs] {
+    for (std::uintptr_t s : segs) unpin_locked(s);
+    segs.clear();
+  };
   for (std::uintptr_t pos = start; pos < end;) {
     auto next = g_segs.upper_bound(pos);
     auto it = next == g_segs.begin() ? g_segs.end() : std::prev(next);
     if (it == g_segs.end() || pos >= it->first + it->second.len) {
       const std::uintptr_t gap_end = next == g_segs.end() ? end : std::min(end, next->first);
       if (const int rc = new_segment_locked(pos, gap_end)) {
-        for (std::uintptr_t s : segs) unpin_locked(s);
-        segs.clear();
+        undo();
         return rc;
       }
       it = g_segs.find(pos);
     }
     const std::uintptr_t take = std::min(end, it->first + it->second.len) - pos;
     if (pieces.size() == UROCE_MR_MAX_PIECES) {
-      for (std::uintptr_t s : segs) unpin_locked(s);
-      segs.clear();
+      undo();
       return set_error(ENOMEM, "the MR spans more than 16 separately registered regions");
     }
     pieces.push_back({pos - it->first, take});

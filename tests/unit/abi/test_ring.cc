@@ -87,16 +87,23 @@ TEST(Ring, ProducerAndConsumerOnTwoMappingsAndTwoThreads) {
   EXPECT_FALSE(cons.pop(e));  // and now it is empty
 }
 
-TEST(Ring, FullAndEmptyOnOneThread) {
-  Shared shm(uroce_ring_bytes(4, sizeof(uroce_cq_entry)));
-  auto p = Ring<uroce_cq_entry>::create(shm.a, 4, UROCE_RING_CQ, 1);
-  Ring<uroce_cq_entry> c;
+/// A CQ ring of 4 on two mappings: the producer's on `a`, the consumer's on
+/// `b`, with wr_ids 0..3 pushed (the ring full).
+void full_ring_of_four(Shared& shm, Ring<uroce_cq_entry>& p, Ring<uroce_cq_entry>& c) {
+  p = Ring<uroce_cq_entry>::create(shm.a, 4, UROCE_RING_CQ, 1);
   ASSERT_EQ(Ring<uroce_cq_entry>::attach(shm.b, shm.bytes, UROCE_RING_CQ, c), AttachError::kOk);
   uroce_cq_entry e{};
   for (int i = 0; i < 4; ++i) {
     e.wr_id = static_cast<std::uint64_t>(i);
     EXPECT_TRUE(p.push(e));
   }
+}
+
+TEST(Ring, FullAndEmptyOnOneThread) {
+  Shared shm(uroce_ring_bytes(4, sizeof(uroce_cq_entry)));
+  Ring<uroce_cq_entry> p, c;
+  full_ring_of_four(shm, p, c);
+  uroce_cq_entry e{};
   EXPECT_FALSE(p.push(e));  // full
   for (int i = 0; i < 4; ++i) {
     ASSERT_TRUE(c.pop(e));
@@ -110,14 +117,9 @@ TEST(Ring, FullAndEmptyOnOneThread) {
 // order, with the notification state; a ring too small for it is refused.
 TEST(Ring, CopyToMovesWhatWaitsAndTheNotificationState) {
   Shared shm(uroce_ring_bytes(4, sizeof(uroce_cq_entry)));
-  auto p = Ring<uroce_cq_entry>::create(shm.a, 4, UROCE_RING_CQ, 1);
-  Ring<uroce_cq_entry> c;
-  ASSERT_EQ(Ring<uroce_cq_entry>::attach(shm.b, shm.bytes, UROCE_RING_CQ, c), AttachError::kOk);
+  Ring<uroce_cq_entry> p, c;
+  full_ring_of_four(shm, p, c);
   uroce_cq_entry e{};
-  for (int i = 0; i < 4; ++i) {
-    e.wr_id = static_cast<std::uint64_t>(i);
-    ASSERT_TRUE(p.push(e));
-  }
   ASSERT_TRUE(c.pop(e));  // the consumer took #0: #1..#3 wait
   c.arm_notify();
   ASSERT_TRUE(p.take_notify());  // notified == arm == 1
