@@ -43,10 +43,11 @@ extern "C" {
 
 #define UROCE_ABI_MAGIC 0x45524f55u /* "UORE" read little-endian */
 #define UROCE_ABI_MAJOR 1
-#define UROCE_ABI_MINOR 7 /* 1: CQ notification words (arm, notified); 2: SRQs; 3: RDMA CM; 4: session page and doorbell;
+#define UROCE_ABI_MINOR 8 /* 1: CQ notification words (arm, notified); 2: SRQs; 3: RDMA CM; 4: session page and doorbell;
                             5: one queue per verbs queue (the daemon consumes a send entry when it completes), inline
                             data, the UD address vector, the posts word, async events; 6: UD QPs for applications,
-                            address resolution (UROCE_MSG_RESOLVE); 7: CM event channel (UROCE_MSG_CM_CHANNEL) */
+                            address resolution (UROCE_MSG_RESOLVE); 7: CM event channel (UROCE_MSG_CM_CHANNEL);
+                            8: memory windows (UROCE_MSG_ALLOC_MW, IBV_WR_BIND_MW and IBV_WR_LOCAL_INV entries) */
 #define UROCE_ABI_CACHELINE 64
 #define UROCE_ABI_MAX_SGE 4
 #define UROCE_ABI_MAX_INLINE 64 /* inline bytes a send entry carries, in place of its SGEs */
@@ -88,6 +89,11 @@ struct uroce_sge {
  *   UD: the address vector is in place of remote_addr and compare_add..swap,
  *     which a UD send does not use (as a hardware WQE's datagram segment
  *     carries its address vector); see UROCE_UD_DGID_OFFSET.
+ *   IBV_WR_BIND_MW (minor 8; RC and UC, num_sge 0): imm_or_inv is the
+ *     window's R_Key now, rkey its new one, remote_addr and compare_add the
+ *     range (in the MR's address space), swap the window's access flags,
+ *     remote_qpn the MR's L_Key. IBV_WR_LOCAL_INV: imm_or_inv is the key
+ *     to invalidate. Both complete in order with the WQEs around them.
  */
 struct uroce_send_entry {
   uint64_t wr_id;

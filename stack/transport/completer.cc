@@ -29,6 +29,14 @@ bool Engine::ack_upto(Qp& qp, Psn psn) {
   while (!qp.sq.empty()) {
     SendWqe& w = qp.sq.front();
     if (!w.started || needs_response(w)) break;
+    if (w.kind == WqeKind::kLocal) {
+      // Executed, and now the oldest: done (a failed one is the requester's
+      // to complete in error).
+      if (w.local_status != IBV_WC_SUCCESS) break;
+      complete_send(qp, IBV_WC_SUCCESS);
+      progress = true;
+      continue;
+    }
     if (is_before(psn, w.first_psn + (w.npkts - 1))) break;  // only partly acknowledged
     complete_send(qp, IBV_WC_SUCCESS);
     progress = true;
@@ -44,6 +52,12 @@ bool Engine::ack_upto(Qp& qp, Psn psn) {
     progress = true;
   }
   return progress;
+}
+
+void Engine::retire_local(Qp& qp) {
+  while (!qp.sq.empty() && qp.sq.front().kind == WqeKind::kLocal && qp.sq.front().started &&
+         qp.sq.front().local_status == IBV_WC_SUCCESS)
+    complete_send(qp, IBV_WC_SUCCESS);
 }
 
 void Engine::on_response(Qp& qp, const wire::Packet& pkt, std::uint64_t now) {
@@ -203,7 +217,10 @@ void Engine::on_response(Qp& qp, const wire::Packet& pkt, std::uint64_t now) {
       ++w.read_pkts_done;
       r.una = p + 1;
       progress = true;
-      if (w.read_pkts_done == w.npkts) complete_send(qp, IBV_WC_SUCCESS);
+      if (w.read_pkts_done == w.npkts) {
+        complete_send(qp, IBV_WC_SUCCESS);
+        retire_local(qp);
+      }
     } else {
       const std::uint64_t orig = pkt.atomic_ack()->orig.get();
       if (!translate_sges(qp, w)) {
@@ -216,6 +233,7 @@ void Engine::on_response(Qp& qp, const wire::Packet& pkt, std::uint64_t now) {
       r.una = p + 1;
       progress = true;
       complete_send(qp, IBV_WC_SUCCESS);
+      retire_local(qp);
     }
   }
   if (progress) {

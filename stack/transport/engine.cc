@@ -93,9 +93,18 @@ Mr* Engine::reg_mr_iova(Pd* pd, void* addr, std::uint64_t len, unsigned access, 
 }
 
 int Engine::dereg_mr(Mr* mr) {
-  if (mr == nullptr || !mr->valid) return EINVAL;
-  mrs_.dereg(mr);
-  return 0;
+  if (mr == nullptr || !mr->valid || mr->mw_type != 0) return EINVAL;
+  return mrs_.dereg(mr);  // EBUSY while windows are bound to it
+}
+
+Mr* Engine::alloc_mw(Pd* pd, unsigned type) {
+  if (pd == nullptr) return nullptr;
+  return mrs_.alloc_mw(pd, type);
+}
+
+int Engine::dealloc_mw(Mr* mw) {
+  if (mw == nullptr || !mw->valid || mw->mw_type == 0) return EINVAL;
+  return mrs_.dereg(mw);  // a bound window comes unbound
 }
 
 Cq* Engine::create_cq(std::uint32_t cqe, const abi::Ring<uroce_cq_entry>* shared) {
@@ -519,6 +528,10 @@ std::optional<WqeKind> send_kind(ibv_qp_type type, std::uint8_t opcode) {
     case IBV_WR_ATOMIC_WRITE:  // IBTA 1.5: an 8-byte WRITE the responder stores at once; acknowledged as a WRITE
       if (type != IBV_QPT_RC) return std::nullopt;
       return WqeKind::kWrite;
+    case IBV_WR_BIND_MW:  // IBTA 10.6.7.2: windows are bound through connected QPs
+    case IBV_WR_LOCAL_INV:
+      if (type == IBV_QPT_UD) return std::nullopt;
+      return WqeKind::kLocal;
     default: return std::nullopt;
   }
 }
@@ -529,6 +542,7 @@ bool send_entry_ok(const Qp& qp, const uroce_send_entry& e) {
   const auto kind = send_kind(qp.type, e.opcode);
   if (!kind) return false;
   const bool inl = (e.send_flags & IBV_SEND_INLINE) != 0;
+  if (*kind == WqeKind::kLocal) return e.num_sge == 0 && !inl;  // no data: the fields say what to do
   if (inl) {
     if (e.num_sge != 0 || e.inline_len > qp.cap.max_inline_data || e.inline_len > kMaxInline) return false;
     if (*kind == WqeKind::kRead || *kind == WqeKind::kAtomic) return false;
@@ -564,6 +578,15 @@ int Engine::post_send(Qp* qp, const SendWr& wr) {
   e.swap = wr.swap;
   e.remote_qpn = wr.remote_qpn;
   e.remote_qkey = wr.remote_qkey;
+  if (wr.opcode == IBV_WR_LOCAL_INV) e.imm_or_inv = wr.invalidate_rkey;
+  if (wr.opcode == IBV_WR_BIND_MW) {  // the entry's layout for a bind (uroce_abi.h)
+    e.imm_or_inv = wr.bind_mw_rkey;
+    e.rkey = wr.bind_new_rkey;
+    e.remote_addr = wr.bind_addr;
+    e.compare_add = wr.bind_length;
+    e.swap = wr.bind_access;
+    e.remote_qpn = wr.bind_mr_lkey;
+  }
   if (wr.send_flags & IBV_SEND_INLINE) {
     // Copied now: the buffers may be reused as soon as post_send returns.
     std::uint64_t len = 0;
@@ -625,7 +648,21 @@ void Engine::to_send_wqe(const Qp& qp, const uroce_send_entry& e, SendWqe& w) co
     w.rkey = e.rkey;
     w.compare_add = e.compare_add;
     w.swap = e.swap;
+    if (w.kind == WqeKind::kLocal) w.remote_qpn = e.remote_qpn;  // a bind's MR
   }
+}
+
+ibv_wc_status Engine::exec_local(Qp& qp, const SendWqe& w) {
+  if (w.opcode == IBV_WR_LOCAL_INV)
+    return mrs_.invalidate(w.invalidate_rkey, qp.pd, qp.handle) ? IBV_WC_SUCCESS : IBV_WC_LOC_QP_OP_ERR;
+  MwBind b;
+  b.mw_rkey = w.invalidate_rkey;
+  b.new_rkey = w.rkey;
+  b.mr_lkey = w.remote_qpn;
+  b.addr = w.remote_addr;
+  b.length = w.compare_add;
+  b.access = static_cast<unsigned>(w.swap);
+  return mrs_.bind(b, qp.pd, qp.handle);
 }
 
 std::size_t Engine::fetch_sends(Qp& qp) {
@@ -702,7 +739,7 @@ bool Engine::translate_sges(Qp& qp, SendWqe& w) {
   // the MR translates them to where the bytes are for us.
   const unsigned need = (w.kind == WqeKind::kRead || w.kind == WqeKind::kAtomic) ? IBV_ACCESS_LOCAL_WRITE : 0;
   for (std::uint32_t i = 0; i < w.nsge; ++i)
-    if (mrs_.check(w.sge[i].lkey, false, qp.pd, w.sge[i].addr, w.sge[i].length, need, &w.local[i]) != KeyCheck::kOk)
+    if (mrs_.check(w.sge[i].lkey, false, qp.pd, 0, w.sge[i].addr, w.sge[i].length, need, &w.local[i]) != KeyCheck::kOk)
       return false;
   return true;
 }
@@ -733,6 +770,8 @@ ibv_wc_opcode wc_opcode(ibv_wr_opcode op) {
     case IBV_WR_ATOMIC_CMP_AND_SWP: return IBV_WC_COMP_SWAP;
     case IBV_WR_ATOMIC_FETCH_AND_ADD: return IBV_WC_FETCH_ADD;
     case IBV_WR_ATOMIC_WRITE: return IBV_WC_ATOMIC_WRITE;
+    case IBV_WR_BIND_MW: return IBV_WC_BIND_MW;
+    case IBV_WR_LOCAL_INV: return IBV_WC_LOCAL_INV;
     default: return IBV_WC_SEND;
   }
 }

@@ -117,7 +117,12 @@ class Engine {
   /// [iova, iova+len) but that sits at `addr` for the engine, e.g. a shared
   /// mapping at another address in the daemon.
   Mr* reg_mr_iova(Pd* pd, void* addr, std::uint64_t len, unsigned access, std::uint64_t iova);
-  int dereg_mr(Mr* mr);
+  int dereg_mr(Mr* mr);  // EBUSY while memory windows are bound to it
+  /// A memory window (IBTA 10.6.7) of IBV_MW_TYPE_1 or _2, unbound; it
+  /// is bound by an IBV_WR_BIND_MW work request, and shares the MRs' key
+  /// table (and its capacity).
+  Mr* alloc_mw(Pd* pd, unsigned type);
+  int dealloc_mw(Mr* mw);
   /// `shared`: the ring an application consumes (see Cq); else a heap ring.
   Cq* create_cq(std::uint32_t cqe, const abi::Ring<uroce_cq_entry>* shared = nullptr);
   int destroy_cq(Cq* cq);  // EBUSY while a QP uses it
@@ -241,6 +246,10 @@ class Engine {
   /// bounds and access: when the WQE starts, and again before later packets
   /// and READ responses touch the memory. False if any check fails.
   bool translate_sges(Qp& qp, SendWqe& w);
+  /// Executes a kLocal WQE (a bind or a local invalidate) on the key table.
+  ibv_wc_status exec_local(Qp& qp, const SendWqe& w);
+  /// Completes the oldest WQEs while they are executed local ones.
+  void retire_local(Qp& qp);
 
   // requester.cc
   void run_requester(Qp& qp, std::uint64_t now);

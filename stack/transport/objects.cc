@@ -36,13 +36,65 @@ Mr* MrTable::reg(Pd* pd, void* addr, std::uint64_t len, unsigned access, std::ui
   return &m;
 }
 
-void MrTable::dereg(Mr* mr) {
-  if (mr == nullptr || !mr->valid) return;
+int MrTable::dereg(Mr* mr) {
+  if (mr == nullptr || !mr->valid) return EINVAL;
+  if (mr->mw_bound != 0) return EBUSY;  // IBTA 10.6.7.2.4: not while windows are bound to it
+  if (mr->parent != nullptr) --mr->parent->mw_bound;  // a window bound at deallocation comes unbound
   const std::uint32_t idx = mr->lkey >> 8;
   --mr->pd->refs;
   *mr = Mr{};
   free_.push_back(idx);
   --in_use_;
+  return 0;
+}
+
+Mr* MrTable::alloc_mw(Pd* pd, unsigned type) {
+  if (type != IBV_MW_TYPE_1 && type != IBV_MW_TYPE_2) return nullptr;
+  Mr* w = reg(pd, nullptr, 0, 0, 0);
+  if (w != nullptr) {
+    w->mw_type = static_cast<std::uint8_t>(type);
+    w->remote_ok = false;  // nothing is reachable through it until it is bound
+  }
+  return w;
+}
+
+ibv_wc_status MrTable::bind(const MwBind& b, const Pd* pd, std::uint64_t qp_handle) {
+  Mr* w = find(b.mw_rkey);
+  if (w == nullptr || w->mw_type == 0 || w->pd != pd) return IBV_WC_MW_BIND_ERR;
+  // The new R_Key names the same slot; only its key byte is the consumer's.
+  if ((b.new_rkey >> 8) != (b.mw_rkey >> 8)) return IBV_WC_MW_BIND_ERR;
+  // A type 2 window is bound once, then invalidated before it is bound again.
+  if (w->mw_type == IBV_MW_TYPE_2 && w->parent != nullptr) return IBV_WC_MW_BIND_ERR;
+  const unsigned remote = IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC;
+  if ((b.access & ~(remote | IBV_ACCESS_ZERO_BASED)) != 0) return IBV_WC_MW_BIND_ERR;
+  Mr* m = nullptr;
+  if (w->mw_type == IBV_MW_TYPE_1 && b.length == 0 && b.mr_lkey == 0) {
+    // Unbind: the window reaches nothing.
+  } else {
+    m = find(b.mr_lkey);
+    if (m == nullptr || m->mw_type != 0 || m->pd != pd) return IBV_WC_MW_BIND_ERR;
+    if (!(m->access & IBV_ACCESS_MW_BIND)) return IBV_WC_MW_BIND_ERR;
+    // IBTA 10.6.7.2.3: remote write or atomic access through a window needs
+    // local write on the MR; only type 2 windows may be zero based.
+    if ((b.access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) && !(m->access & IBV_ACCESS_LOCAL_WRITE))
+      return IBV_WC_MW_BIND_ERR;
+    if ((b.access & IBV_ACCESS_ZERO_BASED) && w->mw_type != IBV_MW_TYPE_2) return IBV_WC_MW_BIND_ERR;
+    if (b.addr < m->iova || b.length > m->length || b.addr - m->iova > m->length - b.length)
+      return IBV_WC_MW_BIND_ERR;
+  }
+  if (w->parent != nullptr) --w->parent->mw_bound;
+  const std::uint32_t idx = b.new_rkey >> 8;
+  last_byte_[idx] = static_cast<std::uint8_t>(b.new_rkey);
+  w->lkey = w->rkey = b.new_rkey;
+  w->parent = m;
+  w->remote_ok = m != nullptr;
+  w->window_base = b.addr;
+  w->iova = (b.access & IBV_ACCESS_ZERO_BASED) ? 0 : b.addr;
+  w->length = m != nullptr ? b.length : 0;
+  w->access = b.access & remote;
+  w->bound_qp = w->mw_type == IBV_MW_TYPE_2 ? qp_handle : 0;
+  if (m != nullptr) ++m->mw_bound;
+  return IBV_WC_SUCCESS;
 }
 
 Mr* MrTable::find(std::uint32_t key) const {
@@ -53,20 +105,36 @@ Mr* MrTable::find(std::uint32_t key) const {
   return const_cast<Mr*>(&m);
 }
 
-KeyCheck MrTable::check(std::uint32_t key, bool remote, const Pd* pd, std::uint64_t va, std::uint64_t len,
-                        unsigned need, std::uint8_t** out) const {
+KeyCheck MrTable::check(std::uint32_t key, bool remote, const Pd* pd, std::uint64_t qp_handle, std::uint64_t va,
+                        std::uint64_t len, unsigned need, std::uint8_t** out) const {
   const Mr* m = find(key);
   if (m == nullptr || (remote && !m->remote_ok)) return KeyCheck::kBadKey;
+  if (m->mw_type != 0 && (!remote || (m->mw_type == IBV_MW_TYPE_2 && m->bound_qp != qp_handle)))
+    return KeyCheck::kBadKey;  // a window has no L_Key; a type 2 one serves the QP it was bound through
   if (m->pd != pd) return KeyCheck::kWrongPd;
   if (va < m->iova || len > m->length || va - m->iova > m->length - len) return KeyCheck::kOutOfBounds;
   if ((m->access & need) != need) return KeyCheck::kNoPermission;
+  if (m->mw_type != 0) {
+    // Through the window to its MR, whose bounds hold the window's.
+    const Mr* r = m->parent;
+    *out = r->addr + (m->window_base + (va - m->iova) - r->iova);
+    return KeyCheck::kOk;
+  }
   *out = m->addr + (va - m->iova);
   return KeyCheck::kOk;
 }
 
-bool MrTable::invalidate(std::uint32_t rkey, const Pd* pd) {
+bool MrTable::invalidate(std::uint32_t rkey, const Pd* pd, std::uint64_t qp_handle) {
   Mr* m = find(rkey);
   if (m == nullptr || m->pd != pd || !m->remote_ok) return false;
+  if (m->mw_type == IBV_MW_TYPE_1) return false;
+  if (m->mw_type == IBV_MW_TYPE_2) {
+    if (m->bound_qp != qp_handle) return false;
+    --m->parent->mw_bound;
+    m->parent = nullptr;
+    m->length = 0;
+    m->bound_qp = 0;
+  }
   m->remote_ok = false;
   return true;
 }

@@ -19,20 +19,39 @@ struct Pd {
   std::uint32_t refs = 0;  // MRs, QPs and SRQs that use it
 };
 
+/// An entry of the key table: a memory region, or a memory window (IBTA
+/// 10.6.7), which has an R_Key only and names a range of the MR it is bound
+/// to, with access rights of its own.
 struct Mr {
   Pd* pd = nullptr;
-  std::uint8_t* addr = nullptr;
-  std::uint64_t iova = 0;  // the address the peer uses in RETH/AtomicETH
+  std::uint8_t* addr = nullptr;  // MR: where the bytes are for us (MW: unused)
+  std::uint64_t iova = 0;  // the address the peer uses in RETH/AtomicETH (a zero-based MW: 0)
   std::uint64_t length = 0;
   unsigned access = 0;  // ibv_access_flags
-  std::uint32_t lkey = 0;
+  std::uint32_t lkey = 0;  // the slot's key (an MW's is its R_Key, never accepted as an L_Key)
   std::uint32_t rkey = 0;
-  bool valid = false;       // registered
-  bool remote_ok = false;   // not invalidated by a SEND_WITH_INV
+  bool valid = false;       // registered (an MW: allocated)
+  bool remote_ok = false;   // MR: not invalidated; MW: bound (and not invalidated)
+  std::uint8_t mw_type = 0;  // 0: an MR; IBV_MW_TYPE_1 or IBV_MW_TYPE_2: a memory window
+  std::uint32_t mw_bound = 0;  // MR: windows bound to it (it cannot be deregistered meanwhile)
+  // MW, while bound:
+  Mr* parent = nullptr;           // the MR
+  std::uint64_t window_base = 0;  // where the window starts, in the MR's address space
+  std::uint64_t bound_qp = 0;     // type 2: the handle of the QP it was bound through (type 2B)
 };
 
 /// Why a key lookup failed (or kOk).
 enum class KeyCheck : std::uint8_t { kOk, kBadKey, kWrongPd, kOutOfBounds, kNoPermission };
+
+/// A bind of a memory window (IBV_WR_BIND_MW, or ibv_bind_mw for type 1).
+struct MwBind {
+  std::uint32_t mw_rkey = 0;   // the window's R_Key now
+  std::uint32_t new_rkey = 0;  // its R_Key after the bind: same index, another key byte
+  std::uint32_t mr_lkey = 0;   // the MR (0 with length 0: unbind a type 1 window)
+  std::uint64_t addr = 0;      // in the MR's address space
+  std::uint64_t length = 0;
+  unsigned access = 0;  // REMOTE_READ, REMOTE_WRITE, REMOTE_ATOMIC, ZERO_BASED
+};
 
 /// MRs indexed by key >> 8; the low byte of each key is random and changes
 /// on every registration into the slot, so a stale or guessed key misses.
@@ -43,16 +62,30 @@ class MrTable {
   /// Registers [addr, addr+len) with `access`; iova is what the peer sees.
   /// Returns nullptr if the table is full.
   Mr* reg(Pd* pd, void* addr, std::uint64_t len, unsigned access, std::uint64_t iova);
-  void dereg(Mr* mr);
+  /// Frees the slot: EBUSY while windows are bound to the MR (or, for a
+  /// window, never: it is unbound first).
+  int dereg(Mr* mr);
+
+  /// A memory window of `type` (1 or 2) in `pd`, unbound. nullptr if the
+  /// table is full.
+  Mr* alloc_mw(Pd* pd, unsigned type);
+  /// Binds (or, type 1 with length 0, unbinds) a window for a WQE of QP
+  /// `qp_handle` in `pd`. IBV_WC_SUCCESS, or IBV_WC_MW_BIND_ERR when any
+  /// rule of IBTA 10.6.7.2 is broken (the window and the MR are unchanged).
+  ibv_wc_status bind(const MwBind& b, const Pd* pd, std::uint64_t qp_handle);
 
   /// Checks `key` for an access of `len` bytes at `va` (iova space) needing
   /// `need` (ibv_access_flags; 0 for local read). `remote` selects the rkey
-  /// rules (remote access must be granted, and not invalidated).
-  KeyCheck check(std::uint32_t key, bool remote, const Pd* pd, std::uint64_t va, std::uint64_t len, unsigned need,
-                 std::uint8_t** out) const;
+  /// rules (remote access must be granted, and not invalidated; a window
+  /// must be bound, and a type 2 window bound through the QP `qp_handle`).
+  KeyCheck check(std::uint32_t key, bool remote, const Pd* pd, std::uint64_t qp_handle, std::uint64_t va,
+                 std::uint64_t len, unsigned need, std::uint8_t** out) const;
 
-  /// Remote invalidation (SEND_WITH_INV). False if no such rkey in `pd`.
-  bool invalidate(std::uint32_t rkey, const Pd* pd);
+  /// Invalidation: by a SEND_WITH_INV (remote) or a LOCAL_INV WQE of QP
+  /// `qp_handle` in `pd`. An MR's remote access stops; a type 2 window is
+  /// unbound (if it is bound through that QP). False if no such key, or a
+  /// type 1 window (which only a bind changes).
+  bool invalidate(std::uint32_t rkey, const Pd* pd, std::uint64_t qp_handle);
 
   [[nodiscard]] std::size_t in_use() const { return in_use_; }
 

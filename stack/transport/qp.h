@@ -16,7 +16,9 @@
 
 namespace uroce::transport {
 
-enum class WqeKind : std::uint8_t { kSend, kWrite, kRead, kAtomic };
+/// kLocal: a WQE that sends nothing (IBV_WR_BIND_MW, IBV_WR_LOCAL_INV). It
+/// is executed when the requester reaches it and completes in order.
+enum class WqeKind : std::uint8_t { kSend, kWrite, kRead, kAtomic, kLocal };
 
 struct SendWqe {
   std::uint64_t wr_id = 0;
@@ -41,6 +43,9 @@ struct SendWqe {
   std::uint32_t remote_qkey = 0;
   /// Malformed in the ring: it completes with LOC_QP_OP_ERR when it is the oldest.
   bool refused = false;
+  /// kLocal, once executed: its completion status (an error completes when
+  /// it is the oldest, and the QP goes to ERR).
+  ibv_wc_status local_status = IBV_WC_SUCCESS;
   // Progress
   bool started = false;  // PSNs assigned
   wire::Psn first_psn{};

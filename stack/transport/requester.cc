@@ -34,6 +34,7 @@ std::uint8_t pick_opcode(const SendWqe& w, bool first, bool last, ibv_qp_type ty
     case WqeKind::kRead: return op::kRcReadRequest;
     case WqeKind::kAtomic:
       return w.opcode == IBV_WR_ATOMIC_CMP_AND_SWP ? op::kRcCmpSwap : op::kRcFetchAdd;
+    case WqeKind::kLocal: break;  // sends nothing
   }
   return op::kRcSendOnly;
 }
@@ -75,6 +76,33 @@ bool Engine::send_next_packet(Qp& qp, std::uint64_t now) {
     complete_send(qp, IBV_WC_LOC_QP_OP_ERR);
     set_error(qp);
     return false;
+  }
+  if (w.kind == WqeKind::kLocal) {
+    // A bind or local invalidate: executed when the requester reaches it,
+    // after every WQE before it has started (rxe does the same), and
+    // completed in order with them. It takes no PSN.
+    if (!w.started) {
+      if (qp.state == IBV_QPS_SQD) return false;
+      if (rc && (w.flags & IBV_SEND_FENCE) && r.rd_atomic_inflight != 0) return false;
+      w.local_status = exec_local(qp, w);
+      w.started = true;
+      w.first_psn = r.next_psn;
+    }
+    if (w.local_status != IBV_WC_SUCCESS) {
+      // It failed: nothing after it starts, and it completes in error (the
+      // QP then goes to ERR) once it is the oldest.
+      if (r.cursor != qp.sq.head()) return false;
+      complete_send(qp, w.local_status);
+      set_error(qp);
+      return false;
+    }
+    if (r.cursor == qp.sq.head()) {
+      complete_send(qp, IBV_WC_SUCCESS);  // moves the cursor on
+    } else {
+      ++r.cursor;  // go-back-N may pass it again: it is not executed twice
+      r.cursor_pkt = 0;
+    }
+    return true;
   }
   if (!w.started) {
     if (qp.state == IBV_QPS_SQD) return false;  // drained: start nothing new

@@ -36,7 +36,7 @@ static bool scatter(const MrTable& mrs, const Pd* pd, const RecvWqe& w, std::uin
     }
     const std::uint64_t take = std::min<std::uint64_t>(data.size() - done, s.length - offset);
     std::uint8_t* dst;
-    if (mrs.check(s.lkey, false, pd, s.addr + offset, take, IBV_ACCESS_LOCAL_WRITE, &dst) != KeyCheck::kOk)
+    if (mrs.check(s.lkey, false, pd, 0, s.addr + offset, take, IBV_ACCESS_LOCAL_WRITE, &dst) != KeyCheck::kOk)
       return false;
     std::memcpy(dst, data.data() + done, take);
     done += take;
@@ -201,7 +201,7 @@ Engine::Exec Engine::exec_send(Qp& qp, const wire::Packet& pkt) {
   }
   if (const auto* inv = pkt.ieth()) {
     const std::uint32_t rkey = inv->rkey.get();
-    if (!mrs_.invalidate(rkey, qp.pd)) {
+    if (!mrs_.invalidate(rkey, qp.pd, qp.handle)) {
       complete_recv(qp, s.rwqe, IBV_WC_REM_INV_REQ_ERR, IBV_WC_RECV, 0);
       s.have_rwqe = false;
       return Exec::kNakInvalid;
@@ -226,7 +226,7 @@ Engine::Exec Engine::exec_atomic_write(Qp& qp, const wire::Packet& pkt) {
   if ((reth->va.get() & 7) != 0) return Exec::kNakInvalid;  // misaligned
   std::uint8_t* p = nullptr;
   if (!(qp.access & IBV_ACCESS_REMOTE_WRITE) ||
-      mrs_.check(reth->rkey.get(), true, qp.pd, reth->va.get(), 8, IBV_ACCESS_REMOTE_WRITE, &p) != KeyCheck::kOk) {
+      mrs_.check(reth->rkey.get(), true, qp.pd, qp.handle, reth->va.get(), 8, IBV_ACCESS_REMOTE_WRITE, &p) != KeyCheck::kOk) {
     qp.ctr.inc(QpCounter::remote_access_err);
     return Exec::kNakAccess;
   }
@@ -256,7 +256,7 @@ Engine::Exec Engine::exec_write(Qp& qp, const wire::Packet& pkt) {
     }
     std::uint8_t* p = nullptr;
     if (len != 0 &&
-        mrs_.check(reth->rkey.get(), true, qp.pd, reth->va.get(), len, IBV_ACCESS_REMOTE_WRITE, &p) != KeyCheck::kOk) {
+        mrs_.check(reth->rkey.get(), true, qp.pd, qp.handle, reth->va.get(), len, IBV_ACCESS_REMOTE_WRITE, &p) != KeyCheck::kOk) {
       qp.ctr.inc(QpCounter::remote_access_err);
       return Exec::kNakAccess;
     }
@@ -279,7 +279,7 @@ Engine::Exec Engine::exec_write(Qp& qp, const wire::Packet& pkt) {
     // Every later packet is checked again, not only the first: the MR may
     // have been deregistered (or invalidated) since, and then this is a
     // remote access error.
-    if (dst == nullptr && mrs_.check(s.wkey, true, qp.pd, s.wva + s.offset, pkt.payload_len, IBV_ACCESS_REMOTE_WRITE,
+    if (dst == nullptr && mrs_.check(s.wkey, true, qp.pd, qp.handle, s.wva + s.offset, pkt.payload_len, IBV_ACCESS_REMOTE_WRITE,
                                      &dst) != KeyCheck::kOk) {
       qp.ctr.inc(QpCounter::remote_access_err);
       return Exec::kNakAccess;
@@ -313,7 +313,7 @@ Engine::Exec Engine::exec_read(Qp& qp, const wire::Packet& pkt, Psn psn) {
   }
   std::uint8_t* p = nullptr;
   if (len != 0 &&
-      mrs_.check(reth->rkey.get(), true, qp.pd, reth->va.get(), len, IBV_ACCESS_REMOTE_READ, &p) != KeyCheck::kOk) {
+      mrs_.check(reth->rkey.get(), true, qp.pd, qp.handle, reth->va.get(), len, IBV_ACCESS_REMOTE_READ, &p) != KeyCheck::kOk) {
     qp.ctr.inc(QpCounter::remote_access_err);
     return Exec::kNakAccess;
   }
@@ -340,7 +340,7 @@ Engine::Exec Engine::exec_atomic(Qp& qp, const wire::Packet& pkt) {
   }
   if (va & 7) return Exec::kNakInvalid;  // atomics must be 8-byte aligned (9.4.5)
   std::uint8_t* p = nullptr;
-  if (mrs_.check(a->rkey.get(), true, qp.pd, va, 8, IBV_ACCESS_REMOTE_ATOMIC, &p) != KeyCheck::kOk) {
+  if (mrs_.check(a->rkey.get(), true, qp.pd, qp.handle, va, 8, IBV_ACCESS_REMOTE_ATOMIC, &p) != KeyCheck::kOk) {
     qp.ctr.inc(QpCounter::remote_access_err);
     return Exec::kNakAccess;
   }
@@ -373,7 +373,7 @@ void Engine::replay_duplicate(Qp& qp, const wire::Packet& pkt) {
         const wire::Reth* reth = pkt.reth();
         const std::uint32_t len = reth->dma_len.get();
         std::uint8_t* p = nullptr;
-        if (len != 0 && mrs_.check(reth->rkey.get(), true, qp.pd, reth->va.get(), len, IBV_ACCESS_REMOTE_READ,
+        if (len != 0 && mrs_.check(reth->rkey.get(), true, qp.pd, qp.handle, reth->va.get(), len, IBV_ACCESS_REMOTE_READ,
                                    &p) != KeyCheck::kOk)
           break;
         settle_pending_ack(qp);
@@ -561,7 +561,7 @@ void Engine::run_responses(Qp& qp) {
     const std::uint8_t* src = nullptr;
     if (payload != 0) {
       std::uint8_t* p = nullptr;
-      if (mrs_.check(rt.rkey, true, qp.pd, rt.va + off, payload, IBV_ACCESS_REMOTE_READ, &p) != KeyCheck::kOk) {
+      if (mrs_.check(rt.rkey, true, qp.pd, qp.handle, rt.va + off, payload, IBV_ACCESS_REMOTE_READ, &p) != KeyCheck::kOk) {
         // Deregistered (or invalidated) mid-response: the rest becomes a
         // remote access NAK at this PSN (IBTA 9.7.5.2.4), never a read of
         // memory that is gone.

@@ -42,12 +42,20 @@ struct SendWr {
   unsigned send_flags = 0;  // IBV_SEND_SIGNALED | FENCE | INLINE | SOLICITED
   std::span<const Sge> sg_list{};
   std::uint32_t imm_data = 0;         // host order; sent big-endian
-  std::uint32_t invalidate_rkey = 0;  // IBV_WR_SEND_WITH_INV
+  std::uint32_t invalidate_rkey = 0;  // IBV_WR_SEND_WITH_INV, IBV_WR_LOCAL_INV
   // RDMA and atomics
   std::uint64_t remote_addr = 0;
   std::uint32_t rkey = 0;
   std::uint64_t compare_add = 0;
   std::uint64_t swap = 0;
+  // IBV_WR_BIND_MW: the window, its new R_Key, the MR and the range
+  // (IBV_WR_LOCAL_INV takes its key from invalidate_rkey)
+  std::uint32_t bind_mw_rkey = 0;
+  std::uint32_t bind_new_rkey = 0;
+  std::uint32_t bind_mr_lkey = 0;
+  std::uint64_t bind_addr = 0;
+  std::uint64_t bind_length = 0;
+  unsigned bind_access = 0;
   // UD
   const Ah* ah = nullptr;
   std::uint32_t remote_qpn = 0;
