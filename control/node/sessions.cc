@@ -102,6 +102,7 @@ struct SessionServer::Session {
   };
   std::map<std::uint32_t, Pd*> pds;
   std::map<std::uint32_t, MrRes> mrs;
+  std::map<std::uint32_t, Mr*> mws;  // memory windows (minor 8): in the MRs' key table, under their limit
   std::map<std::uint32_t, CqRes> cqs;
   std::map<std::uint32_t, QpRes> qps;
   std::map<std::uint32_t, SrqRes> srqs;
@@ -387,7 +388,7 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
       auto pd = s.pds.find(m.pd);
       if (pd == s.pds.end()) return fail(EINVAL, "no such PD in this session");
       if (fds.size() < pm.count) return fail(EINVAL, "REG_MR needs the memory's file descriptor (one per piece)");
-      if (s.mrs.size() >= limits_.max_mrs || s.mr_bytes + m.length > limits_.max_mr_bytes)
+      if (s.mrs.size() + s.mws.size() >= limits_.max_mrs || s.mr_bytes + m.length > limits_.max_mr_bytes)
         return fail(EDQUOT, "over this session's MR limit");
       if (m.length == 0) return fail(EINVAL, "MR length 0");
       std::uint64_t sum = 0;
@@ -439,6 +440,19 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
       uroce_reg_mr_reply r{s.next_handle++, mr->lkey, mr->rkey, 0};
       s.mrs[r.handle] = {mr, map};
       s.mr_bytes += m.length;
+      return send_reply(sock, h, 0, "", &r, sizeof r);
+    }
+    case UROCE_MSG_ALLOC_MW: {
+      uroce_alloc_mw_msg m;
+      if (!take(m)) return;
+      const auto pd = s.pds.find(m.pd);
+      if (pd == s.pds.end()) return fail(EINVAL, "no such PD in this session");
+      if (m.type != IBV_MW_TYPE_1 && m.type != IBV_MW_TYPE_2) return fail(EINVAL, "a memory window is of type 1 or 2");
+      if (s.mrs.size() + s.mws.size() >= limits_.max_mrs) return fail(EDQUOT, "over this session's MR limit (windows count)");
+      Mr* mw = eng_.alloc_mw(pd->second, m.type);
+      if (!mw) return fail(ENOMEM, "the daemon's key table is full");
+      uroce_alloc_mw_reply r{s.next_handle++, mw->rkey};
+      s.mws[r.handle] = mw;
       return send_reply(sock, h, 0, "", &r, sizeof r);
     }
     case UROCE_MSG_RESIZE_CQ: {
@@ -646,11 +660,18 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
         s.qps.erase(q);
         return send_reply(sock, h, 0, "", nullptr, 0);
       }
+      if (m.object == UROCE_OBJ_MW) {
+        auto w = s.mws.find(m.handle);
+        if (w == s.mws.end()) return fail(EINVAL, "no such memory window in this session");
+        eng_.dealloc_mw(w->second);  // a bound window comes unbound
+        s.mws.erase(w);
+        return send_reply(sock, h, 0, "", nullptr, 0);
+      }
       if (m.object == UROCE_OBJ_MR) {
         auto r = s.mrs.find(m.handle);
         if (r == s.mrs.end()) return fail(EINVAL, "no such MR in this session");
+        if (const int rc = eng_.dereg_mr(r->second.mr); rc != 0) return fail(rc, "memory windows are bound to the MR");
         s.mr_bytes -= r->second.map.len;
-        eng_.dereg_mr(r->second.mr);
         r->second.map.unmap();
         s.mrs.erase(r);
         return send_reply(sock, h, 0, "", nullptr, 0);
@@ -839,6 +860,7 @@ nlohmann::ordered_json SessionServer::describe() const {
                     {"uid", s->uid},
                     {"pds", s->pds.size()},
                     {"mrs", s->mrs.size()},
+                    {"mws", s->mws.size()},
                     {"mr_bytes", s->mr_bytes},
                     {"cqs", s->cqs.size()},
                     {"srqs", s->srqs.size()},
@@ -867,6 +889,8 @@ void SessionServer::close(Session& s) {
     q.map.unmap();
   }
   s.srqs.clear();
+  for (auto& [h, w] : s.mws) eng_.dealloc_mw(w);  // before the MRs they are bound to
+  s.mws.clear();
   for (auto& [h, r] : s.mrs) {
     eng_.dereg_mr(r.mr);  // its keys stop working at once
     r.map.unmap();

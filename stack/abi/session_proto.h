@@ -59,6 +59,10 @@ enum uroce_msg_type {
   /* Minor 7: a CQ onto a new ring, with the completions not yet taken
    * (ibv_resize_cq); the application must not poll the CQ meanwhile. */
   UROCE_MSG_RESIZE_CQ = 20,     /* body: resize_cq;  reply: handle + fd of the new CQ ring */
+  /* Minor 8: a memory window in one of the session's PDs, unbound (bound
+   * by IBV_WR_BIND_MW send entries); UROCE_MSG_DESTROY with UROCE_OBJ_MW
+   * frees it. Windows count against the session's MR limit. */
+  UROCE_MSG_ALLOC_MW = 21,      /* body: alloc_mw;   reply: alloc_mw_reply */
 };
 
 struct uroce_msg_hdr {
@@ -113,6 +117,14 @@ struct uroce_reg_mr_reply {
   uint32_t handle, lkey, rkey, pad;
 };
 
+struct uroce_alloc_mw_msg {
+  uint32_t pd;
+  uint32_t type; /* IBV_MW_TYPE_1 or IBV_MW_TYPE_2 */
+};
+struct uroce_alloc_mw_reply {
+  uint32_t handle, rkey;
+};
+
 struct uroce_create_cq_msg {
   uint32_t entries;
 };
@@ -160,7 +172,8 @@ enum uroce_object {
   UROCE_OBJ_PD = 4,
   UROCE_OBJ_DEVICE = 5,
   UROCE_OBJ_SRQ = 6,
-  UROCE_OBJ_PORT = 7 /* QUERY only (minor 7): reply port_attr */
+  UROCE_OBJ_PORT = 7, /* QUERY only (minor 7): reply port_attr */
+  UROCE_OBJ_MW = 8    /* DESTROY (minor 8) */
 };
 struct uroce_destroy_msg {
   uint32_t object; /* enum uroce_object */
@@ -232,6 +245,7 @@ UROCE_STATIC_ASSERT(sizeof(struct uroce_create_qp_msg) == 32, "create_qp is 32 b
 UROCE_STATIC_ASSERT(sizeof(struct uroce_cm_msg) == 88, "cm is 88 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_cm_event_msg) == 96, "cm_event is 96 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_create_srq_msg) == 12, "create_srq is 12 bytes");
+UROCE_STATIC_ASSERT(sizeof(struct uroce_alloc_mw_msg) == 8 && sizeof(struct uroce_alloc_mw_reply) == 8, "alloc_mw is 8 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_create_qp_reply) == 24, "create_qp reply is 24 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_resolve_msg) == 16, "resolve is 16 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_resolve_reply) == 8, "resolve reply is 8 bytes");

@@ -124,6 +124,7 @@ using UPd = Wrap<ibv_pd, uroce_pd>;
 using UMr = Wrap<ibv_mr, uroce_mr>;
 using UChannel = Wrap<ibv_comp_channel, uroce_comp_channel>;
 using USrq = Wrap<ibv_srq, uroce_srq>;
+using UMw = Wrap<ibv_mw, uroce_mw>;
 
 /// A CQ is an ibv_cq_ex (ibv_create_cq_ex), whose start is laid out as
 /// ibv_cq: the ibv_cq handed out is that prefix (ibv_cq_ex_to_cq).
@@ -206,6 +207,43 @@ int vctx_query_device_ex(ibv_context* c, const ibv_query_device_ex_input* input,
 // ibv_post_srq_recv, ibv_poll_cq and ibv_req_notify_cq call these through
 // the context's ops, straight into liburoce's rings.
 int op_post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) { return uroce_post_send(uqp(qp)->u, wr, bad); }
+
+// Memory windows: the header's inline ibv_alloc_mw, ibv_dealloc_mw and
+// ibv_bind_mw call these through the context's ops.
+ibv_mw* op_alloc_mw(ibv_pd* pd, ibv_mw_type type) {
+  uroce_mw* u = uroce_alloc_mw(UPd::of(pd)->u, type);
+  if (!u) return fail_null<ibv_mw>(errno ? errno : EINVAL);
+  auto* w = new UMw();
+  w->u = u;
+  w->v.context = pd->context;
+  w->v.pd = pd;
+  w->v.rkey = uroce_mw_rkey(u);
+  w->v.handle = w->v.rkey;
+  w->v.type = type;
+  return &w->v;
+}
+int op_dealloc_mw(ibv_mw* mw) {
+  if (!mw) return EINVAL;
+  UMw* w = UMw::of(mw);
+  if (const int rc = uroce_dealloc_mw(w->u)) return rc;
+  delete w;
+  return 0;
+}
+// Type 1 (ibv_bind_mw): a bind work request with the next R_Key, which the
+// window takes once it is posted (as rdma-core's providers do).
+int op_bind_mw(ibv_qp* qp, ibv_mw* mw, ibv_mw_bind* b) {
+  ibv_send_wr wr{};
+  wr.wr_id = b->wr_id;
+  wr.opcode = IBV_WR_BIND_MW;
+  wr.send_flags = b->send_flags;
+  wr.bind_mw.mw = mw;
+  wr.bind_mw.rkey = ibv_inc_rkey(mw->rkey);
+  wr.bind_mw.bind_info = b->bind_info;
+  ibv_send_wr* bad = nullptr;
+  if (const int rc = uroce_post_send(uqp(qp)->u, &wr, &bad)) return rc;
+  mw->rkey = wr.bind_mw.rkey;
+  return 0;
+}
 int op_post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) { return uroce_post_recv(uqp(qp)->u, wr, bad); }
 int op_post_srq_recv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad) {
   return uroce_post_srq_recv(usrq(srq)->u, wr, bad);
@@ -441,9 +479,17 @@ int wr_complete(ibv_qp_ex* x) {
   return uroce_post_send(q->u, &q->slots[0].wr, &bad);
 }
 void wr_abort(ibv_qp_ex* x) { wr_start(x); }
+void wr_bind_mw(ibv_qp_ex* x, ibv_mw* mw, uint32_t rkey, const ibv_mw_bind_info* info) {
+  if (ibv_send_wr* w = wr_begin(x, IBV_WR_BIND_MW)) {
+    w->bind_mw.mw = mw;
+    w->bind_mw.rkey = rkey;
+    if (info) w->bind_mw.bind_info = *info;
+  }
+}
+void wr_local_inv(ibv_qp_ex* x, uint32_t rkey) {
+  if (ibv_send_wr* w = wr_begin(x, IBV_WR_LOCAL_INV)) w->invalidate_rkey = rkey;
+}
 // What uroce does not do: the batch fails at wr_complete with EOPNOTSUPP.
-void wr_bind_mw(ibv_qp_ex* x, ibv_mw*, uint32_t, const ibv_mw_bind_info*) { wr_refuse(x); }
-void wr_local_inv(ibv_qp_ex* x, uint32_t) { wr_refuse(x); }
 void wr_send_tso(ibv_qp_ex* x, void*, uint16_t, uint16_t) { wr_refuse(x); }
 void wr_set_xrc_srqn(ibv_qp_ex* x, uint32_t) { wr_refuse(x); }
 
@@ -451,7 +497,8 @@ void wr_set_xrc_srqn(ibv_qp_ex* x, uint32_t) { wr_refuse(x); }
 constexpr uint64_t kSendOps = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_SEND |
                               IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ |
                               IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD |
-                              IBV_QP_EX_WITH_SEND_WITH_INV | IBV_QP_EX_WITH_ATOMIC_WRITE;
+                              IBV_QP_EX_WITH_SEND_WITH_INV | IBV_QP_EX_WITH_ATOMIC_WRITE | IBV_QP_EX_WITH_BIND_MW |
+                              IBV_QP_EX_WITH_LOCAL_INV;
 
 UQp* make_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
   if (!pd || !attr || !attr->send_cq || !attr->recv_cq) return fail_null<UQp>(EINVAL);
@@ -522,7 +569,7 @@ ibv_qp* vctx_create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* a) {
   if (a->comp_mask & ~known) return fail_null<ibv_qp>(EOPNOTSUPP);
   if ((a->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && a->create_flags) return fail_null<ibv_qp>(EOPNOTSUPP);
   if ((a->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) && (a->send_ops_flags & ~kSendOps))
-    return fail_null<ibv_qp>(EOPNOTSUPP);  // bind MW, local invalidate, TSO, atomic write
+    return fail_null<ibv_qp>(EOPNOTSUPP);  // TSO
   // ibv_qp_init_attr is the start of ibv_qp_init_attr_ex (rdma-core's own
   // ibv_create_qp_ex passes one as the other); make_qp writes the caps got.
   static_assert(offsetof(ibv_qp_init_attr_ex, sq_sig_all) == offsetof(ibv_qp_init_attr, sq_sig_all));
@@ -620,6 +667,9 @@ ibv_context* ibv_open_device(ibv_device* device) {
   ctx.ops.post_srq_recv = op_post_srq_recv;
   ctx.ops.poll_cq = op_poll_cq;
   ctx.ops.req_notify_cq = op_req_notify_cq;
+  ctx.ops.alloc_mw = op_alloc_mw;
+  ctx.ops.dealloc_mw = op_dealloc_mw;
+  ctx.ops.bind_mw = op_bind_mw;
   return &ctx;
 }
 

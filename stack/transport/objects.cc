@@ -59,8 +59,13 @@ Mr* MrTable::alloc_mw(Pd* pd, unsigned type) {
 }
 
 ibv_wc_status MrTable::bind(const MwBind& b, const Pd* pd, std::uint64_t qp_handle) {
-  Mr* w = find(b.mw_rkey);
-  if (w == nullptr || w->mw_type == 0 || w->pd != pd) return IBV_WC_MW_BIND_ERR;
+  // The window by its slot: a consumer whose copy of the R_Key is behind
+  // (a type 2 window's key is the consumer's to track) still names it; the
+  // PD keeps it to its owner.
+  const std::uint32_t slot = b.mw_rkey >> 8;
+  if (slot == 0 || slot >= slots_.size()) return IBV_WC_MW_BIND_ERR;
+  Mr* w = &slots_[slot];
+  if (!w->valid || w->mw_type == 0 || w->pd != pd) return IBV_WC_MW_BIND_ERR;
   // The new R_Key names the same slot; only its key byte is the consumer's.
   if ((b.new_rkey >> 8) != (b.mw_rkey >> 8)) return IBV_WC_MW_BIND_ERR;
   // A type 2 window is bound once, then invalidated before it is bound again.

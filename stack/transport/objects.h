@@ -45,7 +45,7 @@ enum class KeyCheck : std::uint8_t { kOk, kBadKey, kWrongPd, kOutOfBounds, kNoPe
 
 /// A bind of a memory window (IBV_WR_BIND_MW, or ibv_bind_mw for type 1).
 struct MwBind {
-  std::uint32_t mw_rkey = 0;   // the window's R_Key now
+  std::uint32_t mw_rkey = 0;   // the window's R_Key (its index names it; the key byte may be behind)
   std::uint32_t new_rkey = 0;  // its R_Key after the bind: same index, another key byte
   std::uint32_t mr_lkey = 0;   // the MR (0 with length 0: unbind a type 1 window)
   std::uint64_t addr = 0;      // in the MR's address space

@@ -359,6 +359,11 @@ struct uroce_mr {
   std::vector<std::uintptr_t> segs;  // the segments it pins
 };
 
+struct uroce_mw {
+  uroce_pd* pd;
+  std::uint32_t handle, rkey;
+};
+
 struct uroce_comp_channel {
   uroce_context* ctx;
   int fd;    // readable when an armed CQ got an entry (our end of a datagram socket pair)
@@ -975,6 +980,9 @@ int uroce_query_device(uroce_context* ctx, ibv_device_attr* attr) {
   attr->max_pd = static_cast<int>(r.max_pd);
   attr->max_qp_rd_atom = attr->max_qp_init_rd_atom = static_cast<int>(r.max_qp_rd_atom);
   attr->atomic_cap = IBV_ATOMIC_HCA;
+  // Memory windows (minor 8) share the MRs' key table and limit.
+  attr->device_cap_flags |= IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B;
+  attr->max_mw = attr->max_mr;
   attr->phys_port_cnt = 1;
   attr->max_pkeys = 1;
   return 0;
@@ -1045,6 +1053,24 @@ int uroce_query_qp(uroce_qp* qp, ibv_qp_attr* attr, int attr_mask, uroce_qp_init
   if (init_attr) *init_attr = qp->init;
   return 0;
 }
+
+uroce_mw* uroce_alloc_mw(uroce_pd* pd, ibv_mw_type type) {
+  if (!pd) return set_error(EINVAL, "no PD"), nullptr;
+  uroce_alloc_mw_msg m{pd->handle, static_cast<std::uint32_t>(type)};
+  uroce_alloc_mw_reply r{};
+  if (call(pd->ctx, UROCE_MSG_ALLOC_MW, &m, sizeof m, -1, &r, sizeof r) != 0) return nullptr;
+  return new uroce_mw{pd, r.handle, r.rkey};
+}
+
+int uroce_dealloc_mw(uroce_mw* mw) {
+  if (!mw) return set_error(EINVAL, "no memory window");
+  uroce_destroy_msg d{UROCE_OBJ_MW, mw->handle};
+  const int rc = call(mw->pd->ctx, UROCE_MSG_DESTROY, &d, sizeof d, -1, nullptr, 0);
+  if (rc == 0) delete mw;
+  return rc;
+}
+
+std::uint32_t uroce_mw_rkey(const uroce_mw* mw) { return mw->rkey; }
 
 std::uint32_t uroce_mr_lkey(const uroce_mr* mr) { return mr->lkey; }
 std::uint32_t uroce_mr_rkey(const uroce_mr* mr) { return mr->rkey; }
@@ -1278,8 +1304,27 @@ int uroce_post_send(uroce_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
     e.num_sge = static_cast<std::uint8_t>(wr->num_sge);
     e.send_flags = static_cast<std::uint16_t>(wr->send_flags);
     if (wr->opcode == IBV_WR_SEND_WITH_IMM || wr->opcode == IBV_WR_RDMA_WRITE_WITH_IMM) e.imm_or_inv = ntohl(wr->imm_data);
-    if (wr->opcode == IBV_WR_SEND_WITH_INV) e.imm_or_inv = wr->invalidate_rkey;
-    if (qp->init.qp_type == IBV_QPT_UD) {
+    if (wr->opcode == IBV_WR_SEND_WITH_INV || wr->opcode == IBV_WR_LOCAL_INV) e.imm_or_inv = wr->invalidate_rkey;
+    if (wr->opcode == IBV_WR_BIND_MW) {
+      // The entry's layout for a bind (uroce_abi.h); the daemon checks it all.
+      const ibv_mw_bind_info& b = wr->bind_mw.bind_info;
+      if (wr->bind_mw.mw == nullptr) {
+        if (bad) *bad = wr;
+        qp->ctx->kick();
+        return set_error(EINVAL, "a bind names no memory window");
+      }
+      e.imm_or_inv = wr->bind_mw.mw->rkey;
+      e.rkey = wr->bind_mw.rkey;
+      e.remote_addr = b.addr;
+      e.compare_add = b.length;
+      e.swap = b.mw_access_flags;
+      e.remote_qpn = b.mr ? b.mr->lkey : 0;
+      e.num_sge = 0;
+      e.send_flags &= ~IBV_SEND_INLINE;
+    } else if (wr->opcode == IBV_WR_LOCAL_INV) {
+      e.num_sge = 0;
+      e.send_flags &= ~IBV_SEND_INLINE;
+    } else if (qp->init.qp_type == IBV_QPT_UD) {
       // The address vector, where a UD send entry carries it.
       const auto* ah = reinterpret_cast<const uroce_ah*>(wr->wr.ud.ah);
       if (ah == nullptr || ah->magic != uroce_ah::kAhMagic) {
@@ -1299,7 +1344,9 @@ int uroce_post_send(uroce_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
       e.remote_addr = wr->wr.rdma.remote_addr;
       e.rkey = wr->wr.rdma.rkey;
     }
-    if (wr->send_flags & IBV_SEND_INLINE) {
+    if (wr->opcode == IBV_WR_BIND_MW || wr->opcode == IBV_WR_LOCAL_INV) {
+      // No data: whatever sg_list holds is not read.
+    } else if (wr->send_flags & IBV_SEND_INLINE) {
       // The bytes go in the entry, in place of its SGEs: the buffers may be
       // reused as soon as this returns, and need no MR.
       std::size_t len = 0;

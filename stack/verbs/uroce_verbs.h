@@ -123,6 +123,25 @@ int uroce_dereg_mr(struct uroce_mr* mr);
 uint32_t uroce_mr_lkey(const struct uroce_mr* mr);
 uint32_t uroce_mr_rkey(const struct uroce_mr* mr);
 
+/* Memory windows (IBTA 10.6.7), type 1 (IBV_MW_TYPE_1) and type 2B
+ * (IBV_MW_TYPE_2), allocated unbound. A window is bound by posting an
+ * IBV_WR_BIND_MW work request on an RC or UC QP of its PD: uroce_post_send
+ * reads only wr->bind_mw.mw->rkey (the window: an ibv_mw holding
+ * uroce_mw_rkey's key, or the key of its last bind), wr->bind_mw.rkey (its
+ * new R_Key: ibv_inc_rkey of the old one), and bind_info's mr->lkey (the
+ * MR, registered with IBV_ACCESS_MW_BIND; a type 1 window with no MR and
+ * length 0 comes unbound), addr, length and mw_access_flags. A type 2
+ * window serves the QP it was bound through, until IBV_WR_LOCAL_INV or a
+ * peer's SEND_WITH_INV invalidates it. Windows count against the
+ * session's MR limit; an MR with windows bound to it is EBUSY to
+ * deregister. */
+struct uroce_mw;
+struct uroce_mw* uroce_alloc_mw(struct uroce_pd* pd, enum ibv_mw_type type);
+/* Unbinds it, if bound, and frees it. */
+int uroce_dealloc_mw(struct uroce_mw* mw);
+/* The R_Key it was allocated with. */
+uint32_t uroce_mw_rkey(const struct uroce_mw* mw);
+
 /* Completion channels: a pollable fd for blocking waits, as in verbs. Arm a CQ
  * with uroce_req_notify_cq, then poll it once more (the usual verbs
  * pattern); uroce_get_cq_event blocks until an armed CQ gets a completion

@@ -312,9 +312,9 @@ int main(int argc, char** argv) {
   xa.cap.max_inline_data = 64;
   xa.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
   xa.pd = pd;
-  xa.send_ops_flags = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_BIND_MW;
+  xa.send_ops_flags = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_TSO;
   check(cqx && (xa.send_cq = xa.recv_cq = ibv_cq_ex_to_cq(cqx), ibv_create_qp_ex(ctx, &xa) == NULL) && errno == EOPNOTSUPP,
-        "create_qp_ex asking for memory-window binds: EOPNOTSUPP");
+        "create_qp_ex asking for TSO: EOPNOTSUPP");
   xa.send_ops_flags =
       IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_WRITE;
   struct ibv_qp* xq = cqx ? ibv_create_qp_ex(ctx, &xa) : NULL;
@@ -353,8 +353,8 @@ int main(int argc, char** argv) {
   ibv_wr_start(xqx);
   ibv_wr_send(xqx);
   ibv_wr_set_sge(xqx, ma->lkey, (uintptr_t)a, 16);
-  ibv_wr_bind_mw(xqx, NULL, 0, NULL);
-  check(ibv_wr_complete(xqx) == EOPNOTSUPP, "a batch with a memory-window bind: EOPNOTSUPP, nothing posted");
+  ibv_wr_send_tso(xqx, a, 16, 1000);
+  check(ibv_wr_complete(xqx) == EOPNOTSUPP, "a batch with a TSO send: EOPNOTSUPP, nothing posted");
   check(ibv_destroy_qp(xq) == 0 && ibv_destroy_qp(xb) == 0 && ibv_destroy_cq(ibv_cq_ex_to_cq(cqx)) == 0,
         "extended QP and CQ destroyed");
 
@@ -471,6 +471,101 @@ int main(int argc, char** argv) {
             memcmp(from.grh.dgid.raw, gid.raw, 16) == 0,
         "ibv_init_ah_from_wc: the sender's GID from the GRH area");
   check(ibv_destroy_ah(ah) == 0, "AH destroyed");
+
+  /* Memory windows: type 1 bound with ibv_bind_mw, type 2 with a BIND_MW
+   * work request, both reached through their R_Keys by a WRITE or READ of
+   * the other QP; a type 2 window invalidated by the peer's SEND_WITH_INV;
+   * the MR under a bound window is EBUSY to deregister. Fresh QPs: the
+   * refused accesses put theirs in ERR. */
+  {
+    struct ibv_device_attr da;
+    check(ibv_query_device(ctx, &da) == 0 && (da.device_cap_flags & IBV_DEVICE_MEM_WINDOW) &&
+              (da.device_cap_flags & IBV_DEVICE_MEM_WINDOW_TYPE_2B) && da.max_mw > 0,
+          "query_device: memory windows, type 2B, max_mw");
+    uint8_t* c = aligned_alloc(4096, 16384);
+    memset(c, 0, 16384);
+    struct ibv_mr* mc = ibv_reg_mr(pd, c, 16384, access | IBV_ACCESS_MW_BIND);
+    struct ibv_qp* pa = make_qp(pd, cq_a, IBV_QPT_RC);
+    struct ibv_qp* pb = make_qp(pd, cq_b, IBV_QPT_RC);
+    struct ibv_mw* w1 = ibv_alloc_mw(pd, IBV_MW_TYPE_1);
+    struct ibv_mw* w2 = ibv_alloc_mw(pd, IBV_MW_TYPE_2);
+    check(mc && pa && pb && w1 && w2 && w1->type == IBV_MW_TYPE_1 && w2->type == IBV_MW_TYPE_2 &&
+              to_rts(pa, pb->qp_num, &gid, 0) && to_rts(pb, pa->qp_num, &gid, 0),
+          "an MR with MW_BIND access, two windows, two fresh RC QPs");
+    if (failed) goto out;
+    const uint32_t k1_before = w1->rkey;
+    struct ibv_mw_bind mwb;
+    memset(&mwb, 0, sizeof mwb);
+    mwb.wr_id = 5001;
+    mwb.send_flags = IBV_SEND_SIGNALED;
+    mwb.bind_info.mr = mc;
+    mwb.bind_info.addr = (uintptr_t)c + 4096;
+    mwb.bind_info.length = 4096;
+    mwb.bind_info.mw_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+    check(ibv_bind_mw(pb, w1, &mwb) == 0 && wait_wc(cq_b, &wc) && wc.status == IBV_WC_SUCCESS &&
+              wc.opcode == IBV_WC_BIND_MW && wc.wr_id == 5001 && w1->rkey != k1_before,
+          "type 1: ibv_bind_mw completes (IBV_WC_BIND_MW) and gives the window a new R_Key");
+    for (int i = 0; i < 4096; ++i) a[i] = (uint8_t)(i * 3 + 11);
+    check(post_send(pa, IBV_WR_RDMA_WRITE, a, 4096, ma->lkey, (uintptr_t)c + 4096, w1->rkey) &&
+              memcmp(c + 4096, a, 4096) == 0,
+          "a WRITE through the type 1 window's R_Key, every byte");
+    memset(a + 8192, 0, 4096);
+    check(post_send(pa, IBV_WR_RDMA_READ, a + 8192, 4096, ma->lkey, (uintptr_t)c + 4096, w1->rkey) &&
+              memcmp(a + 8192, c + 4096, 4096) == 0,
+          "a READ through it, every byte");
+    check(ibv_dereg_mr(mc) == EBUSY, "the MR under a bound window: EBUSY to deregister");
+    struct ibv_send_wr bw, *bad;
+    memset(&bw, 0, sizeof bw);
+    bw.wr_id = 5002;
+    bw.opcode = IBV_WR_BIND_MW;
+    bw.send_flags = IBV_SEND_SIGNALED;
+    bw.bind_mw.mw = w2;
+    bw.bind_mw.rkey = ibv_inc_rkey(w2->rkey);
+    bw.bind_mw.bind_info.mr = mc;
+    bw.bind_mw.bind_info.addr = (uintptr_t)c + 8192;
+    bw.bind_mw.bind_info.length = 4096;
+    bw.bind_mw.bind_info.mw_access_flags = IBV_ACCESS_REMOTE_WRITE;
+    const uint32_t k2 = bw.bind_mw.rkey;
+    check(ibv_post_send(pb, &bw, &bad) == 0 && wait_wc(cq_b, &wc) && wc.status == IBV_WC_SUCCESS &&
+              wc.opcode == IBV_WC_BIND_MW && wc.wr_id == 5002,
+          "type 2: an IBV_WR_BIND_MW work request completes");
+    for (int i = 0; i < 4096; ++i) a[i] = (uint8_t)(i * 7 + 5);
+    check(post_send(pa, IBV_WR_RDMA_WRITE, a, 4096, ma->lkey, (uintptr_t)c + 8192, k2) && memcmp(c + 8192, a, 4096) == 0,
+          "a WRITE through the type 2 window (bound through the peer QP), every byte");
+    struct ibv_send_wr sw;
+    struct ibv_sge ss = {(uintptr_t)a, 64, ma->lkey};
+    memset(&sw, 0, sizeof sw);
+    sw.wr_id = 5003;
+    sw.opcode = IBV_WR_SEND_WITH_INV;
+    sw.send_flags = IBV_SEND_SIGNALED;
+    sw.sg_list = &ss;
+    sw.num_sge = 1;
+    sw.invalidate_rkey = k2;
+    struct ibv_wc wa;
+    check(post_recv(pb, b, 64, mb->lkey) && ibv_post_send(pa, &sw, &bad) == 0 && wait_wc(cq_b, &wc) &&
+              wc.status == IBV_WC_SUCCESS && (wc.wc_flags & IBV_WC_WITH_INV) && wc.invalidated_rkey == k2 &&
+              wait_wc(cq_a, &wa) && wa.status == IBV_WC_SUCCESS,
+          "SEND_WITH_INV of the type 2 window's R_Key: the receive says it was invalidated");
+    memset(c + 8192, 0, 64);
+    struct ibv_send_wr ww;
+    memset(&ww, 0, sizeof ww);
+    ww.wr_id = 5004;
+    ww.opcode = IBV_WR_RDMA_WRITE;
+    ww.send_flags = IBV_SEND_SIGNALED;
+    ww.sg_list = &ss;
+    ww.num_sge = 1;
+    ww.wr.rdma.remote_addr = (uintptr_t)c + 8192;
+    ww.wr.rdma.rkey = k2;
+    check(ibv_post_send(pa, &ww, &bad) == 0 && wait_wc(cq_a, &wa) && wa.status == IBV_WC_REM_ACCESS_ERR &&
+              c[8192] == 0,
+          "a WRITE through the invalidated window: remote access error, nothing written");
+    check(ibv_destroy_qp(pa) == 0 && ibv_destroy_qp(pb) == 0 && ibv_dealloc_mw(w1) == 0 && ibv_dealloc_mw(w2) == 0 &&
+              ibv_dereg_mr(mc) == 0,
+          "windows deallocated (the type 1 one while bound), then the MR deregistered");
+    while (ibv_poll_cq(cq_a, 1, &wa) > 0 || ibv_poll_cq(cq_b, 1, &wa) > 0) {
+    }  /* the destroyed QPs' flushes */
+    free(c);
+  }
   check(ibv_destroy_qp(ua) == 0 && ibv_destroy_qp(ub) == 0 && ibv_destroy_qp(qa) == 0 && ibv_destroy_qp(qb) == 0,
         "QPs destroyed");
   check(ibv_destroy_cq(cq_a) == 0 && ibv_destroy_cq(cq_b) == 0 && ibv_dereg_mr(ma) == 0 && ibv_dereg_mr(mb) == 0 && ibv_dealloc_pd(pd) == 0 &&
