@@ -8,7 +8,8 @@
 # modes. rdma_cm programs (rdmacm-utils' rping and ucmatose, perftest -R)
 # run through uroce's librdmacm.so.1 the same way. Also: both libraries
 # export every public symbol of Debian's with its exact version, and what
-# uroce does not do (XRC, UD ids) is refused cleanly.
+# uroce does not do (XRC, UD ids) is refused cleanly; dpkg -V shows the
+# binaries are Debian's own, and perftest -a runs every message size.
 . "$(dirname "$0")/lib.sh"
 need_root
 # uroced's EAL loads DPDK's mlx5 plugin, which needs the system's
@@ -24,6 +25,12 @@ for t in ibv_devices ibv_devinfo ibv_rc_pingpong ibv_uc_pingpong ibv_ud_pingpong
   command -v $t > /dev/null || { echo "SKIP: $t is not installed (ibverbs-utils, rdmacm-utils)"; exit 77; }
 done
 SYSCM=$(ls /usr/lib/*/librdmacm.so.1 2>/dev/null | head -1)
+
+echo "== the binaries are Debian's, unmodified"
+pkgs="ibverbs-utils rdmacm-utils"
+command -v ib_write_bw > /dev/null && pkgs="$pkgs perftest"
+dpkg -V $pkgs > "$TMP/dpkg-V.out" 2>&1
+check "dpkg -V $pkgs prints nothing" "[ ! -s '$TMP/dpkg-V.out' ]"
 
 echo "== the symbols: every public one of $SYSLIB and $SYSCM, same version"
 symcheck() {  # system-library ours node-prefix
@@ -137,6 +144,21 @@ if command -v ib_write_bw > /dev/null; then
     echo "  $t: client exit $crc, server exit $src:$row"
     check "perftest $t runs unmodified on uroce, both sides" \
       "[ $crc -eq 0 ] && [ $src -eq 0 ] && [ -n '$row' ] && grep -q 'Transport type : IB' '$TMP/ptc-$t.out'"
+  done
+  # Every message size (-a: 2 bytes to 8 MiB), on one bandwidth and one
+  # latency test.
+  for t in ib_write_bw ib_send_lat; do
+    port=$((port + 1))
+    timeout 120 "$URUN" --lib "$IBV_DIR" --run-dir "$TMP/run" $t -d uroce0 -x 0 -a -n 20 -p $port \
+      > "$TMP/pts-a-$t.out" 2>&1 & sp=$!
+    sleep 0.7
+    timeout 120 "$URUN" --lib "$IBV_DIR" --socket "$TMP/run_b/uroce0.sock" $t -d uroce0 -x 0 -a -n 20 -p $port 127.0.0.1 \
+      > "$TMP/ptc-a-$t.out" 2>&1; crc=$?
+    wait $sp; src=$?
+    sizes=$(grep -cE '^ +[0-9]+ +20 ' "$TMP/ptc-a-$t.out")
+    echo "  $t -a: client exit $crc, server exit $src, $sizes sizes reported"
+    check "perftest $t -a: every size from 2 bytes to 8 MiB (23 rows), both sides exit 0" \
+      "[ $crc -eq 0 ] && [ $src -eq 0 ] && [ $sizes -eq 23 ] && grep -qE '^ +8388608 +20 ' '$TMP/ptc-a-$t.out'"
   done
 else
   echo "  (perftest not installed: skipped)"
