@@ -75,10 +75,16 @@ struct Rig {
   }
   /// The server's loop until it has nothing left to do (at most 4 passes):
   /// a Unix socket delivers at once, so one pass with work is the usual.
+  /// io.poll() itself runs until the reactor has nothing ready (its last
+  /// act is a zero-timeout epoll_wait after the handlers), so another pass
+  /// is needed only when what ran after it (the server's step, the
+  /// engine's transmit queue) did something: a pass whose only work was
+  /// io.poll's would begin with a reactor that was just found idle, and
+  /// nothing but step/engine (found idle too) could have made it busy.
   void turn() {
     for (int i = 0; i < 4; ++i) {
-      std::size_t work = io.poll();
-      work += srv->step();
+      (void)io.poll();
+      std::size_t work = srv->step();
       eng->poll(1'000'000);
       work += eng->drain_tx([](const transport::TxFrame&) {});
       if (work == 0) break;
@@ -122,9 +128,19 @@ void make_fds(int sel, std::vector<int>& fds) {
 }
 
 /// Reads whatever the server has answered, closing every descriptor it sent.
+/// A stream recvmsg goes on from one queued reply to the next until the
+/// buffer is full or the queue is empty, stopping early only after a reply
+/// that carried descriptors; so a short read with none means the queue is
+/// empty, and the read that would say EAGAIN is not needed.
 void drain(int fd) {
   std::uint8_t buf[4096];
-  while (abi::recv_with_fds(fd, buf, sizeof buf, MSG_DONTWAIT, [](int f) { ::close(f); }) > 0) {
+  for (;;) {
+    bool fds = false;
+    const ssize_t n = abi::recv_with_fds(fd, buf, sizeof buf, MSG_DONTWAIT, [&fds](int f) {
+      fds = true;
+      ::close(f);
+    });
+    if (n <= 0 || (static_cast<std::size_t>(n) < sizeof buf && !fds)) break;
   }
 }
 
