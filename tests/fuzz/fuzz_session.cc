@@ -43,12 +43,17 @@ using namespace uroce;
   std::abort();
 }
 
+/// Entries in /proc/self/fd, counted afresh on every call (procfs lists
+/// the descriptor table as it is at the read). The directory stays open
+/// from the first call on, rewound each time, so a count costs a seek and
+/// the reads, not an open and close too; its own descriptor is in every
+/// count alike, as the one a fresh opendir would hold was.
 int open_fds() {
+  static DIR* const d = ::opendir("/proc/self/fd");
+  if (!d) return 0;
+  ::rewinddir(d);
   int n = 0;
-  if (DIR* d = ::opendir("/proc/self/fd")) {
-    while (::readdir(d)) ++n;
-    ::closedir(d);
-  }
+  while (::readdir(d)) ++n;
   return n;
 }
 
