@@ -499,6 +499,8 @@ std::unique_ptr<Node> Node::start(const NodeOptions& o, bool embedded, std::stri
       ec.ip = o.ips[pi];
       ec.dscp = static_cast<std::uint8_t>(o.dscp);
       ec.ecn = static_cast<std::uint8_t>(o.ecn);
+      ec.cnp_interval_ns = std::uint64_t{o.cnp_interval_us} * 1000;
+      ec.cnp_dscp = static_cast<std::uint8_t>(o.cnp_dscp);
       ec.vlan_tci = static_cast<std::uint16_t>(o.vlan ? (o.pcp << 13) | o.vlan : 0);
       ec.seed = seed + n->pipes_.size();
       ec.ipv4_checksum_offload = port->ipv4_checksum_offload();

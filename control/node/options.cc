@@ -76,6 +76,7 @@ ParseResult parse_options(int argc, const char* const* argv, NodeOptions& out, s
   std::uint64_t max_mr_mb = lim.max_mr_bytes >> 20;
   bool busy_poll = false;
   unsigned mem_mb = out.mem_mb, vlan = out.vlan, pcp = out.pcp, dscp = out.dscp, ecn = out.ecn, lcore = 0;
+  unsigned cnp_interval_us = out.cnp_interval_us, cnp_dscp = out.cnp_dscp;
   unsigned mtu = out.mtu;
   double duration = 0;
 
@@ -99,6 +100,10 @@ ParseResult parse_options(int argc, const char* const* argv, NodeOptions& out, s
       ("pcp", po::value(&pcp), "802.1Q priority with --vlan, 0..7 (default 0)")
       ("dscp", po::value(&dscp), "DSCP for RoCE traffic, 0..63 (default 0)")
       ("ecn", po::value(&ecn), "ECN bits on data, 0..3 (default 2 = ECT(0))")
+      ("cnp-interval-us", po::value(&cnp_interval_us),
+       "a CE-marked packet makes a CNP to the peer QP, at most one per QP per this many us, 0..1000000; 0 sends none "
+       "(default 50, as the DCQCN paper)")
+      ("cnp-dscp", po::value(&cnp_dscp), "DSCP of the CNPs sent, 0..63 (default 48, as mlx5)")
       ("capture", po::value(&capture_path), "write all RoCE traffic, both directions, to this pcap file")
       ("ctl-socket", po::value(&ctl_path), "Unix socket for status and control (status, fault, stop)")
       ("fault-rx", po::value(&fault_rx), "RX fault injection, e.g. drop=0.01,dup=0.01,reorder=0.02")
@@ -227,6 +232,8 @@ ParseResult parse_options(int argc, const char* const* argv, NodeOptions& out, s
   if (vm.count("vlan") && (vlan < 1 || vlan > 4094)) return bad("--vlan must be 1..4094");
   if (pcp > 7) return bad("--pcp must be 0..7");
   if (ecn > 3) return bad("--ecn must be 0..3");
+  if (cnp_interval_us > 1'000'000) return bad("--cnp-interval-us must be 0..1000000");
+  if (cnp_dscp > 63) return bad("--cnp-dscp must be 0..63");
   if (!std::isfinite(duration) || duration < 0 || duration > 1e7) return bad("--duration must be 0..10000000 seconds");
   if (mem_mb < 64 || mem_mb > (1u << 20)) return bad("--mem-mb must be 64..1048576");
   if (lcore >= RTE_MAX_LCORE) return bad("--lcore must be below " + std::to_string(RTE_MAX_LCORE));
@@ -294,6 +301,8 @@ ParseResult parse_options(int argc, const char* const* argv, NodeOptions& out, s
   out.pcp = pcp;
   out.dscp = dscp;
   out.ecn = ecn;
+  out.cnp_interval_us = cnp_interval_us;
+  out.cnp_dscp = cnp_dscp;
   out.capture = capture_path;
   out.ctl_socket = ctl_path;
   out.fault_rx = frx;

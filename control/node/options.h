@@ -50,6 +50,7 @@ struct NodeOptions {
   std::string file_prefix, eal_extra;
   std::vector<std::pair<wire::IpAddr, wire::MacAddr>> neighbors;  // static entries
   unsigned vlan = 0, pcp = 0, dscp = 0, ecn = 2;
+  unsigned cnp_interval_us = 50, cnp_dscp = 48;  // the notification point (EngineConfig)
   std::string capture, ctl_socket;
   pipeline::FaultConfig fault_rx, fault_tx;
   bool tx_copy = false;

@@ -42,6 +42,15 @@ void SimWire::send(const transport::TxFrame& f) {
     ++stats_.dropped;
     return;
   }
+  if (impair && chance(imp_.ce)) {
+    wire::Packet pkt;
+    wire::ParseOptions o;
+    o.verify_icrc = false;
+    if (wire::parse_frame(wire::ConstBytes(buf, n), o, pkt).ok()) {
+      wire::mark_ce(buf + pkt.l3_off, pkt.ipver);
+      ++stats_.ce_marked;
+    }
+  }
   if (impair && chance(imp_.corrupt)) {
     const std::size_t byte = std::uniform_int_distribution<std::size_t>(0, n - 1)(rng_);
     buf[byte] ^= static_cast<std::uint8_t>(1u << std::uniform_int_distribution<int>(0, 7)(rng_));

@@ -20,6 +20,7 @@ struct Impairments {
   double dup = 0;        // probability a frame is delivered twice
   double reorder = 0;    // probability a frame is held back by up to reorder_ns
   double corrupt = 0;    // probability one random bit is flipped
+  double ce = 0;         // probability a RoCE frame is marked ECN CE (as a congested switch does)
   std::uint64_t delay_ns = 1000;
   std::uint64_t reorder_ns = 20000;
   /// Only frames for which this returns true are impaired (all if empty).
@@ -27,7 +28,7 @@ struct Impairments {
 };
 
 struct WireStats {
-  std::uint64_t sent = 0, delivered = 0, dropped = 0, duplicated = 0, reordered = 0, corrupted = 0,
+  std::uint64_t sent = 0, delivered = 0, dropped = 0, duplicated = 0, reordered = 0, corrupted = 0, ce_marked = 0,
                 pool_exhausted = 0, no_such_host = 0;
 };
 

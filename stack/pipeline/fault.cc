@@ -4,6 +4,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "stack/wire/builder.h"
 #include "stack/wire/parser.h"
 
 namespace uroce::pipeline {
@@ -123,14 +124,7 @@ FaultInjector::Fate FaultInjector::decide(wire::ConstBytes frame, std::uint64_t 
   std::memcpy(scratch_.data(), frame.data(), frame.size());
   data = scratch_.data();
   auto mark_ecn = [&] {
-    if (pkt.ipver == wire::IpVersion::kV4) {
-      auto* ip = wire::view<wire::Ipv4Hdr>(data + pkt.l3_off);
-      ip->tos |= 3;
-      ip->csum.set(0);
-      ip->csum.set(wire::ipv4_header_checksum(data + pkt.l3_off, std::size_t{ip->ihl()} * 4));
-    } else {
-      data[pkt.l3_off + 1] |= 0x30;  // ECN bits of the traffic class
-    }
+    wire::mark_ce(data + pkt.l3_off, pkt.ipver);
     ++st_.ecn_marked;
   };
   auto corrupt = [&] {

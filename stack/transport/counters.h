@@ -36,6 +36,9 @@ namespace uroce::transport {
   X(qkey_err, "UD packets with a wrong Q_Key, dropped")                      \
   X(bad_opcode_seq, "requests out of opcode sequence")                       \
   X(remote_access_err, "requests refused for rkey, bounds or permission")    \
+  X(ce_marked, "packets received with ECN CE (congestion experienced)")      \
+  X(cnp_sent, "CNPs sent to the peer QP for CE-marked packets")             \
+  X(cnp_received, "CNPs received from the peer QP")                         \
   X(completions, "completions written")
 
 #define UROCE_PORT_COUNTERS(X)                                        \
@@ -51,6 +54,8 @@ namespace uroce::transport {
   X(quarantine_acks, "retries of a destroyed RC QP's last messages answered from quarantine") \
   X(rx_wrong_peer, "frames from an address other than the QP's peer") \
   X(rx_wrong_transport, "frames whose opcode is of another transport than the QP's (RC, UC, UD), dropped (IBTA 9.6.1.1)") \
+  X(rx_cnp, "CNPs received for a live RC or UC QP from its peer (counted per QP too)") \
+  X(rx_cnp_dropped, "CNPs for no live RC or UC QP, or from another address than its peer, dropped") \
   X(cq_overflows, "CQs that overflowed (IBV_EVENT_CQ_ERR raised, their QPs moved to ERR)") \
   X(cqe_dropped, "completions dropped because their CQ had overflowed") \
   X(bad_wqe, "work requests taken from a ring malformed, or posted in a state that takes none, completed with LOC_QP_OP_ERR") \

@@ -945,6 +945,23 @@ void Engine::finish_frame(TxFrame& f, Qp& qp, const wire::FrameSpec& spec, std::
   port_ctr_.inc(PortCounter::tx_frames);
 }
 
+void Engine::notify_congestion(Qp& qp, std::uint64_t now) {
+  qp.ctr.inc(QpCounter::ce_marked);
+  if (cfg_.cnp_interval_ns == 0 || now < qp.cnp_next) return;
+  TxFrame* f = tx_slot();
+  if (f == nullptr) return;  // counted as tx_ring_full; the next CE mark tries again
+  qp.cnp_next = now + cfg_.cnp_interval_ns;
+  // As a ConnectX-4 Lx sends one: BECN, PSN 0, ECT(0), the CNP DSCP, UDP
+  // source port 0, no AckReq, 16 reserved bytes (the builder's CnpBody).
+  wire::FrameSpec spec = spec_for(qp, wire::op::kCnp, wire::Psn{});
+  spec.becn = true;
+  spec.dscp = cfg_.cnp_dscp;
+  spec.ecn = 2;
+  spec.udp_sport = 0;
+  finish_frame(*f, qp, spec, 0);
+  qp.ctr.inc(QpCounter::cnp_sent);
+}
+
 // --------------------------------------------------------------- receive
 
 RxVerdict Engine::rx(wire::ConstBytes frame, std::uint64_t now) {
@@ -967,9 +984,18 @@ RxVerdict Engine::rx(wire::ConstBytes frame, std::uint64_t now) {
   // another host could be executed here (and the real one then taken for
   // a duplicate).
   if (!(pkt.dst == cfg_.ip)) return drop(PortCounter::rx_wrong_dst, RxVerdict::kWrongDst);
-  if (pkt.info->has(wire::kOpCnp)) return RxVerdict::kCnp;  // congestion control is not implemented yet; counted as rx_frames
   last_now_ = now;
   Qp* qp = slot_qp(pkt.destqp);
+  if (pkt.info->has(wire::kOpCnp)) {
+    // A reaction point's input (IBTA A17.9.3): for our live connected QP,
+    // from its peer. Counted; the rate does not react yet.
+    if (qp == nullptr || qp->quarantine_until || (qp->type != IBV_QPT_RC && qp->type != IBV_QPT_UC) ||
+        !(pkt.src == qp->remote_ip))
+      return drop(PortCounter::rx_cnp_dropped, RxVerdict::kCnp);
+    port_ctr_.inc(PortCounter::rx_cnp);
+    qp->ctr.inc(QpCounter::cnp_received);
+    return RxVerdict::kCnp;
+  }
   if (qp == nullptr) return drop(PortCounter::rx_unknown_qp, RxVerdict::kUnknownQp);
   if (qp->quarantine_until) {
     on_quarantined(*qp, pkt, now);
@@ -993,6 +1019,7 @@ RxVerdict Engine::rx(wire::ConstBytes frame, std::uint64_t now) {
   // (ARP-style gleaning), so the REP and the QP's RTR need no resolution.
   if (qp == gsi_.get() && !neighbors_.contains(pkt.src)) neighbors_.learn(pkt.src, pkt.eth_src);
   qp->ctr.inc(QpCounter::rcvd_pkts);
+  if (pkt.ecn == 3 && qp->type != IBV_QPT_UD) notify_congestion(*qp, now);
   if (pkt.info->has(wire::kOpRequest)) {
     on_request(*qp, pkt, now);
   } else {

@@ -41,6 +41,12 @@ struct EngineConfig {
   std::uint32_t ackreq_every = 16;  // AckReq at least every N packets
   std::uint8_t dscp = 0;
   std::uint8_t ecn = 2;  // ECT(0) on data by default
+  /// The notification point (IBTA A17.9.2): a CE-marked packet of an RC or
+  /// UC QP makes a CNP to the peer QP, at most one per QP per interval
+  /// (the DCQCN paper's 50 us); 0 sends none. CNPs carry cnp_dscp (48, as
+  /// mlx5's cnp_dscp default and the ConnectX-4 Lx CNP in the captures).
+  std::uint64_t cnp_interval_ns = 50'000;
+  std::uint8_t cnp_dscp = 48;
   std::uint16_t vlan_tci = 0;  // 802.1Q tag on every frame; 0 = untagged
   /// Sharding: this engine owns QPNs kFirstQpn + offset + k * stride, so
   /// several engines (one per lcore) can share a port without overlap.
@@ -85,7 +91,7 @@ struct TxFrame {
 enum class RxVerdict : std::uint8_t {
   kToQp,         // handed to a QP's responder or completer
   kQuarantined,  // for a destroyed QP in quarantine (re-ACKed or dropped)
-  kCnp,          // a CNP (congestion control: not yet)
+  kCnp,          // a CNP for a live RC/UC QP (counted: cnp_received; no reaction yet)
   kNotRoce,      // not RoCEv2 at all: the caller's (rx_not_roce)
   kMalformed,    // rx_malformed
   kBadIcrc,      // rx_icrc_err
@@ -242,6 +248,9 @@ class Engine {
   void release(Qp& qp);
   /// A frame for a QP in quarantine: re-ACK a retried SEND or WRITE, drop the rest.
   void on_quarantined(Qp& qp, const wire::Packet& pkt, std::uint64_t now);
+  /// A CE-marked packet arrived for `qp`: count it, and send the peer QP a
+  /// CNP unless one went less than cnp_interval_ns ago.
+  void notify_congestion(Qp& qp, std::uint64_t now);
   /// Translates a WQE's SGEs through their MRs into w.local, checking keys,
   /// bounds and access: when the WQE starts, and again before later packets
   /// and READ responses touch the memory. False if any check fails.

@@ -181,6 +181,9 @@ class Qp {
   Responder resp;
   QpCounters ctr;
 
+  // Notification point: when this QP may send its next CNP (ns; 0: at once).
+  std::uint64_t cnp_next = 0;
+
   // Engine bookkeeping: on the active list when it may have work or timers.
   bool active = false;
   std::uint64_t handle = 0;

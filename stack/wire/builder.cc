@@ -145,4 +145,15 @@ std::size_t build_frame(Bytes out, const FrameSpec& spec, ConstBytes payload) no
   return total;
 }
 
+void mark_ce(std::uint8_t* l3, IpVersion v) noexcept {
+  if (v == IpVersion::kV4) {
+    auto* ip = view<Ipv4Hdr>(l3);
+    ip->tos |= 3;
+    ip->csum.set(0);
+    ip->csum.set(ipv4_header_checksum(l3, std::size_t{ip->ihl()} * 4));
+  } else {
+    l3[1] |= 0x30;  // the ECN bits of the traffic class
+  }
+}
+
 }  // namespace uroce::wire

@@ -86,6 +86,11 @@ struct FrameSpec {
 /// or 0 on the same errors as build_headers().
 [[nodiscard]] std::size_t build_frame(Bytes out, const FrameSpec& spec, ConstBytes payload) noexcept;
 
+/// Marks a frame's IP header "congestion experienced" (ECN 11), as a
+/// switch does, the IPv4 header checksum included: `l3` is the IPv4 or
+/// IPv6 header. The ICRC masks these bits, so it stays valid.
+void mark_ce(std::uint8_t* l3, IpVersion v) noexcept;
+
 /// The UDP source port for a QP pair, from the flow label as the kernel's
 /// rdma_get_udp_sport() derives it: a 20-bit label hashed from the two QPNs
 /// (or the given label), folded to 14 bits and put in 0xC000..0xFFFF.

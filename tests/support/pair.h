@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -46,8 +47,9 @@ struct PairOptions {
 
 class Pair {
  public:
+  /// `configure`, if given, adjusts node i's engine configuration first.
   explicit Pair(std::uint64_t seed = 1, std::size_t mem_bytes = 4u << 20, std::uint32_t max_qps = 64,
-                bool ipv6 = false)
+                bool ipv6 = false, const std::function<void(int, EngineConfig&)>& configure = {})
       : wire(seed) {
     for (int i = 0; i < 2; ++i) {
       EngineConfig c;
@@ -59,6 +61,7 @@ class Pair {
       }
       c.max_qps = max_qps;
       c.seed = seed * 2 + static_cast<std::uint64_t>(i);
+      if (configure) configure(i, c);
       Node& n = node[i];
       n.eng = std::make_unique<Engine>(c);
       n.pd = n.eng->alloc_pd();
