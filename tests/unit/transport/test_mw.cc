@@ -32,12 +32,12 @@ class Mw : public ::testing::Test {
     out = w[0];
     return true;
   }
-  /// B binds `mw` through `qp` as `b` asks (new R_Key: the next key byte);
-  /// returns the completion's status, and the new R_Key in `rkey`.
-  ibv_wc_status bind(Qp* qp, Mr* mw, std::uint64_t off, std::uint64_t len, unsigned access, std::uint32_t& rkey,
-                     Mr* over = nullptr) {
+  /// A signalled bind of `mw` over [off, off+len) of B's MR (or `over`),
+  /// to the next key byte.
+  SendWr bind_wr(Mr* mw, std::uint64_t off, std::uint64_t len, unsigned access, std::uint64_t wr_id = 77,
+                 Mr* over = nullptr) {
     SendWr w;
-    w.wr_id = 77;
+    w.wr_id = wr_id;
     w.opcode = IBV_WR_BIND_MW;
     w.send_flags = IBV_SEND_SIGNALED;
     w.bind_mw_rkey = mw->rkey;
@@ -46,6 +46,30 @@ class Mw : public ::testing::Test {
     w.bind_addr = b_addr(off);
     w.bind_length = len;
     w.bind_access = access;
+    return w;
+  }
+  /// B posts `w` on `qp`; its completion.
+  ibv_wc post_b(Qp* qp, const SendWr& w) {
+    EXPECT_EQ(p.B().post_send(qp, w), 0);
+    ibv_wc wc{};
+    EXPECT_TRUE(next_wc(1, wc));
+    EXPECT_EQ(wc.wr_id, w.wr_id);
+    return wc;
+  }
+  /// B invalidates `key` locally through `qp`; the completion.
+  ibv_wc local_inv(Qp* qp, std::uint32_t key) {
+    SendWr inv;
+    inv.wr_id = 90;
+    inv.opcode = IBV_WR_LOCAL_INV;
+    inv.send_flags = IBV_SEND_SIGNALED;
+    inv.invalidate_rkey = key;
+    return post_b(qp, inv);
+  }
+  /// B binds `mw` through `qp` as `b` asks (new R_Key: the next key byte);
+  /// returns the completion's status, and the new R_Key in `rkey`.
+  ibv_wc_status bind(Qp* qp, Mr* mw, std::uint64_t off, std::uint64_t len, unsigned access, std::uint32_t& rkey,
+                     Mr* over = nullptr) {
+    const SendWr w = bind_wr(mw, off, len, access, 77, over);
     EXPECT_EQ(p.B().post_send(qp, w), 0);
     ibv_wc wc{};
     EXPECT_TRUE(next_wc(1, wc));
@@ -124,16 +148,11 @@ TEST_F(Mw, Type1RebindRetiresTheOldKeyAndUnbindRetiresAll) {
   EXPECT_EQ(write(q.a, b_addr(0), k1, 64, 2), IBV_WC_REM_ACCESS_ERR);
   reconnect();
   // Unbind (type 1: no MR, length 0): the window reaches nothing.
-  SendWr w;
-  w.wr_id = 78;
-  w.opcode = IBV_WR_BIND_MW;
-  w.send_flags = IBV_SEND_SIGNALED;
-  w.bind_mw_rkey = mw->rkey;
-  w.bind_new_rkey = k3 = inc_rkey(mw->rkey);
-  ASSERT_EQ(p.B().post_send(q.b, w), 0);
-  ibv_wc wc{};
-  ASSERT_TRUE(next_wc(1, wc));
-  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  SendWr w = bind_wr(mw, 0, 0, 0, 78);
+  w.bind_mr_lkey = 0;
+  w.bind_addr = 0;
+  k3 = w.bind_new_rkey;
+  EXPECT_EQ(post_b(q.b, w).status, IBV_WC_SUCCESS);
   EXPECT_EQ(mr->mw_bound, 0u);
   EXPECT_EQ(write(q.a, b_addr(8192), k3, 64, 2), IBV_WC_REM_ACCESS_ERR);
 }
@@ -157,14 +176,7 @@ TEST_F(Mw, Type2LocalInvalidateThenBindAgain) {
   Mr* mw = p.B().alloc_mw(p.node[1].pd, IBV_MW_TYPE_2);
   std::uint32_t k = 0;
   ASSERT_EQ(bind(q.b, mw, 0, 4096, IBV_ACCESS_REMOTE_WRITE, k), IBV_WC_SUCCESS);
-  SendWr inv;
-  inv.wr_id = 90;
-  inv.opcode = IBV_WR_LOCAL_INV;
-  inv.send_flags = IBV_SEND_SIGNALED;
-  inv.invalidate_rkey = k;
-  ASSERT_EQ(p.B().post_send(q.b, inv), 0);
-  ibv_wc wc{};
-  ASSERT_TRUE(next_wc(1, wc));
+  const ibv_wc wc = local_inv(q.b, k);
   EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
   EXPECT_EQ(wc.opcode, IBV_WC_LOCAL_INV);
   EXPECT_EQ(mr->mw_bound, 0u);
@@ -205,15 +217,7 @@ TEST_F(Mw, Type1IsNotInvalidated) {
   Mr* mw = p.B().alloc_mw(p.node[1].pd, IBV_MW_TYPE_1);
   std::uint32_t k = 0;
   ASSERT_EQ(bind(q.b, mw, 0, 4096, IBV_ACCESS_REMOTE_WRITE, k), IBV_WC_SUCCESS);
-  SendWr inv;
-  inv.wr_id = 91;
-  inv.opcode = IBV_WR_LOCAL_INV;
-  inv.send_flags = IBV_SEND_SIGNALED;
-  inv.invalidate_rkey = k;
-  ASSERT_EQ(p.B().post_send(q.b, inv), 0);
-  ibv_wc wc{};
-  ASSERT_TRUE(next_wc(1, wc));
-  EXPECT_EQ(wc.status, IBV_WC_LOC_QP_OP_ERR);
+  EXPECT_EQ(local_inv(q.b, k).status, IBV_WC_LOC_QP_OP_ERR);
   EXPECT_EQ(q.b->state, IBV_QPS_ERR);
   EXPECT_EQ(mr->mw_bound, 1u);  // still bound
 }
@@ -263,20 +267,9 @@ TEST_F(Mw, BindRulesEachRefused) {
   // A new R_Key naming another slot.
   reconnect();
   Mr* mw = p.B().alloc_mw(p.node[1].pd, IBV_MW_TYPE_2);
-  SendWr w;
-  w.wr_id = 79;
-  w.opcode = IBV_WR_BIND_MW;
-  w.send_flags = IBV_SEND_SIGNALED;
-  w.bind_mw_rkey = mw->rkey;
+  SendWr w = bind_wr(mw, 0, 64, IBV_ACCESS_REMOTE_WRITE, 79);
   w.bind_new_rkey = mw->rkey + 0x100;
-  w.bind_mr_lkey = mr->lkey;
-  w.bind_addr = b_addr(0);
-  w.bind_length = 64;
-  w.bind_access = IBV_ACCESS_REMOTE_WRITE;
-  ASSERT_EQ(p.B().post_send(q.b, w), 0);
-  ibv_wc wc{};
-  ASSERT_TRUE(next_wc(1, wc));
-  EXPECT_EQ(wc.status, IBV_WC_MW_BIND_ERR);
+  EXPECT_EQ(post_b(q.b, w).status, IBV_WC_MW_BIND_ERR);
   EXPECT_EQ(mr->mw_bound, 0u);
   // A bind on a UD QP is malformed.
   PairOptions ud;
@@ -307,16 +300,7 @@ TEST_F(Mw, BindCompletesInOrderAfterTheWorkBeforeIt) {
   Sge s = p.sge(1, 0, 32768);
   SendWr wr = p.write_to(0, s, 200000, 11);
   ASSERT_EQ(p.B().post_send(q.b, wr), 0);
-  SendWr w;
-  w.wr_id = 12;
-  w.opcode = IBV_WR_BIND_MW;
-  w.send_flags = IBV_SEND_SIGNALED;
-  w.bind_mw_rkey = mw->rkey;
-  w.bind_new_rkey = inc_rkey(mw->rkey);
-  w.bind_mr_lkey = mr->lkey;
-  w.bind_addr = b_addr(0);
-  w.bind_length = 4096;
-  w.bind_access = IBV_ACCESS_REMOTE_WRITE;
+  const SendWr w = bind_wr(mw, 0, 4096, IBV_ACCESS_REMOTE_WRITE, 12);
   ASSERT_EQ(p.B().post_send(q.b, w), 0);
   ibv_wc first{}, second{};
   ASSERT_TRUE(next_wc(1, first));
