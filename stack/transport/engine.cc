@@ -1065,10 +1065,19 @@ void Engine::poll(std::uint64_t now) {
 std::uint64_t Engine::next_deadline() const {
   std::uint64_t best = 0;
   for (const Qp* qp : active_) {
-    for (std::uint64_t d : {qp->req.retry_deadline, qp->req.rnr_until})
+    // A paced QP with packets to send wakes at its next packet's time.
+    const std::uint64_t pace = qp->rate_bps != 0 && qp->req.cursor != qp->sq.tail() ? qp->req.pace_next : 0;
+    for (std::uint64_t d : {qp->req.retry_deadline, qp->req.rnr_until, pace})
       if (d != 0 && (best == 0 || d < best)) best = d;
   }
   return best;
+}
+
+int Engine::set_rate(Qp* qp, std::uint64_t bits_per_s) {
+  if (qp == nullptr || qp->quarantine_until) return EINVAL;
+  qp->rate_bps = bits_per_s;
+  if (bits_per_s == 0) qp->req.pace_next = 0;
+  return 0;
 }
 
 }  // namespace uroce::transport

@@ -139,6 +139,11 @@ class Engine {
   int destroy_qp(Qp* qp);
   ModifyResult modify_qp(Qp* qp, const ibv_qp_attr& attr, int mask);
   int query_qp(const Qp* qp, ibv_qp_attr& attr) const;
+  /// Paces the QP's request packets to `bits_per_s` of frame bytes (0: no
+  /// pacing): in any interval of T ns it sends at most T x rate plus one
+  /// frame. No timer of its own: the requester waits while the next
+  /// packet's time has not come, and next_deadline() says when it has.
+  int set_rate(Qp* qp, std::uint64_t bits_per_s);
   /// RESET (or INIT) -> INIT -> RTR -> RTS with abi::bring_up_steps, the
   /// one bring-up sequence every caller uses.
   ModifyResult bring_up(Qp* qp, const abi::Connect& c);

@@ -73,6 +73,9 @@ struct Requester {
   /// failed retry it is sent twice, so one more loss does not cost a timeout.
   bool restart_ackreq = false;
   bool restart_twice = false;
+  /// The pacer: the earliest time (ns) the next request packet may leave
+  /// while the QP has a rate (Qp::rate_bps).
+  std::uint64_t pace_next = 0;
 };
 
 /// One executed READ or atomic, kept so a duplicate can be answered without
@@ -181,6 +184,9 @@ class Qp {
   Responder resp;
   QpCounters ctr;
 
+  /// The pacer's rate for request packets, bits per second of frame bytes
+  /// (Ethernet header to ICRC); 0: unpaced (Engine::set_rate).
+  std::uint64_t rate_bps = 0;
   // Notification point: when this QP may send its next CNP (ns; 0: at once).
   std::uint64_t cnp_next = 0;
 

@@ -1,6 +1,8 @@
 // A fixed workload for callgrind: N 8-byte WRITEs and N 8-byte SENDs over the
 // in-memory wire. tools/bench/ipp.sh runs it under callgrind and divides the
 // inclusive cost of the requester and responder entry points by the packets.
+// A second argument paces A's QP at that many bits/s (the pacer's own cost:
+// a rate high enough never to hold a packet back).
 #include <cstdio>
 #include <cstdlib>
 
@@ -13,6 +15,7 @@ int main(int argc, char** argv) {
   Loopback lb(IBV_MTU_1024, 1024);
   Side& a = lb.side[0];
   Side& b = lb.side[1];
+  if (argc > 2) a.eng->set_rate(a.qp, std::strtoull(argv[2], nullptr, 10));
   Sge s{reinterpret_cast<std::uint64_t>(a.mem.data()), 8, a.mr->lkey};
   Sge r{reinterpret_cast<std::uint64_t>(b.mem.data()), 64, b.mr->lkey};
   ibv_wc wc[64];

@@ -2,21 +2,28 @@
 # Instructions per packet on the requester and responder paths, by callgrind
 # (instruction counts are stable on a noisy machine, unlike timings).
 #   tools/bench/ipp.sh [BUILD_DIR] [MESSAGES]
+# It runs the workload twice: as it is, and with A's QP paced (at 1 Pb/s,
+# so the pacer holds nothing back): the difference is the pacer's cost.
 set -eu
 build=${1:-build}; n=${2:-20000}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 valgrind --tool=callgrind --callgrind-out-file="$out/cg" "$build/tools/bench/engine_ipp" "$n" > "$out/stdout" 2>/dev/null
+valgrind --tool=callgrind --callgrind-out-file="$out/cg.paced" "$build/tools/bench/engine_ipp" "$n" 1000000000000000 \
+  > "$out/stdout.paced" 2>/dev/null
 pkts=$(sed -n 's/.*request packets sent by A: \([0-9]*\),.*/\1/p' "$out/stdout")
 callgrind_annotate --inclusive=yes "$out/cg" > "$out/ann" 2>/dev/null
-cost() { grep -E "$1" "$out/ann" | head -1 | awk '{gsub(",","",$1); print $1}'; }
+callgrind_annotate --inclusive=yes "$out/cg.paced" > "$out/ann.paced" 2>/dev/null
+cost() { grep -E "$1" "${2:-$out/ann}" | head -1 | awk '{gsub(",","",$1); print $1}'; }
 req=$(cost 'Engine::send_next_packet')
+req_paced=$(cost 'Engine::send_next_packet' "$out/ann.paced")
 rsp=$(cost 'Engine::on_request\(')
 cmp=$(cost 'Engine::on_response\(')
 rx=$(cost 'Engine::rx\(')
 parse=$(cost 'parse_frame')
 echo "messages: $((2 * n)) (8-byte WRITE and SEND), request packets: $pkts"
 echo "requester (send_next_packet, incl. build + ICRC): $((req / pkts)) instructions/packet"
+echo "requester, paced (the pacer's cost):              $((req_paced / pkts)) instructions/packet (+$(((req_paced - req) / pkts)))"
 echo "responder (on_request, after parsing):            $((rsp / pkts)) instructions/packet"
 echo "completer (on_response, per request packet):      $((cmp / pkts)) instructions/packet"
 echo "receive path (rx incl. parse + ICRC check), all frames both sides: $rx instructions total"
