@@ -213,7 +213,7 @@ bool Engine::send_next_packet(Qp& qp, std::uint64_t now) {
     r.pkts_since_ackreq = 0;
   }
   finish_frame(*f, qp, spec, payload);
-  std::uint64_t wire_bytes = f->size();
+  bool twice = false;
   if (r.restart_ackreq) {
     r.restart_ackreq = false;
     if (r.restart_twice) {
@@ -222,7 +222,7 @@ bool Engine::send_next_packet(Qp& qp, std::uint64_t now) {
       if (TxFrame* again = tx_slot()) {
         *again = *f;
         if (w.is_inline && again->nseg) again->seg[0].p = again->inline_buf;
-        wire_bytes += again->size();
+        twice = true;
         qp.ctr.inc(QpCounter::sent_pkts);
         port_ctr_.inc(PortCounter::tx_frames);
       }
@@ -233,7 +233,8 @@ bool Engine::send_next_packet(Qp& qp, std::uint64_t now) {
     // The frame's time at the QP's rate (a restart's second copy too),
     // from now: a packet leaves only once its time has come, so no credit
     // builds up while the QP idles, and no burst goes beyond one frame.
-    r.pace_next = now + wire_bytes * 8'000'000'000ull / qp.rate_bps;
+    const std::uint64_t bytes = std::uint64_t{f->size()} * (twice ? 2 : 1);
+    r.pace_next = now + bytes * 8'000'000'000ull / qp.rate_bps;
   }
   if (is_before(psn, r.sent_hi)) qp.ctr.inc(QpCounter::retransmitted_pkts);
   const Psn end = psn + (one_packet ? w.npkts : 1);
