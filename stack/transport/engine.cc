@@ -218,6 +218,7 @@ int Engine::destroy_qp(Qp* qp) {
   std::erase(ack_waiters_, qp);
   qp->active = false;
   qp->resp.ack_listed = false;
+  mrs_.unbind_qp(qp->handle);  // its type 2 windows serve nobody now
   --qp->pd->refs;
   if (gsi) {
     gsi_.reset();

@@ -129,6 +129,17 @@ KeyCheck MrTable::check(std::uint32_t key, bool remote, const Pd* pd, std::uint6
   return KeyCheck::kOk;
 }
 
+void MrTable::unbind_qp(std::uint64_t qp_handle) {
+  for (Mr& m : slots_)
+    if (m.valid && m.mw_type == IBV_MW_TYPE_2 && m.parent != nullptr && m.bound_qp == qp_handle) {
+      --m.parent->mw_bound;
+      m.parent = nullptr;
+      m.length = 0;
+      m.bound_qp = 0;
+      m.remote_ok = false;
+    }
+}
+
 bool MrTable::invalidate(std::uint32_t rkey, const Pd* pd, std::uint64_t qp_handle) {
   Mr* m = find(rkey);
   if (m == nullptr || m->pd != pd || !m->remote_ok) return false;

@@ -86,6 +86,9 @@ class MrTable {
   /// unbound (if it is bound through that QP). False if no such key, or a
   /// type 1 window (which only a bind changes).
   bool invalidate(std::uint32_t rkey, const Pd* pd, std::uint64_t qp_handle);
+  /// A QP is destroyed: the type 2 windows bound through it come unbound
+  /// (they could serve no other, nor be invalidated). Control path: a scan.
+  void unbind_qp(std::uint64_t qp_handle);
 
   [[nodiscard]] std::size_t in_use() const { return in_use_; }
 

@@ -170,6 +170,15 @@ TEST_F(Mw, Type2ServesOnlyTheQpItWasBoundThrough) {
   std::uint32_t k2 = 0;
   EXPECT_EQ(bind(q.b, mw, 0, 4096, IBV_ACCESS_REMOTE_WRITE, k2), IBV_WC_MW_BIND_ERR);
   EXPECT_EQ(q.b->state, IBV_QPS_ERR);
+  // Its QP destroyed, it comes unbound, and binds again through another.
+  EXPECT_EQ(mr->mw_bound, 1u);
+  EXPECT_EQ(p.B().destroy_qp(q.b), 0);
+  EXPECT_EQ(mr->mw_bound, 0u);
+  const QpPair third = p.connect();  // (`other` met a remote access error: ERR)
+  std::uint32_t k3 = 0;
+  ASSERT_EQ(bind(third.b, mw, 0, 4096, IBV_ACCESS_REMOTE_WRITE, k3), IBV_WC_SUCCESS);
+  ASSERT_EQ(write(third.a, b_addr(0), k3, 4096, 6), IBV_WC_SUCCESS);
+  EXPECT_TRUE(landed(0, 4096, 6));
 }
 
 TEST_F(Mw, Type2LocalInvalidateThenBindAgain) {
