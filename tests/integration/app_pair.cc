@@ -487,10 +487,15 @@ int rtrflood(const char* sa, long n) {
   ::setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   // Pipelined: each request goes without waiting for the last one's reply
   // (the parked ones have none yet); replies are taken as they come, since
-  // the daemon cuts off a client that does not read them.
+  // the daemon cuts off a client that does not read them. At most 64 go
+  // unanswered: a Unix socket counts each small reply as a whole buffer
+  // (about 1.3 KiB), so a client that the scheduler kept off its core
+  // while the daemon answered a few hundred would find itself cut off.
+  constexpr long kAhead = 64;
   long sent = 0;
   while (eagain + unreach + other < n) {
-    if (sent < n) {
+    const bool may_send = sent < n && sent - (eagain + unreach + other) < kAhead;
+    if (may_send) {
       uroce_msg_hdr h{UROCE_MSG_MAGIC, UROCE_ABI_MAJOR, UROCE_MSG_MODIFY_QP, sizeof m,
                       static_cast<std::uint32_t>(100 + sent)};
       std::memcpy(out, &h, sizeof h);
@@ -498,8 +503,8 @@ int rtrflood(const char* sa, long n) {
       if (::send(s, out, sizeof h + sizeof m, MSG_NOSIGNAL) < 0) break;
       ++sent;
     }
-    const ssize_t k = ::recv(s, buf, sizeof buf, sent < n ? MSG_DONTWAIT : 0);
-    if (k == 0 || (k < 0 && (sent >= n || errno != EAGAIN))) break;
+    const ssize_t k = ::recv(s, buf, sizeof buf, may_send ? MSG_DONTWAIT : 0);
+    if (k == 0 || (k < 0 && (!may_send || errno != EAGAIN))) break;
     if (k < 0) continue;
     in.insert(in.end(), buf, buf + k);
     while (in.size() >= sizeof(uroce_msg_hdr) + sizeof(uroce_reply_status)) {
