@@ -2,7 +2,8 @@
 # Two uroced over net_memif (shared memory, no kernel in the path): verified
 # RC traffic clean; then with the daemons' own fault injection (drop, dup,
 # reorder, corrupt) set at start on one side and changed at run time through
-# the control socket on the other.
+# the control socket on the other; and CE marks by one side's injector
+# making CNPs that the other counts, and uroce-pcap finds on the wire.
 . "$(dirname "$0")/lib.sh"
 need_root
 SOCK=$TMP/memif.sock
@@ -51,4 +52,27 @@ echo "  server: rx_icrc_err=$icrc fault_rx.dropped=$fdrop"
 check "faulty: corrupted frames were caught by the ICRC and counted" "[ ${icrc:-0} -gt 0 ]"
 check "faulty: the injector dropped frames" "[ ${fdrop:-0} -gt 0 ]"
 check "faulty: the client retransmitted" "grep -q 'verified, [1-9][0-9]* retransmissions' '$TMP/cli-faulty.out'"
+
+echo "== memif, ECN: the server's injector marks 20% of what it receives CE; it sends CNPs, the client counts them"
+rm -f "$SOCK"
+start_traffic "" srv-ecn --port net_memif0 --vdev "net_memif0,role=server,socket=$SOCK" --ip 10.91.0.1 --lcore 0 \
+  --role server --size 4096 --timeout 10 --fault-rx ecn=0.2 --capture "$TMP/ecn.pcap"
+sleep 1
+start_traffic "" cli-ecn --port net_memif0 --vdev "net_memif0,role=client,socket=$SOCK" --ip 10.91.0.2 --lcore 1 \
+  --role client --peer 127.0.0.1 --messages 3000 --size 4096 --timeout 10
+wait_pair ecn
+qp_total() {  # FILE COUNTER: a QP counter's total in the final status a node prints
+  grep -o '"qp_totals": *{[^}]*' "$1" | grep -o "\"$2\": *[0-9]*" | sed 's/.*: *//'
+}
+ce=$(qp_total "$TMP/srv-ecn.err" ce_marked)
+sent=$(qp_total "$TMP/srv-ecn.err" cnp_sent)
+rcvd=$(qp_total "$TMP/cli-ecn.err" cnp_received)
+wire=$("$UROCE_PCAP" --json "$TMP/ecn.pcap" | /usr/bin/python3 -c '
+import json, sys
+print(sum(q.get("cnps", 0) for q in json.load(sys.stdin).get("qps", [])))')
+echo "  server: ce_marked=$ce cnp_sent=$sent; client: cnp_received=$rcvd; CNPs in the capture: $wire"
+check "ecn: CE marks counted, and CNPs sent at most one per 50 us (fewer than the marks)" \
+  "[ ${ce:-0} -gt 100 ] && [ ${sent:-0} -gt 0 ] && [ ${sent:-0} -lt ${ce:-0} ]"
+check "ecn: every CNP sent was received and counted by the client" "[ ${rcvd:-0} -eq ${sent:-0} ]"
+check "ecn: uroce-pcap finds the CNPs on the wire" "[ ${wire:-0} -eq ${sent:-0} ]"
 finish
