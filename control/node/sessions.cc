@@ -706,9 +706,12 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
     case UROCE_MSG_CM_CONNECT:
     case UROCE_MSG_CM_ACCEPT:
     case UROCE_MSG_CM_REJECT:
-    case UROCE_MSG_CM_DISCONNECT: {
+    case UROCE_MSG_CM_DISCONNECT:
+    case UROCE_MSG_CM_ESTABLISH: {
       uroce_cm_msg m;
-      if (!take(m)) return;
+      if (!take(m, offsetof(uroce_cm_msg, flags))) return;  // minor 8 and older send 88 bytes
+      if (m.flags & ~UROCE_CM_APP_QP) return fail(EINVAL, "unknown CM flags");
+      const bool app_qp = (m.flags & UROCE_CM_APP_QP) != 0;
       if (!cm_->ok()) return fail(ENODEV, "the CM agent has no QP1");
       if (m.private_len > UROCE_CM_PRIVATE_MAX) return fail(EINVAL, "CM private data is at most 56 bytes");
       const wire::ConstBytes priv(m.private_data, m.private_len);
@@ -733,13 +736,19 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
           p.retry_cnt = m.retry_cnt ? m.retry_cnt : 7;
           p.rnr_retry = m.rnr_retry ? m.rnr_retry : 7;
           uroce_cm_id_reply r{};
-          rc = cm_->connect(qp, wire::IpAddr::from_v6_bytes(m.dgid), m.port, priv, s.id, p, t, r.id);
+          rc = cm_->connect(qp, wire::IpAddr::from_v6_bytes(m.dgid), m.port, priv, s.id, p, t, r.id, app_qp);
           if (rc != 0) return fail(rc, "cannot connect: the QP must be RC in RESET or INIT, the MTU valid");
           return send_reply(sock, h, 0, "", &r, sizeof r);
         }
         case UROCE_MSG_CM_ACCEPT:
-          rc = cm_->accept(m.id, qp, priv, s.id, t);
-          if (rc != 0) return fail(rc, "cannot accept: no such request of this session, or the QP is not RC in RESET/INIT");
+          rc = cm_->accept(m.id, qp, priv, s.id, t, app_qp);
+          if (rc != 0)
+            return fail(rc, app_qp ? "cannot accept: no such request of this session, or the QP is not RC or is in ERR"
+                                   : "cannot accept: no such request of this session, or the QP is not RC in RESET/INIT");
+          break;
+        case UROCE_MSG_CM_ESTABLISH:
+          rc = cm_->establish(m.id, s.id, t);
+          if (rc != 0) return fail(rc, "no connection of this session waits for establish (a connect with UROCE_CM_APP_QP)");
           break;
         case UROCE_MSG_CM_REJECT:
           rc = cm_->reject(m.id, priv, s.id, t);
@@ -754,7 +763,7 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
     }
     case UROCE_MSG_CM_UNLISTEN: {
       uroce_cm_msg m;
-      if (!take(m)) return;
+      if (!take(m, offsetof(uroce_cm_msg, flags))) return;
       if (!cm_->ok()) return fail(ENODEV, "the CM agent has no QP1");
       if (const int rc = cm_->unlisten(m.port, s.id)) return fail(rc, "this session does not listen on that port");
       return send_reply(sock, h, 0, "", nullptr, 0);
@@ -772,7 +781,7 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
       if (!cm_->next_event(s.id, e)) return fail(EAGAIN, "no CM event");
       // rdma_cm_event_type's values
       static constexpr std::uint32_t kType[] = {4 /* CONNECT_REQUEST */, 9 /* ESTABLISHED */, 8 /* REJECTED */,
-                                                10 /* DISCONNECTED */, 7 /* UNREACHABLE */};
+                                                10 /* DISCONNECTED */, 7 /* UNREACHABLE */, 5 /* CONNECT_RESPONSE */};
       uroce_cm_event_msg r{};
       r.event = kType[static_cast<int>(e.type)];
       r.id = e.id;
@@ -786,6 +795,13 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
       r.mtu = static_cast<std::uint8_t>(e.mtu);
       r.private_len = e.private_len;
       std::memcpy(r.private_data, e.private_data, e.private_len);
+      r.sq_psn = e.sq_psn;
+      r.rq_psn = e.rq_psn;
+      r.retry_cnt = e.retry_cnt;
+      r.rnr_retry = e.rnr_retry;
+      r.ack_timeout = e.ack_timeout;
+      r.max_rd_atomic = e.max_rd_atomic;
+      r.max_dest_rd_atomic = e.max_dest_rd_atomic;
       return send_reply(sock, h, 0, "", &r, sizeof r);
     }
     case UROCE_MSG_QUERY: {

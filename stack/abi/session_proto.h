@@ -63,6 +63,7 @@ enum uroce_msg_type {
    * by IBV_WR_BIND_MW send entries); UROCE_MSG_DESTROY with UROCE_OBJ_MW
    * frees it. Windows count against the session's MR limit. */
   UROCE_MSG_ALLOC_MW = 21,      /* body: alloc_mw;   reply: alloc_mw_reply */
+  UROCE_MSG_CM_ESTABLISH = 22,  /* body: cm (id);    reply: status; the RTU of a UROCE_CM_APP_QP connect (minor 9) */
 };
 
 struct uroce_msg_hdr {
@@ -196,7 +197,14 @@ struct uroce_cm_msg {
   uint8_t mtu; /* enum ibv_mtu; 0: IBV_MTU_1024 */
   uint8_t responder_resources, initiator_depth, retry_cnt, rnr_retry;
   uint8_t private_data[UROCE_CM_PRIVATE_MAX];
+  /* minor 9 (an older library's 88 bytes read as 0): */
+  uint8_t flags; /* UROCE_CM_APP_QP (CONNECT, ACCEPT) */
+  uint8_t pad[3];
 };
+/* The application brings the QP up itself (rdma_cm's ids without a QP):
+ * the agent never moves it; the REP is a CONNECT_RESPONSE event, answered
+ * by UROCE_MSG_CM_ESTABLISH. */
+#define UROCE_CM_APP_QP 1u
 struct uroce_cm_id_reply {
   uint32_t id;
 };
@@ -209,6 +217,11 @@ struct uroce_cm_event_msg {
   uint16_t peer_port, local_port;
   uint8_t responder_resources, initiator_depth, mtu, private_len;
   uint8_t private_data[UROCE_CM_PRIVATE_MAX];
+  /* minor 9: what the QP is to be brought up with (CONNECT_REQUEST,
+   * CONNECT_RESPONSE), as rdma_init_qp_attr reports it. */
+  uint32_t sq_psn, rq_psn;
+  uint8_t retry_cnt, rnr_retry, ack_timeout, max_rd_atomic;
+  uint8_t max_dest_rd_atomic, pad[3];
 };
 
 struct uroce_resolve_msg {
@@ -242,8 +255,8 @@ UROCE_STATIC_ASSERT(sizeof(struct uroce_reply_status) == 128, "reply status is 1
 UROCE_STATIC_ASSERT(sizeof(struct uroce_reg_mr_msg) == 32, "reg_mr is 32 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_reg_mr_pieces_msg) == 40 + 16 * UROCE_MR_MAX_PIECES, "reg_mr_pieces layout");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_create_qp_msg) == 32, "create_qp is 32 bytes (28 before minor 2)");
-UROCE_STATIC_ASSERT(sizeof(struct uroce_cm_msg) == 88, "cm is 88 bytes");
-UROCE_STATIC_ASSERT(sizeof(struct uroce_cm_event_msg) == 96, "cm_event is 96 bytes");
+UROCE_STATIC_ASSERT(sizeof(struct uroce_cm_msg) == 92, "cm is 92 bytes (88 before minor 9)");
+UROCE_STATIC_ASSERT(sizeof(struct uroce_cm_event_msg) == 112, "cm_event is 112 bytes (96 before minor 9)");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_create_srq_msg) == 12, "create_srq is 12 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_alloc_mw_msg) == 8 && sizeof(struct uroce_alloc_mw_reply) == 8, "alloc_mw is 8 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_create_qp_reply) == 24, "create_qp reply is 24 bytes");

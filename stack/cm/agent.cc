@@ -10,6 +10,7 @@ using transport::Qp;
 const char* to_string(CmEvent::Type t) {
   switch (t) {
     case CmEvent::Type::kConnectRequest: return "connect_request";
+    case CmEvent::Type::kConnectResponse: return "connect_response";
     case CmEvent::Type::kEstablished: return "established";
     case CmEvent::Type::kRejected: return "rejected";
     case CmEvent::Type::kDisconnected: return "disconnected";
@@ -173,6 +174,13 @@ void CmAgent::event(const Conn& c, CmEvent::Type t, std::uint16_t reason, wire::
   e.responder_resources = c.responder_resources;
   e.initiator_depth = c.initiator_depth;
   e.mtu = c.mtu;
+  e.sq_psn = c.sq_psn;
+  e.rq_psn = c.rq_psn;
+  e.retry_cnt = c.retry_cnt;
+  e.rnr_retry = c.rnr_retry;
+  e.ack_timeout = c.ack_timeout;
+  e.max_rd_atomic = c.max_rd_atomic;
+  e.max_dest_rd_atomic = c.max_dest_rd_atomic;
   e.reason = reason;
   e.private_len = static_cast<std::uint8_t>(std::min(priv.size(), sizeof e.private_data));
   if (e.private_len) std::memcpy(e.private_data, priv.data(), e.private_len);
@@ -222,6 +230,7 @@ int CmAgent::to_init(Qp* qp) {
 }
 
 void CmAgent::qp_to_error(const Conn& c) {
+  if (c.app_qp) return;  // the application's to move, as rdma_cm leaves a QP it did not make
   Qp* qp = qp_of(c);
   if (!qp || qp->state == IBV_QPS_RESET || qp->state == IBV_QPS_ERR) return;
   ibv_qp_attr a{};
@@ -246,11 +255,11 @@ int CmAgent::unlisten(std::uint16_t port, std::uint32_t owner) {
 }
 
 int CmAgent::connect(Qp* qp, const wire::IpAddr& dst, std::uint16_t port, wire::ConstBytes priv,
-                     std::uint32_t owner, const ConnParams& p, std::uint64_t now, std::uint32_t& id) {
+                     std::uint32_t owner, const ConnParams& p, std::uint64_t now, std::uint32_t& id, bool app_qp) {
   if (!ok() || !qp || qp->type != IBV_QPT_RC || owner == 0) return EINVAL;
   if (qp->state != IBV_QPS_RESET && qp->state != IBV_QPS_INIT) return EINVAL;
   if (priv.size() > kReqUserPrivate || transport::mtu_bytes(p.mtu) == 0) return EINVAL;
-  if (qp->state == IBV_QPS_RESET) {
+  if (qp->state == IBV_QPS_RESET && !app_qp) {
     if (const int err = to_init(qp)) return err;
   }
   Conn c;
@@ -258,6 +267,7 @@ int CmAgent::connect(Qp* qp, const wire::IpAddr& dst, std::uint16_t port, wire::
   c.tid = next_tid();
   c.owner = owner;
   c.active = true;
+  c.app_qp = app_qp;
   c.state = State::kReqSent;
   c.qpn = qp->qpn;
   c.qp_handle = qp->handle;
@@ -306,19 +316,21 @@ int CmAgent::connect(Qp* qp, const wire::IpAddr& dst, std::uint16_t port, wire::
   return 0;
 }
 
-int CmAgent::accept(std::uint32_t id, Qp* qp, wire::ConstBytes priv, std::uint32_t owner, std::uint64_t now) {
+int CmAgent::accept(std::uint32_t id, Qp* qp, wire::ConstBytes priv, std::uint32_t owner, std::uint64_t now,
+                    bool app_qp) {
   auto it = conns_.find(id);
   if (it == conns_.end() || it->second.owner != owner || it->second.state != State::kReqRcvd) return EINVAL;
-  if (!qp || qp->type != IBV_QPT_RC || (qp->state != IBV_QPS_RESET && qp->state != IBV_QPS_INIT)) return EINVAL;
+  if (!qp || qp->type != IBV_QPT_RC) return EINVAL;
+  if (app_qp ? qp->state == IBV_QPS_ERR : (qp->state != IBV_QPS_RESET && qp->state != IBV_QPS_INIT)) return EINVAL;
   if (priv.size() > sizeof(Rep::private_data)) return EINVAL;
   Conn& c = it->second;
   c.qpn = qp->qpn;
   c.qp_handle = qp->handle;
-  c.rq_psn = next_psn() & 0xffffff;
-  // Our READ depth is bounded by what the peer accepts, and we accept what it issues.
-  const std::uint8_t our_depth = std::min<std::uint8_t>(c.responder_resources, transport::kMaxRdAtomic);
-  const std::uint8_t our_resources = std::min<std::uint8_t>(c.initiator_depth, transport::kMaxRdAtomic);
-  if (const int err = bring_up(qp, c, our_depth, our_resources); err != 0) return err;
+  c.app_qp = app_qp;
+  const std::uint8_t our_depth = c.max_rd_atomic, our_resources = c.max_dest_rd_atomic;
+  if (!app_qp) {
+    if (const int err = bring_up(qp, c, our_depth, our_resources); err != 0) return err;
+  }
   Mad m = Mad::make(Attr::kRep, c.tid);
   Rep& r = m.as<Rep>();
   r.local_comm_id.set(c.local_id);
@@ -336,6 +348,21 @@ int CmAgent::accept(std::uint32_t id, Qp* qp, wire::ConstBytes priv, std::uint32
   c.state = State::kRepSent;
   c.qp_rx_at_rep = qp->ctr[transport::QpCounter::rcvd_pkts];
   send_conn(c, m, now);
+  return 0;
+}
+
+int CmAgent::establish(std::uint32_t id, std::uint32_t owner, std::uint64_t now) {
+  auto it = conns_.find(id);
+  if (it == conns_.end() || it->second.owner != owner || it->second.state != State::kRepRcvd) return EINVAL;
+  Conn& c = it->second;
+  Mad rtu = Mad::make(Attr::kRtu, c.tid);
+  rtu.as<Rtu>().local_comm_id.set(c.local_id);
+  rtu.as<Rtu>().remote_comm_id.set(c.remote_id);
+  c.last = rtu;
+  c.deadline = 0;
+  c.state = State::kEstablished;
+  inc(CmCounter::established);  // rdma_cm gives the active side no event for it
+  send(c.peer, rtu, now);
   return 0;
 }
 
@@ -373,6 +400,10 @@ int CmAgent::disconnect(std::uint32_t id, std::uint32_t owner, std::uint64_t now
       conns_.erase(it);
       return 0;
     case State::kReqRcvd: return reject(id, {}, owner, now);
+    case State::kRepRcvd:  // the application never said establish: refuse the REP
+      send_rej(c.peer, c.tid, c.local_id, c.remote_id, kMsgRep, kRejConsumer, {}, now);
+      conns_.erase(it);
+      return 0;
     default: return EINVAL;  // already closing
   }
 }
@@ -449,6 +480,13 @@ void CmAgent::on_req(const Mad& m, const wire::IpAddr& src, std::uint64_t now) {
   c.rnr_retry = r.rnr_retry();
   c.ack_timeout = r.primary.ack_timeout >> 3;
   if (c.ack_timeout == 0) c.ack_timeout = 14;
+  // Chosen now, so that the request's event already says what the QP is to
+  // be brought up with (an application that brings up its own QP asks
+  // rdma_init_qp_attr before it accepts). Our READ depth is bounded by what
+  // the peer accepts, and we accept what it issues.
+  c.rq_psn = next_psn() & 0xffffff;
+  c.max_rd_atomic = std::min<std::uint8_t>(c.responder_resources, transport::kMaxRdAtomic);
+  c.max_dest_rd_atomic = std::min<std::uint8_t>(c.initiator_depth, transport::kMaxRdAtomic);
   const Conn& stored = conns_[c.local_id] = c;
   event(stored, CmEvent::Type::kConnectRequest, 0,
         wire::ConstBytes(r.private_data + sizeof(CmaHdr), kReqUserPrivate));
@@ -463,12 +501,25 @@ void CmAgent::on_rep(const Mad& m, const wire::IpAddr& src, std::uint64_t now) {
     send(c->peer, c->last, now);
     return;
   }
+  if (c->state == State::kRepRcvd) {
+    inc(CmCounter::duplicates);  // the application has not said establish yet
+    return;
+  }
   if (c->state != State::kReqSent) return;
   c->remote_id = r.local_comm_id.get();
   c->peer_qpn = r.local_qpn.get();
   c->sq_psn = r.starting_psn.get();
-  const std::uint8_t our_depth = std::min(r.responder_resources, c->initiator_depth);
-  const int err = bring_up(qp_of(*c), *c, our_depth, c->responder_resources);
+  c->max_rd_atomic = std::min(r.responder_resources, c->initiator_depth);
+  c->max_dest_rd_atomic = c->responder_resources;
+  if (c->app_qp) {
+    // The application brings its QP up with what the event says, then
+    // establish() sends the RTU.
+    c->state = State::kRepRcvd;
+    c->deadline = 0;
+    event(*c, CmEvent::Type::kConnectResponse, 0, wire::ConstBytes(r.private_data, kReqUserPrivate));
+    return;
+  }
+  const int err = bring_up(qp_of(*c), *c, c->max_rd_atomic, c->max_dest_rd_atomic);
   if (err != 0) {
     send_rej(c->peer, c->tid, c->local_id, c->remote_id, kMsgRep, kRejNoResources, {}, now);
     qp_to_error(*c);
@@ -502,7 +553,7 @@ void CmAgent::on_rtu(const Mad& m, const wire::IpAddr& src) {
 void CmAgent::on_rej(const Mad& m, const wire::IpAddr& src) {
   const Rej& r = m.as<Rej>();
   Conn* c = find(r.remote_comm_id.get(), src);
-  if (!c || (c->state != State::kReqSent && c->state != State::kRepSent)) return;
+  if (!c || (c->state != State::kReqSent && c->state != State::kRepSent && c->state != State::kRepRcvd)) return;
   if (c->state == State::kRepSent) qp_to_error(*c);
   event(*c, CmEvent::Type::kRejected, r.reason.get(), wire::ConstBytes(r.private_data, kReqUserPrivate));
   conns_.erase(c->local_id);

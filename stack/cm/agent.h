@@ -51,7 +51,9 @@ struct ConnParams {
 };
 
 struct CmEvent {
-  enum class Type : std::uint8_t { kConnectRequest, kEstablished, kRejected, kDisconnected, kUnreachable };
+  /// kConnectResponse: the REP of a connection whose application brings its
+  /// own QP up (connect(..., app_qp)); it answers with establish().
+  enum class Type : std::uint8_t { kConnectRequest, kEstablished, kRejected, kDisconnected, kUnreachable, kConnectResponse };
   Type type = Type::kConnectRequest;
   std::uint32_t id = 0;  // the connection: our local communication ID
   wire::IpAddr peer{};
@@ -59,6 +61,13 @@ struct CmEvent {
   std::uint32_t peer_qpn = 0;
   std::uint8_t responder_resources = 0, initiator_depth = 0;
   ibv_mtu mtu = IBV_MTU_1024;
+  // What the QP is to be brought up with (kConnectRequest, kConnectResponse),
+  // as rdma_init_qp_attr reports it: our send PSN (the peer's starting PSN),
+  // our receive PSN (the one our REQ or REP advertises), the retries and the
+  // READ/atomic depths both ways.
+  std::uint32_t sq_psn = 0, rq_psn = 0;
+  std::uint8_t retry_cnt = 7, rnr_retry = 7, ack_timeout = 14;
+  std::uint8_t max_rd_atomic = 0, max_dest_rd_atomic = 0;
   std::uint16_t reason = 0;  // kRejected, kUnreachable: the reject reason
   std::uint8_t private_len = 0;
   std::uint8_t private_data[kReqUserPrivate] = {};
@@ -103,10 +112,19 @@ class CmAgent {
   int unlisten(std::uint16_t port, std::uint32_t owner);
   /// Sends a REQ for an RC QP in RESET or INIT; *id names the connection.
   /// 0, or EINVAL (QP type or state, private data over 56 bytes).
+  /// With app_qp the agent never moves the QP (rdma_cm's ids without a QP:
+  /// the application brings it up itself with the event's attributes): the
+  /// REP is a kConnectResponse event, and establish() sends the RTU.
   int connect(transport::Qp* qp, const wire::IpAddr& dst, std::uint16_t port, wire::ConstBytes priv,
-              std::uint32_t owner, const ConnParams& p, std::uint64_t now, std::uint32_t& id);
-  /// Answers a kConnectRequest: the QP (RC, RESET or INIT) goes to RTS and a REP goes out.
-  int accept(std::uint32_t id, transport::Qp* qp, wire::ConstBytes priv, std::uint32_t owner, std::uint64_t now);
+              std::uint32_t owner, const ConnParams& p, std::uint64_t now, std::uint32_t& id, bool app_qp = false);
+  /// Answers a kConnectRequest: the QP (RC, RESET or INIT) goes to RTS and a
+  /// REP goes out. With app_qp the application has brought the QP (RC, not
+  /// in ERR) up itself, to the request's peer QP, and the agent leaves it be.
+  int accept(std::uint32_t id, transport::Qp* qp, wire::ConstBytes priv, std::uint32_t owner, std::uint64_t now,
+             bool app_qp = false);
+  /// The active side of an app_qp connection, after kConnectResponse: sends
+  /// the RTU (rdma_establish). 0, or EINVAL (no such connection waiting).
+  int establish(std::uint32_t id, std::uint32_t owner, std::uint64_t now);
   int reject(std::uint32_t id, wire::ConstBytes priv, std::uint32_t owner, std::uint64_t now);
   /// The QP goes to ERR and a DREQ goes out; kDisconnected follows.
   int disconnect(std::uint32_t id, std::uint32_t owner, std::uint64_t now);
@@ -137,13 +155,14 @@ class CmAgent {
   std::function<std::uint16_t()> next_src_port;
 
  private:
-  enum class State : std::uint8_t { kReqSent, kReqRcvd, kRepSent, kEstablished, kDreqSent, kTimeWait };
+  enum class State : std::uint8_t { kReqSent, kReqRcvd, kRepSent, kRepRcvd, kEstablished, kDreqSent, kTimeWait };
   struct Conn {
     std::uint32_t local_id = 0, remote_id = 0;
     std::uint64_t tid = 0;
     std::uint32_t owner = 0;
     State state = State::kReqSent;
     bool active = false;
+    bool app_qp = false;  // the application moves the QP, never the agent
     std::uint32_t qpn = 0;
     /// The engine's handle of that QP: a QPN can belong to another QP
     /// later (destroyed in INIT, a QPN is free at once), so the QP is found
@@ -160,6 +179,7 @@ class CmAgent {
     std::uint32_t rq_psn = 0, sq_psn = 0;
     ibv_mtu mtu = IBV_MTU_1024;
     std::uint8_t responder_resources = 0, initiator_depth = 0;  // as offered in our REQ or REP
+    std::uint8_t max_rd_atomic = 0, max_dest_rd_atomic = 0;     // what the QP gets, once the peer's are known
     std::uint8_t retry_cnt = 7, rnr_retry = 7, ack_timeout = 14;
     Mad last{};  // the last MAD sent, for resends and duplicate answers
     std::uint64_t deadline = 0;

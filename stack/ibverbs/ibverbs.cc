@@ -1248,3 +1248,13 @@ __asm__(".symver compat_1_1_ibv_register_driver,ibv_register_driver@IBVERBS_1.1"
 // a context and a QP. Exported in their own version node, UROCE_PRIVATE_1.
 extern "C" uroce_context* uroce_ibv_context(ibv_context* c) { return c ? ucontext(c)->u : nullptr; }
 extern "C" uroce_qp* uroce_ibv_qp(ibv_qp* q) { return q ? uqp(q)->u : nullptr; }
+/// The context's QP with that number, for librdmacm's ids whose
+/// application made its own QP (rdma_conn_param's qp_num); NULL if none.
+extern "C" ibv_qp* uroce_ibv_qp_by_num(ibv_context* c, uint32_t qp_num) {
+  if (!c) return nullptr;
+  UContext* uc = ucontext(c);
+  std::lock_guard<std::mutex> lk(uc->mu);
+  for (const auto& [u, v] : uc->qps)
+    if (v->qp_num == qp_num) return v;
+  return nullptr;
+}

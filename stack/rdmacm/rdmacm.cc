@@ -40,6 +40,7 @@
 // uroce's libibverbs.so.1 (UROCE_PRIVATE_1): liburoce's objects behind its own.
 extern "C" uroce_context* uroce_ibv_context(ibv_context* c);
 extern "C" uroce_qp* uroce_ibv_qp(ibv_qp* q);
+extern "C" ibv_qp* uroce_ibv_qp_by_num(ibv_context* c, uint32_t qp_num);
 
 namespace {
 
@@ -94,6 +95,13 @@ struct Id {
   ibv_qp_init_attr ep_attr{};
   ibv_pd* ep_pd = nullptr;
   Event* sync_event = nullptr;  // a sync id's last event (id->event), freed by the next
+  // An id without a QP of rdma_cm's (the application made its QP itself and
+  // names it by rdma_conn_param's qp_num): the application brings the QP
+  // up, with what rdma_init_qp_attr reports from the request's or the
+  // reply's event (`attrs`); the active side ends with rdma_establish.
+  bool app_qp = false;
+  bool have_attrs = false;
+  uroce_cm_event attrs{};
 };
 
 struct Channel {
@@ -322,6 +330,11 @@ void route_locked(Dev* d, const uroce_cm_event& ev) {
   }
   int status = 0;
   switch (ev.event) {
+    case UROCE_CM_EVENT_CONNECT_REQUEST:
+    case UROCE_CM_EVENT_CONNECT_RESPONSE:
+      id->attrs = ev;
+      id->have_attrs = true;
+      break;
     case UROCE_CM_EVENT_ESTABLISHED:
       id->established = true;
       if (port_of(&id->id.route.addr.src_addr) == 0) set_port(&id->id.route.addr.src_addr, htons(ev.local_port));
@@ -768,24 +781,42 @@ int rdma_listen(rdma_cm_id* cm_id, int backlog) {
   return fail(EADDRINUSE);
 }
 
+/// The QP a connect or accept is for: the id's own (rdma_create_qp), or
+/// the application's, named by conn_param's qp_num (then *app is set).
+ibv_qp* conn_qp(Id* id, const rdma_conn_param* c, bool& app) {
+  app = false;
+  if (id->id.qp) return id->id.qp;
+  if (!c || !id->id.verbs) return nullptr;
+  app = true;
+  return uroce_ibv_qp_by_num(id->id.verbs, c->qp_num);
+}
+
 int rdma_connect(rdma_cm_id* cm_id, rdma_conn_param* conn_param) {
   if (!cm_id) return fail(EINVAL);
   Id* id = as_id(cm_id);
+  bool app = false;
   {
     std::lock_guard<std::mutex> lock(g_mu);
-    if (!id->dev || !id->id.qp) return fail(EINVAL);  // resolve, and rdma_create_qp, first
+    if (!id->dev) return fail(EINVAL);  // resolve first
+    ibv_qp* qp = conn_qp(id, conn_param, app);
+    if (!qp) return fail(EINVAL);  // rdma_create_qp first, or name a QP of this device in qp_num
     if (conn_param && conn_param->private_data_len > kPrivateMax) return fail(EINVAL);
-    const uroce_cm_param p = cm_param(id, conn_param);
+    uroce_cm_param p = cm_param(id, conn_param);
+    p.flags = app ? UROCE_CM_APP_QP : 0;
     std::uint32_t conn = 0;
-    const int rc = uroce_cm_connect(uroce_ibv_qp(id->id.qp), &id->id.route.addr.addr.ibaddr.dgid,
+    const int rc = uroce_cm_connect(uroce_ibv_qp(qp), &id->id.route.addr.addr.ibaddr.dgid,
                                     ntohs(port_of(&id->id.route.addr.dst_addr)), &p, &conn);
     if (rc) return cm_error(rc);
     id->conn = conn;
     id->has_conn = true;
+    id->app_qp = app;
+    id->have_attrs = false;
     id->established = id->disconnected = false;
     g_conns[{id->dev, conn}] = id;
   }
-  return id->sync ? sync_wait(id, RDMA_CM_EVENT_ESTABLISHED) : 0;
+  // Without a QP of its own the id's answer is the REP: the application
+  // brings its QP up and says rdma_establish.
+  return id->sync ? sync_wait(id, app ? RDMA_CM_EVENT_CONNECT_RESPONSE : RDMA_CM_EVENT_ESTABLISHED) : 0;
 }
 
 int rdma_accept(rdma_cm_id* cm_id, rdma_conn_param* conn_param) {
@@ -793,10 +824,15 @@ int rdma_accept(rdma_cm_id* cm_id, rdma_conn_param* conn_param) {
   Id* id = as_id(cm_id);
   {
     std::lock_guard<std::mutex> lock(g_mu);
-    if (id->listening || !id->has_conn || !id->id.qp) return fail(EINVAL);
+    if (id->listening || !id->has_conn) return fail(EINVAL);
+    bool app = false;
+    ibv_qp* qp = conn_qp(id, conn_param, app);
+    if (!qp) return fail(EINVAL);
     if (conn_param && conn_param->private_data_len > kPrivateMax) return fail(EINVAL);
-    const uroce_cm_param p = cm_param(id, conn_param);
-    if (const int rc = uroce_cm_accept(uroce_ibv_qp(id->id.qp), id->conn, &p)) return cm_error(rc);
+    uroce_cm_param p = cm_param(id, conn_param);
+    p.flags = app ? UROCE_CM_APP_QP : 0;
+    if (const int rc = uroce_cm_accept(uroce_ibv_qp(qp), id->conn, &p)) return cm_error(rc);
+    id->app_qp = app;
   }
   return id->sync ? sync_wait(id, RDMA_CM_EVENT_ESTABLISHED) : 0;
 }
@@ -823,8 +859,15 @@ int rdma_disconnect(rdma_cm_id* cm_id) {
 }
 
 int rdma_establish(rdma_cm_id* cm_id) {
-  // The agent sends the RTU itself once the QP is at RTS.
-  return cm_id ? 0 : fail(EINVAL);
+  if (!cm_id) return fail(EINVAL);
+  Id* id = as_id(cm_id);
+  std::lock_guard<std::mutex> lock(g_mu);
+  // With a QP of rdma_cm's the agent sent the RTU itself once it was at RTS.
+  if (!id->app_qp) return 0;
+  if (!id->has_conn) return fail(EINVAL);
+  if (const int rc = uroce_cm_establish(id->dev->u, id->conn)) return cm_error(rc);
+  id->established = true;
+  return 0;
 }
 
 int rdma_notify(rdma_cm_id* cm_id, ibv_event_type event) {
@@ -843,10 +886,42 @@ int rdma_init_qp_attr(rdma_cm_id* cm_id, ibv_qp_attr* qp_attr, int* qp_attr_mask
     *qp_attr_mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
     return 0;
   }
+  if (want != IBV_QPS_RTR && want != IBV_QPS_RTS) return fail(EINVAL);
+  if (!cm_id->qp) {
+    // The application's own QP: what the request's or the reply's event
+    // says it is to be brought up with.
+    std::lock_guard<std::mutex> lock(g_mu);
+    const Id* id = as_id(cm_id);
+    if (!id->have_attrs) return fail(EINVAL);  // no request or reply yet
+    const uroce_cm_event& e = id->attrs;
+    *qp_attr = ibv_qp_attr{};
+    qp_attr->qp_state = want;
+    if (want == IBV_QPS_RTR) {
+      qp_attr->path_mtu = e.mtu;
+      qp_attr->dest_qp_num = e.peer_qp_num;
+      qp_attr->rq_psn = e.rq_psn;
+      qp_attr->max_dest_rd_atomic = e.max_dest_rd_atomic;
+      qp_attr->min_rnr_timer = 12;
+      qp_attr->ah_attr.is_global = 1;
+      qp_attr->ah_attr.grh.dgid = e.peer_gid;
+      qp_attr->ah_attr.grh.sgid_index = 0;
+      qp_attr->ah_attr.grh.hop_limit = 64;
+      qp_attr->ah_attr.port_num = 1;
+      *qp_attr_mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                      IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+    } else {
+      qp_attr->timeout = e.timeout;
+      qp_attr->retry_cnt = e.retry_count;
+      qp_attr->rnr_retry = e.rnr_retry_count;
+      qp_attr->sq_psn = e.sq_psn;
+      qp_attr->max_rd_atomic = e.max_rd_atomic;
+      *qp_attr_mask = IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+                      IBV_QP_MAX_QP_RD_ATOMIC;
+    }
+    return 0;
+  }
   // The agent takes the QP rdma_create_qp made to RTR and RTS: what it set
-  // is what to report. A QP the CM does not know of cannot be brought up
-  // from here.
-  if ((want != IBV_QPS_RTR && want != IBV_QPS_RTS) || !cm_id->qp) return fail(EOPNOTSUPP);
+  // is what to report.
   ibv_qp_init_attr init{};
   if (const int rc = ibv_query_qp(cm_id->qp, qp_attr, ~0, &init)) return fail(rc);
   qp_attr->qp_state = want;

@@ -324,6 +324,7 @@ struct uroce_context {
   bool embedded = false;  // attached to this process's embedded node
   std::uint32_t seq = 0;
   std::uint32_t session = 0;
+  std::uint16_t minor = 0;  // the daemon's ABI minor
   std::uint8_t gid[16] = {};
   std::vector<std::uintptr_t> bufs;  // uroce_alloc_buf's segments, pinned until the context closes
   // The session page and the doorbell (ABI minor 4): after a post, ring the
@@ -603,6 +604,9 @@ int cm_call(uroce_context* ctx, std::uint16_t type, uroce_cm_msg& m, const uroce
     m.initiator_depth = p->initiator_depth;
     m.retry_cnt = p->retry_count;
     m.rnr_retry = p->rnr_retry_count;
+    if (p->flags & ~UROCE_CM_APP_QP) return set_error(EINVAL, "unknown CM flags");
+    if (p->flags && ctx->minor < 9) return set_error(EOPNOTSUPP, "this uroced cannot leave a QP to the application (ABI minor < 9)");
+    m.flags = p->flags;
   }
   return call(ctx, type, &m, sizeof m, -1, reply, rlen);
 }
@@ -654,6 +658,13 @@ int uroce_cm_reject(uroce_context* ctx, std::uint32_t id, const void* priv, std:
   return cm_call(ctx, UROCE_MSG_CM_REJECT, m, &p);
 }
 
+int uroce_cm_establish(uroce_context* ctx, std::uint32_t id) {
+  if (!ctx) return set_error(EINVAL, "no context");
+  uroce_cm_msg m{};
+  m.id = id;
+  return cm_call(ctx, UROCE_MSG_CM_ESTABLISH, m, nullptr);
+}
+
 int uroce_cm_disconnect(uroce_context* ctx, std::uint32_t id) {
   if (!ctx) return set_error(EINVAL, "no context");
   uroce_cm_msg m{};
@@ -688,7 +699,9 @@ int uroce_cm_get_event(uroce_context* ctx, int timeout_ms, uroce_cm_event* ev) {
   for (;;) {
     (void)abi::drain(fd);
     uroce_cm_event_msg r{};
-    const int rc = call(ctx, UROCE_MSG_CM_EVENT, nullptr, 0, -1, &r, sizeof r);
+    // An older daemon's event is shorter: what it lacks reads as 0.
+    const std::size_t rlen = ctx->minor >= 9 ? sizeof r : offsetof(uroce_cm_event_msg, sq_psn);
+    const int rc = call(ctx, UROCE_MSG_CM_EVENT, nullptr, 0, -1, &r, rlen);
     if (rc == 0) {
       *ev = uroce_cm_event{};
       ev->event = static_cast<uroce_cm_event_type>(r.event);
@@ -703,6 +716,13 @@ int uroce_cm_get_event(uroce_context* ctx, int timeout_ms, uroce_cm_event* ev) {
       ev->mtu = static_cast<ibv_mtu>(r.mtu);
       ev->private_data_len = std::min<std::uint8_t>(r.private_len, sizeof ev->private_data);
       std::memcpy(ev->private_data, r.private_data, ev->private_data_len);
+      ev->sq_psn = r.sq_psn;
+      ev->rq_psn = r.rq_psn;
+      ev->retry_count = r.retry_cnt;
+      ev->rnr_retry_count = r.rnr_retry;
+      ev->timeout = r.ack_timeout;
+      ev->max_rd_atomic = r.max_rd_atomic;
+      ev->max_dest_rd_atomic = r.max_dest_rd_atomic;
       return 0;
     }
     if (rc != EAGAIN) return rc;
@@ -842,6 +862,7 @@ uroce_context* uroce_open_device(const char* path) {
   }
   if (fds[1] >= 0) ::close(fds[1]);
   ctx->session = r.session;
+  ctx->minor = r.minor;
   std::memcpy(ctx->gid, r.gid, 16);
   return ctx;
 }

@@ -266,6 +266,7 @@ int uroce_poll_cq_wait(struct uroce_cq* cq, int num_entries, struct ibv_wc* wc, 
  * with timeout 0 then says EAGAIN. */
 enum uroce_cm_event_type {
   UROCE_CM_EVENT_CONNECT_REQUEST = 4, /* RDMA_CM_EVENT_CONNECT_REQUEST: accept or reject it */
+  UROCE_CM_EVENT_CONNECT_RESPONSE = 5, /* the REP of a UROCE_CM_APP_QP connect: bring the QP up, then uroce_cm_establish */
   UROCE_CM_EVENT_UNREACHABLE = 7,     /* no answer, or the handshake failed (status: reason) */
   UROCE_CM_EVENT_REJECTED = 8,        /* the peer rejected (status: IBTA reject reason; 28: by the application) */
   UROCE_CM_EVENT_ESTABLISHED = 9,
@@ -282,6 +283,13 @@ struct uroce_cm_event {
   enum ibv_mtu mtu;
   uint8_t private_data_len;
   uint8_t private_data[56];
+  /* CONNECT_REQUEST and CONNECT_RESPONSE: what the QP is to be brought up
+   * with (rdma_init_qp_attr's values): its send PSN (the peer's starting
+   * PSN) and receive PSN, the retries, the ACK timeout (4.096 us * 2^n), and
+   * the READ/atomic depths each way. */
+  uint32_t sq_psn, rq_psn;
+  uint8_t retry_count, rnr_retry_count, timeout;
+  uint8_t max_rd_atomic, max_dest_rd_atomic;
 };
 /* As rdma_conn_param; zero fields take defaults (MTU 1024, retries 7). */
 struct uroce_cm_param {
@@ -290,7 +298,16 @@ struct uroce_cm_param {
   uint8_t responder_resources, initiator_depth;
   uint8_t retry_count, rnr_retry_count;
   enum ibv_mtu mtu;
+  /* UROCE_CM_APP_QP (uroce_cm_connect, uroce_cm_accept): the application
+   * brings the QP up itself and the agent never moves it (rdma_cm's ids
+   * without a QP). Connecting, the QP is in RESET or INIT and the REP comes
+   * as CONNECT_RESPONSE; accepting, it is any state but ERR, brought up with
+   * the request's values. */
+  uint8_t flags;
 };
+#ifndef UROCE_CM_APP_QP
+#define UROCE_CM_APP_QP 1u /* as session_proto.h */
+#endif
 int uroce_cm_listen(struct uroce_context* ctx, uint16_t port);
 int uroce_cm_unlisten(struct uroce_context* ctx, uint16_t port);
 int uroce_cm_connect(struct uroce_qp* qp, const union ibv_gid* dgid, uint16_t port, const struct uroce_cm_param* param,
@@ -298,6 +315,9 @@ int uroce_cm_connect(struct uroce_qp* qp, const union ibv_gid* dgid, uint16_t po
 int uroce_cm_accept(struct uroce_qp* qp, uint32_t id, const struct uroce_cm_param* param);
 int uroce_cm_reject(struct uroce_context* ctx, uint32_t id, const void* private_data, uint8_t private_data_len);
 int uroce_cm_disconnect(struct uroce_context* ctx, uint32_t id);
+/* The RTU of a UROCE_CM_APP_QP connect, after its CONNECT_RESPONSE
+ * (rdma_establish); EINVAL when no such connection waits for it. */
+int uroce_cm_establish(struct uroce_context* ctx, uint32_t id);
 int uroce_cm_get_event(struct uroce_context* ctx, int timeout_ms, struct uroce_cm_event* event);
 int uroce_cm_fd(struct uroce_context* ctx);
 

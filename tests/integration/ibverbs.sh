@@ -19,6 +19,7 @@ IBV_DIR=${UROCE_IBVERBS_DIR:?the folder of the uroce libibverbs.so.1}
 CM_DIR=${UROCE_RDMACM_DIR:?the folder of the uroce librdmacm.so.1}
 URUN=${UROCE_RUN:?the path of tools/uroce-run}
 LOOP=${VERBS_LOOPBACK:?the path of verbs_loopback}
+APPQP=${CM_APP_QP:?the path of cm_app_qp}
 SYSLIB=$(ls /usr/lib/*/libibverbs.so.1 2>/dev/null | head -1)
 for t in ibv_devices ibv_devinfo ibv_rc_pingpong ibv_uc_pingpong ibv_ud_pingpong ibv_srq_pingpong ibv_xsrq_pingpong \
          rping ucmatose udaddy; do
@@ -196,6 +197,16 @@ cm_port=$((cm_port + 1))
 cm_pair ucmatose run run_b stdbuf -oL ucmatose -p $cm_port -c 4 -C 50 -- stdbuf -oL ucmatose -s 10.96.0.1 -p $cm_port -c 4 -C 50
 check "ucmatose: 4 connections, 50 messages each way on each, disconnected" \
   "[ $CM_CRC -eq 0 ] && [ $CM_SRC -eq 0 ] && grep -q 'return status 0' '$TMP/cmc-ucmatose.out' && grep -q disconnected '$TMP/cms-ucmatose.out'"
+# Your own rdma_cm code with its own QPs (no rdma_create_qp): each side
+# brings its QP up through rdma_init_qp_attr; CONNECT_RESPONSE, then
+# rdma_establish. Between the daemons, then with both ends on one device.
+for where in pair loopback; do
+  cm_port=$((cm_port + 1))
+  cdir=run_b; [ $where = loopback ] && cdir=run
+  cm_pair app-qp-$where run $cdir "$APPQP" server $cm_port -- "$APPQP" client 10.96.0.1 $cm_port
+  check "cm_app_qp ($where): the application's own QPs through rdma_cm, every byte of a 64 KiB WRITE checked" \
+    "[ $CM_CRC -eq 0 ] && [ $CM_SRC -eq 0 ] && grep -q '^OK' '$TMP/cmc-app-qp-$where.out' && grep -q '^OK' '$TMP/cms-app-qp-$where.out' && grep -q 'event: RDMA_CM_EVENT_CONNECT_RESPONSE' '$TMP/cmc-app-qp-$where.out' && ! grep -q FAIL '$TMP/cmc-app-qp-$where.out' '$TMP/cms-app-qp-$where.out'"
+done
 # perftest 4.5-0.17 races itself: its client may send the data QP's REQ
 # before its server listens for it (a REJ, invalid service ID, as on rxe),
 # and its retry then reuses the ids it freed (fixed upstream later). That

@@ -2,6 +2,7 @@
 // over the connected QPs, disconnect, rejects, and loss of MADs.
 #include <gtest/gtest.h>
 
+#include "stack/abi/qp_attr.h"
 #include "stack/cm/agent.h"
 #include "tests/support/pair.h"
 
@@ -162,6 +163,97 @@ TEST_F(CmPair, HandshakeDataAndDisconnect) {
   // Time-wait ends: nothing left.
   run([&] { return a->connections() == 0 && b->connections() == 0; });
   EXPECT_EQ(a->connections() + b->connections(), 0u);
+}
+
+/// What an application that brings its own QP up passes (the values
+/// rdma_init_qp_attr reports from the event).
+abi::Connect app_bring_up(const CmEvent& e, const wire::IpAddr& peer) {
+  abi::Connect k;
+  k.type = IBV_QPT_RC;
+  k.access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+  k.path_mtu = e.mtu;
+  k.dest_qp_num = e.peer_qpn;
+  k.rq_psn = e.rq_psn;
+  k.sq_psn = e.sq_psn;
+  std::memcpy(k.dgid.raw, peer.b.data(), 16);
+  k.hop_limit = 64;
+  k.min_rnr_timer = 12;
+  k.timeout = e.ack_timeout;
+  k.retry_cnt = e.retry_cnt;
+  k.rnr_retry = e.rnr_retry;
+  k.max_rd_atomic = e.max_rd_atomic;
+  k.max_dest_rd_atomic = e.max_dest_rd_atomic;
+  return k;
+}
+
+TEST_F(CmPair, ApplicationQpsAreLeftToTheApplication) {
+  // rdma_cm's ids without a QP: the agent only talks; each side brings its
+  // own QP up with the event's values; the REP is a connect response and
+  // the RTU waits for establish().
+  ASSERT_EQ(a->listen(kPort, kOwnerA), 0);
+  Qp* qa = new_qp(0);
+  Qp* qb = new_qp(1);
+  ConnParams cp;
+  cp.mtu = IBV_MTU_2048;
+  cp.initiator_depth = 2;
+  cp.responder_resources = 3;
+  std::uint32_t idb = 0;
+  ASSERT_EQ(b->connect(qb, p.A().config().ip, kPort, {}, kOwnerB, cp, p.wire.now(), idb, true), 0);
+  EXPECT_EQ(qb->state, IBV_QPS_RESET);  // not even INIT: the application's
+  CmEvent req;
+  ASSERT_TRUE(event(*a, kOwnerA, req));
+  ASSERT_EQ(req.type, CmEvent::Type::kConnectRequest);
+  EXPECT_EQ(req.max_rd_atomic, 3);       // what B accepts
+  EXPECT_EQ(req.max_dest_rd_atomic, 2);  // what B issues
+  // Accepting a QP that is in ERR is refused; a QP the app brought up is not.
+  Qp* broken = new_qp(0);
+  ibv_qp_attr err{};
+  err.qp_state = IBV_QPS_ERR;
+  ASSERT_EQ(p.A().modify_qp(broken, err, IBV_QP_STATE).err, 0);
+  EXPECT_EQ(a->accept(req.id, broken, {}, kOwnerA, p.wire.now(), true), EINVAL);
+  ASSERT_EQ(p.A().bring_up(qa, app_bring_up(req, req.peer)).err, 0);
+  ASSERT_EQ(a->accept(req.id, qa, {}, kOwnerA, p.wire.now(), true), 0);
+  CmEvent rep;
+  ASSERT_TRUE(event(*b, kOwnerB, rep));
+  ASSERT_EQ(rep.type, CmEvent::Type::kConnectResponse) << to_string(rep.type);
+  EXPECT_EQ(rep.id, idb);
+  EXPECT_EQ(rep.peer_qpn, qa->qpn);
+  EXPECT_EQ(qb->state, IBV_QPS_RESET);
+  // Each side sends from where the other receives.
+  EXPECT_EQ(rep.sq_psn, req.rq_psn);
+  EXPECT_EQ(req.sq_psn, rep.rq_psn);
+  EXPECT_EQ(rep.max_rd_atomic, 2);
+  EXPECT_EQ(rep.max_dest_rd_atomic, 3);
+  // A resent REP before establish is a duplicate, not a second event.
+  CmEvent none;
+  EXPECT_FALSE(event(*b, kOwnerB, none, 2'000'000'000ull));
+  EXPECT_FALSE(event(*a, kOwnerA, none, 1'000'000));  // no RTU yet
+  EXPECT_GT(b->counter(CmCounter::duplicates), 0u);
+  ASSERT_EQ(p.B().bring_up(qb, app_bring_up(rep, p.A().config().ip)).err, 0);
+  ASSERT_EQ(b->establish(idb, kOwnerB, p.wire.now()), 0);
+  EXPECT_EQ(b->establish(idb, kOwnerB, p.wire.now()), EINVAL);  // once
+  CmEvent est;
+  ASSERT_TRUE(event(*a, kOwnerA, est));
+  EXPECT_EQ(est.type, CmEvent::Type::kEstablished);
+  EXPECT_EQ(qa->mtu, 2048u);
+  send_and_check(qb, qa, 5000);
+  send_and_check(qb, qa, 1);
+  // Disconnect leaves the QPs to their applications too.
+  ASSERT_EQ(b->disconnect(idb, kOwnerB, p.wire.now()), 0);
+  EXPECT_EQ(qb->state, IBV_QPS_RTS);
+  ASSERT_TRUE(event(*a, kOwnerA, est));
+  EXPECT_EQ(est.type, CmEvent::Type::kDisconnected);
+  EXPECT_EQ(qa->state, IBV_QPS_RTS);
+  EXPECT_EQ(a->counter(CmCounter::established) + b->counter(CmCounter::established), 2u);
+}
+
+TEST_F(CmPair, EstablishWantsAnApplicationQpsConnectResponse) {
+  Qp *qa, *qb;
+  std::uint32_t ida, idb;
+  handshake(qa, qb, ida, idb);  // the agent's own bring-up: nothing to establish
+  EXPECT_EQ(b->establish(idb, kOwnerB, p.wire.now()), EINVAL);
+  EXPECT_EQ(a->establish(ida, kOwnerA, p.wire.now()), EINVAL);
+  EXPECT_EQ(b->establish(12345, kOwnerB, p.wire.now()), EINVAL);
 }
 
 TEST_F(CmPair, NoListenerIsRejectedWithInvalidServiceId) {
