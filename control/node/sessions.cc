@@ -710,8 +710,9 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
     case UROCE_MSG_CM_ESTABLISH: {
       uroce_cm_msg m;
       if (!take(m, offsetof(uroce_cm_msg, flags))) return;  // minor 8 and older send 88 bytes
-      if (m.flags & ~UROCE_CM_APP_QP) return fail(EINVAL, "unknown CM flags");
+      if (m.flags & ~(UROCE_CM_APP_QP | UROCE_CM_UD)) return fail(EINVAL, "unknown CM flags");
       const bool app_qp = (m.flags & UROCE_CM_APP_QP) != 0;
+      const bool ud = (m.flags & UROCE_CM_UD) != 0;
       if (!cm_->ok()) return fail(ENODEV, "the CM agent has no QP1");
       if (m.private_len > UROCE_CM_PRIVATE_MAX) return fail(EINVAL, "CM private data is at most 56 bytes");
       const wire::ConstBytes priv(m.private_data, m.private_len);
@@ -725,7 +726,7 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
       int rc = 0;
       switch (h.type) {
         case UROCE_MSG_CM_LISTEN:
-          rc = cm_->listen(m.port, s.id);
+          rc = cm_->listen(m.port, s.id, ud);
           if (rc == EADDRINUSE) return fail(rc, "another application listens on this port");
           break;
         case UROCE_MSG_CM_CONNECT: {
@@ -737,7 +738,7 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
           p.rnr_retry = m.rnr_retry ? m.rnr_retry : 7;
           uroce_cm_id_reply r{};
           rc = cm_->connect(qp, wire::IpAddr::from_v6_bytes(m.dgid), m.port, priv, s.id, p, t, r.id, app_qp);
-          if (rc != 0) return fail(rc, "cannot connect: the QP must be RC in RESET or INIT, the MTU valid");
+          if (rc != 0) return fail(rc, "cannot connect: the QP must be RC in RESET or INIT, or UD, the MTU valid");
           return send_reply(sock, h, 0, "", &r, sizeof r);
         }
         case UROCE_MSG_CM_ACCEPT:
@@ -765,7 +766,8 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
       uroce_cm_msg m;
       if (!take(m, offsetof(uroce_cm_msg, flags))) return;
       if (!cm_->ok()) return fail(ENODEV, "the CM agent has no QP1");
-      if (const int rc = cm_->unlisten(m.port, s.id)) return fail(rc, "this session does not listen on that port");
+      if (const int rc = cm_->unlisten(m.port, s.id, (m.flags & UROCE_CM_UD) != 0))
+        return fail(rc, "this session does not listen on that port");
       return send_reply(sock, h, 0, "", nullptr, 0);
     }
     case UROCE_MSG_CM_CHANNEL: {
@@ -802,6 +804,8 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
       r.ack_timeout = e.ack_timeout;
       r.max_rd_atomic = e.max_rd_atomic;
       r.max_dest_rd_atomic = e.max_dest_rd_atomic;
+      r.ud = e.ud ? 1 : 0;
+      r.qkey = e.qkey;
       return send_reply(sock, h, 0, "", &r, sizeof r);
     }
     case UROCE_MSG_QUERY: {

@@ -198,13 +198,16 @@ struct uroce_cm_msg {
   uint8_t responder_resources, initiator_depth, retry_cnt, rnr_retry;
   uint8_t private_data[UROCE_CM_PRIVATE_MAX];
   /* minor 9 (an older library's 88 bytes read as 0): */
-  uint8_t flags; /* UROCE_CM_APP_QP (CONNECT, ACCEPT) */
+  uint8_t flags; /* UROCE_CM_APP_QP (CONNECT, ACCEPT); UROCE_CM_UD (LISTEN, UNLISTEN) */
   uint8_t pad[3];
 };
 /* The application brings the QP up itself (rdma_cm's ids without a QP):
  * the agent never moves it; the REP is a CONNECT_RESPONSE event, answered
  * by UROCE_MSG_CM_ESTABLISH. */
 #define UROCE_CM_APP_QP 1u
+/* RDMA_PS_UDP's port space: a listen answers SIDR requests (UD). A CONNECT
+ * or ACCEPT with a UD QP is a SIDR request or answer. */
+#define UROCE_CM_UD 2u
 struct uroce_cm_id_reply {
   uint32_t id;
 };
@@ -221,7 +224,10 @@ struct uroce_cm_event_msg {
    * CONNECT_RESPONSE), as rdma_init_qp_attr reports it. */
   uint32_t sq_psn, rq_psn;
   uint8_t retry_cnt, rnr_retry, ack_timeout, max_rd_atomic;
-  uint8_t max_dest_rd_atomic, pad[3];
+  uint8_t max_dest_rd_atomic;
+  uint8_t ud;    /* a SIDR request (CONNECT_REQUEST) or answer (ESTABLISHED, UNREACHABLE: status is SIDR's) */
+  uint8_t pad[2];
+  uint32_t qkey; /* UD ESTABLISHED: the peer QP's Q_Key */
 };
 
 struct uroce_resolve_msg {
@@ -256,7 +262,7 @@ UROCE_STATIC_ASSERT(sizeof(struct uroce_reg_mr_msg) == 32, "reg_mr is 32 bytes")
 UROCE_STATIC_ASSERT(sizeof(struct uroce_reg_mr_pieces_msg) == 40 + 16 * UROCE_MR_MAX_PIECES, "reg_mr_pieces layout");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_create_qp_msg) == 32, "create_qp is 32 bytes (28 before minor 2)");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_cm_msg) == 92, "cm is 92 bytes (88 before minor 9)");
-UROCE_STATIC_ASSERT(sizeof(struct uroce_cm_event_msg) == 112, "cm_event is 112 bytes (96 before minor 9)");
+UROCE_STATIC_ASSERT(sizeof(struct uroce_cm_event_msg) == 116, "cm_event is 116 bytes (96 before minor 9)");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_create_srq_msg) == 12, "create_srq is 12 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_alloc_mw_msg) == 8 && sizeof(struct uroce_alloc_mw_reply) == 8, "alloc_mw is 8 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_create_qp_reply) == 24, "create_qp reply is 24 bytes");

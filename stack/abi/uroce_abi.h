@@ -49,7 +49,8 @@ extern "C" {
                             address resolution (UROCE_MSG_RESOLVE); 7: CM event channel (UROCE_MSG_CM_CHANNEL);
                             8: memory windows (UROCE_MSG_ALLOC_MW, IBV_WR_BIND_MW and IBV_WR_LOCAL_INV entries);
                             9: CM connections whose application brings its QP up (UROCE_CM_APP_QP,
-                            UROCE_MSG_CM_ESTABLISH, the QP attributes in cm_event) */
+                            UROCE_MSG_CM_ESTABLISH, the QP attributes in cm_event); UD through the CM
+                            (SIDR: UROCE_CM_UD listens, UD QPs in CONNECT and ACCEPT) */
 #define UROCE_ABI_CACHELINE 64
 #define UROCE_ABI_MAX_SGE 4
 #define UROCE_ABI_MAX_INLINE 64 /* inline bytes a send entry carries, in place of its SGEs */

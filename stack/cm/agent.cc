@@ -181,6 +181,8 @@ void CmAgent::event(const Conn& c, CmEvent::Type t, std::uint16_t reason, wire::
   e.ack_timeout = c.ack_timeout;
   e.max_rd_atomic = c.max_rd_atomic;
   e.max_dest_rd_atomic = c.max_dest_rd_atomic;
+  e.ud = c.ud;
+  e.qkey = c.qkey;
   e.reason = reason;
   e.private_len = static_cast<std::uint8_t>(std::min(priv.size(), sizeof e.private_data));
   if (e.private_len) std::memcpy(e.private_data, priv.data(), e.private_len);
@@ -240,15 +242,19 @@ void CmAgent::qp_to_error(const Conn& c) {
 
 // ------------------------------------------------------------ the API
 
-int CmAgent::listen(std::uint16_t port, std::uint32_t owner) {
+namespace {
+std::uint32_t listen_key(std::uint16_t port, bool ud) { return port | (ud ? 1u << 16 : 0u); }
+}  // namespace
+
+int CmAgent::listen(std::uint16_t port, std::uint32_t owner, bool ud) {
   if (owner == 0) return EINVAL;
-  if (listens_.count(port)) return EADDRINUSE;
-  listens_[port] = owner;
+  if (listens_.count(listen_key(port, ud))) return EADDRINUSE;
+  listens_[listen_key(port, ud)] = owner;
   return 0;
 }
 
-int CmAgent::unlisten(std::uint16_t port, std::uint32_t owner) {
-  auto it = listens_.find(port);
+int CmAgent::unlisten(std::uint16_t port, std::uint32_t owner, bool ud) {
+  auto it = listens_.find(listen_key(port, ud));
   if (it == listens_.end() || it->second != owner) return EINVAL;
   listens_.erase(it);
   return 0;
@@ -256,6 +262,7 @@ int CmAgent::unlisten(std::uint16_t port, std::uint32_t owner) {
 
 int CmAgent::connect(Qp* qp, const wire::IpAddr& dst, std::uint16_t port, wire::ConstBytes priv,
                      std::uint32_t owner, const ConnParams& p, std::uint64_t now, std::uint32_t& id, bool app_qp) {
+  if (ok() && qp && qp->type == IBV_QPT_UD && owner != 0 && !app_qp) return sidr_connect(qp, dst, port, priv, owner, now, id);
   if (!ok() || !qp || qp->type != IBV_QPT_RC || owner == 0) return EINVAL;
   if (qp->state != IBV_QPS_RESET && qp->state != IBV_QPS_INIT) return EINVAL;
   if (priv.size() > kReqUserPrivate || transport::mtu_bytes(p.mtu) == 0) return EINVAL;
@@ -319,6 +326,13 @@ int CmAgent::connect(Qp* qp, const wire::IpAddr& dst, std::uint16_t port, wire::
 int CmAgent::accept(std::uint32_t id, Qp* qp, wire::ConstBytes priv, std::uint32_t owner, std::uint64_t now,
                     bool app_qp) {
   auto it = conns_.find(id);
+  if (it != conns_.end() && it->second.owner == owner && it->second.state == State::kSidrRcvd) {
+    // UD: the answer names the QP and its Q_Key; nothing to bring up.
+    if (!qp || qp->type != IBV_QPT_UD || app_qp || qp->state == IBV_QPS_ERR) return EINVAL;
+    if (priv.size() > sizeof(SidrRep::private_data)) return EINVAL;
+    send_sidr_rep(it->second, kSidrOk, qp->qpn, qp->qkey, priv, now);
+    return 0;
+  }
   if (it == conns_.end() || it->second.owner != owner || it->second.state != State::kReqRcvd) return EINVAL;
   if (!qp || qp->type != IBV_QPT_RC) return EINVAL;
   if (app_qp ? qp->state == IBV_QPS_ERR : (qp->state != IBV_QPS_RESET && qp->state != IBV_QPS_INIT)) return EINVAL;
@@ -368,6 +382,11 @@ int CmAgent::establish(std::uint32_t id, std::uint32_t owner, std::uint64_t now)
 
 int CmAgent::reject(std::uint32_t id, wire::ConstBytes priv, std::uint32_t owner, std::uint64_t now) {
   auto it = conns_.find(id);
+  if (it != conns_.end() && it->second.owner == owner && it->second.state == State::kSidrRcvd) {
+    if (priv.size() > sizeof(SidrRep::private_data)) return EINVAL;
+    send_sidr_rep(it->second, kSidrRejected, 0, 0, priv, now);
+    return 0;
+  }
   if (it == conns_.end() || it->second.owner != owner || it->second.state != State::kReqRcvd) return EINVAL;
   if (priv.size() > sizeof(Rej::private_data)) return EINVAL;
   send_rej(it->second.peer, it->second.tid, id, it->second.remote_id, kMsgReq, kRejConsumer, priv, now);
@@ -399,7 +418,11 @@ int CmAgent::disconnect(std::uint32_t id, std::uint32_t owner, std::uint64_t now
       send_rej(c.peer, c.tid, c.local_id, 0, kMsgOther, kRejConsumer, {}, now);
       conns_.erase(it);
       return 0;
-    case State::kReqRcvd: return reject(id, {}, owner, now);
+    case State::kReqRcvd:
+    case State::kSidrRcvd: return reject(id, {}, owner, now);
+    case State::kSidrSent:  // stop asking
+      conns_.erase(it);
+      return 0;
     case State::kRepRcvd:  // the application never said establish: refuse the REP
       send_rej(c.peer, c.tid, c.local_id, c.remote_id, kMsgRep, kRejConsumer, {}, now);
       conns_.erase(it);
@@ -452,7 +475,7 @@ void CmAgent::on_req(const Mad& m, const wire::IpAddr& src, std::uint64_t now) {
   }
   const std::uint64_t sid = r.service_id.get();
   const std::uint16_t port = static_cast<std::uint16_t>(sid);
-  auto l = listens_.find(port);
+  auto l = listens_.find(listen_key(port, false));
   if ((sid & ~0xffffffull) != kServiceIdPrefix || ((sid >> 16) & 0xff) != kPortSpaceTcp || l == listens_.end())
     return send_rej(src, m.hdr.tid.get(), 0, rid, kMsgReq, kRejInvalidServiceId, {}, now);
   if (r.transport() != 0) return send_rej(src, m.hdr.tid.get(), 0, rid, kMsgReq, kRejInvalidTransport, {}, now);
@@ -610,6 +633,116 @@ void CmAgent::on_mra(const Mad& m, const wire::IpAddr& src) {
   c->deadline += extra;
 }
 
+// ------------------------------------------------------------ SIDR (UD)
+
+int CmAgent::sidr_connect(Qp* qp, const wire::IpAddr& dst, std::uint16_t port, wire::ConstBytes priv,
+                          std::uint32_t owner, std::uint64_t now, std::uint32_t& id) {
+  if (priv.size() > kSidrUserPrivate) return EINVAL;
+  Conn c;
+  c.local_id = next_comm_id();
+  c.tid = next_tid();
+  c.owner = owner;
+  c.active = true;
+  c.ud = true;
+  c.state = State::kSidrSent;
+  c.qpn = qp->qpn;
+  c.qp_handle = qp->handle;
+  c.peer = dst;
+  c.peer_port = port;
+  c.local_port = next_src_port();
+  Mad m = Mad::make(Attr::kSidrReq, c.tid);
+  SidrReq& r = m.as<SidrReq>();
+  r.request_id.set(c.local_id);
+  r.pkey.set(0xffff);
+  r.service_id.set(service_id(kPortSpaceUdp, port));
+  auto* h = reinterpret_cast<CmaHdr*>(r.private_data);
+  h->cma_version = 0;
+  h->ip_version = dst.is_v4_mapped() ? 0x40 : 0x60;
+  h->src_port.set(c.local_port);
+  cma_addr(eng_.config().ip, h->src_addr);
+  cma_addr(dst, h->dst_addr);
+  copy_priv(r.private_data + sizeof(CmaHdr), kSidrUserPrivate, priv);
+  id = c.local_id;
+  auto& stored = conns_[c.local_id] = c;
+  send_conn(stored, m, now);
+  return 0;
+}
+
+void CmAgent::send_sidr_rep(Conn& c, std::uint8_t status, std::uint32_t qpn, std::uint32_t qkey,
+                            wire::ConstBytes priv, std::uint64_t now) {
+  Mad m = Mad::make(Attr::kSidrRep, c.tid);
+  SidrRep& r = m.as<SidrRep>();
+  r.request_id.set(c.remote_id);
+  r.status = status;
+  r.qpn.set(qpn);
+  r.service_id.set(service_id(kPortSpaceUdp, c.local_port));
+  r.qkey.set(qkey);
+  copy_priv(r.private_data, sizeof r.private_data, priv);
+  if (status != kSidrOk) inc(CmCounter::rejects_sent);
+  // Kept a while to answer a resent request again (its sender lost ours).
+  c.last = m;
+  c.state = State::kTimeWait;
+  c.deadline = now + cfg_.timewait_ns;
+  send(c.peer, m, now);
+}
+
+void CmAgent::on_sidr_req(const Mad& m, const wire::IpAddr& src, std::uint64_t now) {
+  const SidrReq& r = m.as<SidrReq>();
+  const std::uint32_t rid = r.request_id.get();
+  for (auto& [id, c] : conns_) {
+    if (!c.ud || c.active || c.remote_id != rid || !(c.peer == src) || c.tid != m.hdr.tid.get()) continue;
+    inc(CmCounter::duplicates);  // answered: answer again; undecided: stay quiet
+    if (c.state == State::kTimeWait) send(c.peer, c.last, now);
+    return;
+  }
+  Conn c;
+  c.local_id = next_comm_id();
+  c.remote_id = rid;
+  c.tid = m.hdr.tid.get();
+  c.ud = true;
+  c.peer = src;
+  const std::uint64_t sid = r.service_id.get();
+  c.local_port = static_cast<std::uint16_t>(sid);
+  const auto l = listens_.find(listen_key(c.local_port, true));
+  const bool ours = (sid & ~0xffffffull) == kServiceIdPrefix && ((sid >> 16) & 0xff) == kPortSpaceUdp;
+  if (!ours || l == listens_.end()) {
+    inc(CmCounter::rejects_sent);
+    Mad rep = Mad::make(Attr::kSidrRep, c.tid);
+    rep.as<SidrRep>().request_id.set(rid);
+    rep.as<SidrRep>().status = kSidrNoService;
+    rep.as<SidrRep>().service_id.set(sid);
+    send(src, rep, now);
+    return;
+  }
+  const auto* h = reinterpret_cast<const CmaHdr*>(r.private_data);
+  const std::uint8_t ipv = h->ip_version >> 4;
+  c.owner = l->second;
+  c.state = State::kSidrRcvd;
+  c.peer_port = (ipv == 4 || ipv == 6) ? h->src_port.get() : 0;
+  const Conn& stored = conns_[c.local_id] = c;
+  event(stored, CmEvent::Type::kConnectRequest, 0,
+        wire::ConstBytes(r.private_data + sizeof(CmaHdr), kSidrUserPrivate));
+}
+
+void CmAgent::on_sidr_rep(const Mad& m, const wire::IpAddr& src) {
+  const SidrRep& r = m.as<SidrRep>();
+  Conn* c = find(r.request_id.get(), src);
+  if (!c || !c->ud || c->state != State::kSidrSent) {
+    if (c) inc(CmCounter::duplicates);
+    return;
+  }
+  c->peer_qpn = r.qpn.get();
+  c->qkey = r.qkey.get();
+  if (r.status == kSidrOk) {
+    inc(CmCounter::established);
+    event(*c, CmEvent::Type::kEstablished, 0, wire::ConstBytes(r.private_data, sizeof r.private_data));
+  } else {
+    // As rdma_cm: UNREACHABLE, with the SIDR status.
+    event(*c, CmEvent::Type::kUnreachable, r.status, wire::ConstBytes(r.private_data, sizeof r.private_data));
+  }
+  conns_.erase(c->local_id);
+}
+
 void CmAgent::on_mad(const Mad& m, const wire::IpAddr& src, std::uint64_t now) {
   switch (m.attr()) {
     case Attr::kReq: return on_req(m, src, now);
@@ -619,6 +752,8 @@ void CmAgent::on_mad(const Mad& m, const wire::IpAddr& src, std::uint64_t now) {
     case Attr::kDreq: return on_dreq(m, src, now);
     case Attr::kDrep: return on_drep(m, src, now);
     case Attr::kMra: return on_mra(m, src);
+    case Attr::kSidrReq: return on_sidr_req(m, src, now);
+    case Attr::kSidrRep: return on_sidr_rep(m, src);
   }
 }
 
@@ -644,6 +779,13 @@ void CmAgent::on_timer(Conn& c, std::uint64_t now, bool& erase) {
       }
       break;
     }
+    case State::kSidrSent:
+      if (!retry) {
+        event(c, CmEvent::Type::kUnreachable, kRejTimeout);
+        erase = true;
+        return;
+      }
+      break;
     case State::kReqSent:
       if (!retry) {
         send_rej(c.peer, c.tid, c.local_id, 0, kMsgOther, kRejTimeout, {}, now);

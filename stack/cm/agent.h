@@ -6,6 +6,9 @@
 //   passive side:  listen(port); REQ --> a kConnectRequest event; accept() takes the QP to
 //                  RTR/RTS and sends REP; RTU (or traffic on the QP) --> established
 //   either side:   disconnect(): QP to ERR, --DREQ-->, DREP --> disconnected (then time-wait)
+//   UD (SIDR):     connect() with a UD QP --SIDR_REQ-->; listen(port, owner, true) gives a
+//                  kConnectRequest; accept() answers SIDR_REP with the QP and its Q_Key, and the
+//                  active side's kEstablished carries them (no QP moves: UD needs no peer)
 //
 // Every message is resent on a timer until its answer comes (REQ, REP, DREQ)
 // and a duplicate is answered again (REP, RTU, DREP), so a lost MAD costs a
@@ -68,7 +71,9 @@ struct CmEvent {
   std::uint32_t sq_psn = 0, rq_psn = 0;
   std::uint8_t retry_cnt = 7, rnr_retry = 7, ack_timeout = 14;
   std::uint8_t max_rd_atomic = 0, max_dest_rd_atomic = 0;
-  std::uint16_t reason = 0;  // kRejected, kUnreachable: the reject reason
+  bool ud = false;         // a SIDR request (kConnectRequest) or answer (kEstablished)
+  std::uint32_t qkey = 0;  // UD kEstablished: the peer QP's Q_Key
+  std::uint16_t reason = 0;  // kRejected: the reject reason; kUnreachable: it, or the SIDR status
   std::uint8_t private_len = 0;
   std::uint8_t private_data[kReqUserPrivate] = {};
 };
@@ -107,9 +112,9 @@ class CmAgent {
   /// False if QP1 could not be made (another agent has it).
   [[nodiscard]] bool ok() const { return qp_ != nullptr; }
 
-  /// 0, EADDRINUSE.
-  int listen(std::uint16_t port, std::uint32_t owner);
-  int unlisten(std::uint16_t port, std::uint32_t owner);
+  /// 0, EADDRINUSE. `ud`: RDMA_PS_UDP's service IDs (SIDR), a port space of its own.
+  int listen(std::uint16_t port, std::uint32_t owner, bool ud = false);
+  int unlisten(std::uint16_t port, std::uint32_t owner, bool ud = false);
   /// Sends a REQ for an RC QP in RESET or INIT; *id names the connection.
   /// 0, or EINVAL (QP type or state, private data over 56 bytes).
   /// With app_qp the agent never moves the QP (rdma_cm's ids without a QP:
@@ -155,7 +160,10 @@ class CmAgent {
   std::function<std::uint16_t()> next_src_port;
 
  private:
-  enum class State : std::uint8_t { kReqSent, kReqRcvd, kRepSent, kRepRcvd, kEstablished, kDreqSent, kTimeWait };
+  enum class State : std::uint8_t {
+    kReqSent, kReqRcvd, kRepSent, kRepRcvd, kEstablished, kDreqSent, kTimeWait,
+    kSidrSent, kSidrRcvd,  // UD: asked, or asked and not yet answered; answered, a SIDR is in kTimeWait
+  };
   struct Conn {
     std::uint32_t local_id = 0, remote_id = 0;
     std::uint64_t tid = 0;
@@ -163,6 +171,7 @@ class CmAgent {
     State state = State::kReqSent;
     bool active = false;
     bool app_qp = false;  // the application moves the QP, never the agent
+    bool ud = false;      // a SIDR exchange, not a connection
     std::uint32_t qpn = 0;
     /// The engine's handle of that QP: a QPN can belong to another QP
     /// later (destroyed in INIT, a QPN is free at once), so the QP is found
@@ -177,6 +186,7 @@ class CmAgent {
     // the REQ's PSN), and what interoperates. So the PSN we advertise is our
     // rq_psn, and the one we are told is our sq_psn.
     std::uint32_t rq_psn = 0, sq_psn = 0;
+    std::uint32_t qkey = 0;  // UD: the Q_Key a SIDR_REP named
     ibv_mtu mtu = IBV_MTU_1024;
     std::uint8_t responder_resources = 0, initiator_depth = 0;  // as offered in our REQ or REP
     std::uint8_t max_rd_atomic = 0, max_dest_rd_atomic = 0;     // what the QP gets, once the peer's are known
@@ -200,6 +210,12 @@ class CmAgent {
   void on_dreq(const Mad& m, const wire::IpAddr& src, std::uint64_t now);
   void on_drep(const Mad& m, const wire::IpAddr& src, std::uint64_t now);
   void on_mra(const Mad& m, const wire::IpAddr& src);
+  void on_sidr_req(const Mad& m, const wire::IpAddr& src, std::uint64_t now);
+  void on_sidr_rep(const Mad& m, const wire::IpAddr& src);
+  int sidr_connect(transport::Qp* qp, const wire::IpAddr& dst, std::uint16_t port, wire::ConstBytes priv,
+                   std::uint32_t owner, std::uint64_t now, std::uint32_t& id);
+  void send_sidr_rep(Conn& c, std::uint8_t status, std::uint32_t qpn, std::uint32_t qkey, wire::ConstBytes priv,
+                     std::uint64_t now);
   void on_timer(Conn& c, std::uint64_t now, bool& erase);
 
   Conn* find(std::uint32_t local_id, const wire::IpAddr& src);
@@ -232,7 +248,7 @@ class CmAgent {
   std::vector<std::uint8_t> mem_;  // receive slots, then send slots
   std::uint32_t send_next_ = 0, send_outstanding_ = 0;
   std::map<std::uint32_t, Conn> conns_;  // by our local communication ID
-  std::map<std::uint16_t, std::uint32_t> listens_;  // port -> owner
+  std::map<std::uint32_t, std::uint32_t> listens_;  // port (| 1 << 16 for UD) -> owner
   std::map<std::uint32_t, std::deque<CmEvent>> events_;
   std::vector<Pending> pending_;
   std::uint64_t ctr_[static_cast<std::size_t>(CmCounter::kCount)] = {};

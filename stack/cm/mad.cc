@@ -11,6 +11,8 @@ const char* to_string(Attr a) {
     case Attr::kRtu: return "RTU";
     case Attr::kDreq: return "DREQ";
     case Attr::kDrep: return "DREP";
+    case Attr::kSidrReq: return "SIDR_REQ";
+    case Attr::kSidrRep: return "SIDR_REP";
   }
   return "?";
 }
@@ -47,7 +49,7 @@ MadError parse_mad(const std::uint8_t* p, std::size_t len, Mad& out) {
   if (out.hdr.class_version != kCmClassVersion) return MadError::kClassVersion;
   if (out.hdr.method != kMethodSend) return MadError::kMethod;
   const std::uint16_t a = out.hdr.attr_id.get();
-  if (a < static_cast<std::uint16_t>(Attr::kReq) || a > static_cast<std::uint16_t>(Attr::kDrep))
+  if (a < static_cast<std::uint16_t>(Attr::kReq) || a > static_cast<std::uint16_t>(Attr::kSidrRep))
     return MadError::kAttr;
   return MadError::kOk;
 }

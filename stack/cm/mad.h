@@ -36,6 +36,8 @@ enum class Attr : std::uint16_t {
   kRtu = 0x0014,
   kDreq = 0x0015,
   kDrep = 0x0016,
+  kSidrReq = 0x0017,  // service ID resolution (IBTA 12.11): UD, rdma_cm's RDMA_PS_UDP
+  kSidrRep = 0x0018,
 };
 const char* to_string(Attr a);
 
@@ -148,6 +150,39 @@ struct Rtu {
 static_assert(sizeof(Rtu) == 232);
 using Drep = Rtu;
 
+/// ServiceIDResolutionRequest (IBTA 12.6.13): which QP serves this service ID?
+struct SidrReq {
+  be32 request_id;
+  be16 pkey;
+  be16 reserved;
+  be64 service_id;
+  std::uint8_t private_data[216];  // RDMA CM's header, then the application's
+};
+static_assert(sizeof(SidrReq) == 232);
+
+/// SIDR_REP's status (IBTA 12.6.14, table 121).
+enum SidrStatus : std::uint8_t {
+  kSidrOk = 0,               // the QP and Q_Key are valid
+  kSidrNoService = 1,        // service ID not supported (nobody listens)
+  kSidrRejected = 2,         // the service provider rejected the request
+  kSidrNoQp = 3,
+};
+
+/// ServiceIDResolutionResponse (IBTA 12.6.14).
+struct SidrRep {
+  be32 request_id;
+  std::uint8_t status;
+  std::uint8_t info_len;
+  be16 reserved;
+  be24 qpn;
+  std::uint8_t reserved1;
+  be64 service_id;
+  be32 qkey;
+  std::uint8_t info[72];  // ClassPortInfo when redirecting
+  std::uint8_t private_data[136];
+};
+static_assert(sizeof(SidrRep) == 232);
+
 /// ConnectReject (IBTA 12.6.7).
 struct Rej {
   be32 local_comm_id;
@@ -200,6 +235,8 @@ inline constexpr std::size_t kReqUserPrivate = sizeof(Req::private_data) - sizeo
 /// RoCE/IP service IDs (Annex A11): 0x0000000001 | port space | port.
 inline constexpr std::uint64_t kServiceIdPrefix = 0x0000000001000000ull;
 inline constexpr std::uint8_t kPortSpaceTcp = 0x06;  // RDMA_PS_TCP: RC connections
+inline constexpr std::uint8_t kPortSpaceUdp = 0x11;  // RDMA_PS_UDP: UD, through SIDR
+inline constexpr std::size_t kSidrUserPrivate = sizeof(SidrReq::private_data) - 36;  // 180, after RDMA CM's header
 constexpr std::uint64_t service_id(std::uint8_t ps, std::uint16_t port) {
   return kServiceIdPrefix | (std::uint64_t{ps} << 16) | port;
 }

@@ -13,8 +13,9 @@
 // resolution) or took from a device for another channel: it is readable
 // exactly when rdma_get_cm_event has something, and the daemon drives it.
 //
-// What uroce cannot do fails cleanly with EOPNOTSUPP: UD ids (RDMA_PS_UDP,
-// which needs SIDR), multicast, ECE, AF_IB addresses, and rsockets.
+// UD ids (RDMA_PS_UDP) resolve their peer's QP by SIDR, through the same
+// agent. What uroce cannot do fails cleanly with EOPNOTSUPP: multicast,
+// ECE, AF_IB addresses, RDMA_PS_IPOIB, and rsockets.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -118,7 +119,10 @@ int g_init_err = 0;
 std::vector<Dev*> g_devs;
 std::vector<Channel*> g_chans;
 std::map<std::pair<Dev*, std::uint32_t>, Id*> g_conns;
-std::map<std::pair<Dev*, std::uint16_t>, Id*> g_listens;
+/// Listens by device and port (| 1 << 16 in RDMA_PS_UDP's port space).
+std::map<std::pair<Dev*, std::uint32_t>, Id*> g_listens;
+std::uint32_t listen_key(std::uint16_t port, bool ud) { return port | (ud ? 1u << 16 : 0u); }
+bool is_ud(const rdma_cm_id* id) { return id->ps == RDMA_PS_UDP; }
 
 Id* as_id(rdma_cm_id* id) { return reinterpret_cast<Id*>(id); }
 
@@ -304,7 +308,7 @@ void route_locked(Dev* d, const uroce_cm_event& ev) {
   Id* id = nullptr;
   Id* listener = nullptr;
   if (ev.event == UROCE_CM_EVENT_CONNECT_REQUEST) {
-    const auto it = g_listens.find({d, ev.local_port});
+    const auto it = g_listens.find({d, listen_key(ev.local_port, ev.ud != 0)});
     if (it == g_listens.end()) {  // nobody listens any more
       (void)uroce_cm_reject(d->u, ev.id, nullptr, 0);
       return;
@@ -346,7 +350,9 @@ void route_locked(Dev* d, const uroce_cm_event& ev) {
       status = ev.status;  // the IBTA reject reason, as librdmacm reports it
       break;
     case UROCE_CM_EVENT_UNREACHABLE:
-      status = -ETIMEDOUT;
+      // A SIDR answer that is not a QP says why (as rdma_cm: the SIDR
+      // status); no answer at all is a timeout.
+      status = ev.ud && ev.status != 4 ? ev.status : -ETIMEDOUT;
       break;
     default:
       break;
@@ -363,6 +369,21 @@ void route_locked(Dev* d, const uroce_cm_event& ev) {
   p.retry_count = 7;
   p.rnr_retry_count = 7;
   p.qp_num = ev.peer_qp_num;
+  if (ev.ud && ev.event == UROCE_CM_EVENT_ESTABLISHED) {
+    // A SIDR answer: the QP to send to, its Q_Key, and how to reach it.
+    rdma_ud_param& u = e->e.param.ud;
+    u = rdma_ud_param{};
+    u.private_data_len = ev.private_data_len;
+    u.private_data = ev.private_data_len ? e->priv : nullptr;
+    u.qp_num = ev.peer_qp_num;
+    u.qkey = ev.qkey;
+    u.ah_attr.is_global = 1;
+    u.ah_attr.grh.dgid = ev.peer_gid;
+    u.ah_attr.grh.sgid_index = 0;
+    u.ah_attr.grh.hop_limit = 64;
+    u.ah_attr.port_num = 1;
+    g_conns.erase({d, ev.id});  // nothing more comes for it
+  }
   enqueue(id->chan, e);
 }
 
@@ -443,8 +464,8 @@ uroce_cm_param cm_param(const Id* id, const rdma_conn_param* c) {
 
 int unlisten_locked(Id* id) {
   for (Dev* d : id->listen_devs) {
-    (void)uroce_cm_unlisten(d->u, id->listen_port);
-    g_listens.erase({d, id->listen_port});
+    (void)(is_ud(&id->id) ? uroce_cm_unlisten_ud(d->u, id->listen_port) : uroce_cm_unlisten(d->u, id->listen_port));
+    g_listens.erase({d, listen_key(id->listen_port, is_ud(&id->id))});
   }
   id->listen_devs.clear();
   id->listening = false;
@@ -518,7 +539,19 @@ int create_qp(Id* id, ibv_qp_init_attr_ex& a) {
     destroy_own_cqs(id);
     return fail(e ? e : ENOMEM);
   }
-  if (const int rc = qp_to_init(qp, a.qp_type)) {
+  int rc = qp_to_init(qp, a.qp_type);
+  if (rc == 0 && a.qp_type == IBV_QPT_UD) {
+    // A UD QP needs no peer: on to RTS at once, as librdmacm does.
+    ibv_qp_attr r{};
+    r.qp_state = IBV_QPS_RTR;
+    rc = ibv_modify_qp(qp, &r, IBV_QP_STATE);
+    if (rc == 0) {
+      r.qp_state = IBV_QPS_RTS;
+      r.sq_psn = 0;
+      rc = ibv_modify_qp(qp, &r, IBV_QP_STATE | IBV_QP_SQ_PSN);
+    }
+  }
+  if (rc) {
     ibv_destroy_qp(qp);
     destroy_own_cqs(id);
     return fail(rc);
@@ -598,7 +631,7 @@ const char* rdma_event_str(rdma_cm_event_type event) {
 
 int rdma_create_id(rdma_event_channel* channel, rdma_cm_id** out, void* context, rdma_port_space ps) {
   if (!out) return fail(EINVAL);
-  if (ps != RDMA_PS_TCP && ps != RDMA_PS_IB) return fail(EOPNOTSUPP);  // UD ids need SIDR, which uroce lacks
+  if (ps != RDMA_PS_TCP && ps != RDMA_PS_IB && ps != RDMA_PS_UDP) return fail(EOPNOTSUPP);  // IPoIB's is not ours
   std::lock_guard<std::mutex> lock(g_mu);
   if (const int err = init_locked()) return fail(err);
   auto* id = new Id;
@@ -616,7 +649,7 @@ int rdma_create_id(rdma_event_channel* channel, rdma_cm_id** out, void* context,
   id->id.channel = &id->chan->ch;
   id->id.context = context;
   id->id.ps = ps;
-  id->id.qp_type = IBV_QPT_RC;
+  id->id.qp_type = ps == RDMA_PS_UDP ? IBV_QPT_UD : IBV_QPT_RC;
   *out = &id->id;
   return 0;
 }
@@ -763,7 +796,7 @@ int rdma_listen(rdma_cm_id* cm_id, int backlog) {
     int rc = 0;
     std::vector<Dev*> done;
     for (Dev* d : devs) {
-      rc = uroce_cm_listen(d->u, p);
+      rc = is_ud(&id->id) ? uroce_cm_listen_ud(d->u, p) : uroce_cm_listen(d->u, p);
       if (rc) break;
       done.push_back(d);
     }
@@ -771,11 +804,11 @@ int rdma_listen(rdma_cm_id* cm_id, int backlog) {
       id->listening = true;
       id->listen_port = p;
       id->listen_devs = devs;
-      for (Dev* d : devs) g_listens[{d, p}] = id;
+      for (Dev* d : devs) g_listens[{d, listen_key(p, is_ud(&id->id))}] = id;
       set_port(src, htons(p));
       return 0;
     }
-    for (Dev* d : done) (void)uroce_cm_unlisten(d->u, p);
+    for (Dev* d : done) (void)(is_ud(&id->id) ? uroce_cm_unlisten_ud(d->u, p) : uroce_cm_unlisten(d->u, p));
     if (port || rc != EADDRINUSE) return cm_error(rc);
   }
   return fail(EADDRINUSE);
@@ -833,6 +866,12 @@ int rdma_accept(rdma_cm_id* cm_id, rdma_conn_param* conn_param) {
     p.flags = app ? UROCE_CM_APP_QP : 0;
     if (const int rc = uroce_cm_accept(uroce_ibv_qp(qp), id->conn, &p)) return cm_error(rc);
     id->app_qp = app;
+    if (is_ud(&id->id)) {
+      // A SIDR answer ends the exchange: no event follows.
+      g_conns.erase({id->dev, id->conn});
+      id->has_conn = false;
+      return 0;
+    }
   }
   return id->sync ? sync_wait(id, RDMA_CM_EVENT_ESTABLISHED) : 0;
 }
@@ -878,6 +917,14 @@ int rdma_notify(rdma_cm_id* cm_id, ibv_event_type event) {
 int rdma_init_qp_attr(rdma_cm_id* cm_id, ibv_qp_attr* qp_attr, int* qp_attr_mask) {
   if (!cm_id || !qp_attr || !qp_attr_mask) return fail(EINVAL);
   const ibv_qp_state want = qp_attr->qp_state;
+  if (want == IBV_QPS_INIT && is_ud(cm_id)) {
+    *qp_attr = ibv_qp_attr{};
+    qp_attr->qp_state = IBV_QPS_INIT;
+    qp_attr->port_num = 1;
+    qp_attr->qkey = RDMA_UDP_QKEY;
+    *qp_attr_mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY;
+    return 0;
+  }
   if (want == IBV_QPS_INIT) {
     *qp_attr = ibv_qp_attr{};
     qp_attr->qp_state = IBV_QPS_INIT;
@@ -1090,7 +1137,8 @@ int rdma_getaddrinfo(const char* node, const char* service, const rdma_addrinfo*
   if (!res || (!node && !service)) return fail(EINVAL);
   const int flags = hints ? hints->ai_flags : 0;
   if (hints && (hints->ai_family == AF_IB || (hints->ai_port_space && hints->ai_port_space != RDMA_PS_TCP &&
-                                              hints->ai_port_space != RDMA_PS_IB)))
+                                              hints->ai_port_space != RDMA_PS_IB &&
+                                              hints->ai_port_space != RDMA_PS_UDP)))
     return fail(EOPNOTSUPP);
   addrinfo h{};
   h.ai_family = hints && (flags & RAI_FAMILY) ? hints->ai_family : AF_UNSPEC;
@@ -1116,8 +1164,8 @@ int rdma_getaddrinfo(const char* node, const char* service, const rdma_addrinfo*
   std::memcpy(addr, pick->ai_addr, pick->ai_addrlen);
   r->ai_flags = flags;
   r->ai_family = pick->ai_family;
-  r->ai_qp_type = IBV_QPT_RC;
   r->ai_port_space = hints && hints->ai_port_space ? hints->ai_port_space : RDMA_PS_TCP;
+  r->ai_qp_type = r->ai_port_space == RDMA_PS_UDP ? IBV_QPT_UD : IBV_QPT_RC;
   if (flags & RAI_PASSIVE) {
     r->ai_src_addr = addr;
     r->ai_src_len = pick->ai_addrlen;

@@ -629,6 +629,23 @@ int uroce_cm_unlisten(uroce_context* ctx, std::uint16_t port) {
   return cm_call(ctx, UROCE_MSG_CM_UNLISTEN, m, nullptr);
 }
 
+int uroce_cm_listen_ud(uroce_context* ctx, std::uint16_t port) {
+  if (!ctx) return set_error(EINVAL, "no context");
+  if (ctx->minor < 9) return set_error(EOPNOTSUPP, "this uroced has no SIDR (ABI minor < 9)");
+  uroce_cm_msg m{};
+  m.port = port;
+  m.flags = UROCE_CM_UD;
+  return cm_call(ctx, UROCE_MSG_CM_LISTEN, m, nullptr);
+}
+
+int uroce_cm_unlisten_ud(uroce_context* ctx, std::uint16_t port) {
+  if (!ctx) return set_error(EINVAL, "no context");
+  uroce_cm_msg m{};
+  m.port = port;
+  m.flags = UROCE_CM_UD;
+  return cm_call(ctx, UROCE_MSG_CM_UNLISTEN, m, nullptr);
+}
+
 int uroce_cm_connect(uroce_qp* qp, const ibv_gid* dgid, std::uint16_t port, const uroce_cm_param* p,
                      std::uint32_t* id) {
   if (!qp || !dgid || !id) return set_error(EINVAL, "no QP, GID or id");
@@ -723,6 +740,8 @@ int uroce_cm_get_event(uroce_context* ctx, int timeout_ms, uroce_cm_event* ev) {
       ev->timeout = r.ack_timeout;
       ev->max_rd_atomic = r.max_rd_atomic;
       ev->max_dest_rd_atomic = r.max_dest_rd_atomic;
+      ev->ud = r.ud;
+      ev->qkey = r.qkey;
       return 0;
     }
     if (rc != EAGAIN) return rc;

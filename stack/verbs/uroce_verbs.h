@@ -257,7 +257,8 @@ int uroce_poll_cq_wait(struct uroce_cq* cq, int num_entries, struct ibv_wc* wc, 
 /* RDMA CM: connection setup with rdma_cm's wire protocol (CM MADs on QP1,
  * RoCE service IDs), done by the daemon's CM agent, so a librdmacm peer
  * (rping, ib_*_bw -R) can connect to us and we to it. The QP must be RC in
- * RESET or INIT; the agent takes it to RTS (and to ERR on disconnect).
+ * RESET or INIT; the agent takes it to RTS (and to ERR on disconnect). With
+ * a UD QP, connect and accept are SIDR's request and answer (udaddy).
  * Events are rdma_cm's; uroce_cm_get_event waits up to timeout_ms
  * (ETIMEDOUT; 0 polls once, EAGAIN when there is none; negative: no end),
  * asleep on uroce_cm_fd: a descriptor (made at the first call) that the
@@ -290,6 +291,11 @@ struct uroce_cm_event {
   uint32_t sq_psn, rq_psn;
   uint8_t retry_count, rnr_retry_count, timeout;
   uint8_t max_rd_atomic, max_dest_rd_atomic;
+  /* UD (SIDR): a CONNECT_REQUEST from a UD peer (accept it with a UD QP),
+   * its ESTABLISHED (peer_qp_num and qkey name the QP to send to) or
+   * UNREACHABLE (status: the SIDR status; 1: nobody listens, 2: rejected). */
+  uint8_t ud;
+  uint32_t qkey;
 };
 /* As rdma_conn_param; zero fields take defaults (MTU 1024, retries 7). */
 struct uroce_cm_param {
@@ -310,6 +316,9 @@ struct uroce_cm_param {
 #endif
 int uroce_cm_listen(struct uroce_context* ctx, uint16_t port);
 int uroce_cm_unlisten(struct uroce_context* ctx, uint16_t port);
+/* The same in RDMA_PS_UDP's port space: SIDR requests, answered with a UD QP. */
+int uroce_cm_listen_ud(struct uroce_context* ctx, uint16_t port);
+int uroce_cm_unlisten_ud(struct uroce_context* ctx, uint16_t port);
 int uroce_cm_connect(struct uroce_qp* qp, const union ibv_gid* dgid, uint16_t port, const struct uroce_cm_param* param,
                      uint32_t* id);
 int uroce_cm_accept(struct uroce_qp* qp, uint32_t id, const struct uroce_cm_param* param);

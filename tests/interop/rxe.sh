@@ -21,6 +21,7 @@ echo "  -- the same stock binaries on both sides (uroce's through uroce-run)"
 stock_pingpong "mtu1024" 4096 20
 for t in write_bw read_bw send_lat write_lat; do stock_perftest "mtu1024" $t 50; done
 stock_rping "mtu1024" 5
+stock_udaddy "mtu1024"
 stop_daemon
 strict m1024
 

@@ -19,7 +19,7 @@ RPING=${UROCE_RPING:?}
 NSX=rxepeer
 G() { "$PEER/run-peer.sh" exec 1 "$1"; }  # a command in the guest
 # Nothing left over from the previous pairing may hold a port or a QP.
-fresh() { G 'killall -q rping ibv_rc_pingpong ib_write_bw ib_read_bw ib_send_bw ib_atomic_bw ib_write_lat ib_send_lat ib_read_lat ib_atomic_lat 2>/dev/null; true' > /dev/null; }
+fresh() { G 'killall -q rping udaddy ibv_rc_pingpong ib_write_bw ib_read_bw ib_send_bw ib_atomic_bw ib_write_lat ib_send_lat ib_read_lat ib_atomic_lat 2>/dev/null; true' > /dev/null; }
 
 skip() { echo "SKIP: $*"; exit 77; }
 [ -x "$PEER/make-peer.sh" ] || skip "no rxe peer at $PEER (../shared/peers/rxe-vm)"
@@ -203,6 +203,27 @@ stock_rping() {
   check_show "$tag: rping server (uroce, librdmacm drop-in) <- rping -V client (rxe), $n pings" \
     "[ $rc -eq 0 ] && grep -q rc=0 $TMP/srpc.rc && ! grep -qi mismatch $TMP/srps.out" \
     "tail -3 $TMP/srps.out; G 'tail -3 /tmp/srpc.log'"
+}
+
+# stock_udaddy TAG: Debian's udaddy on both sides, UD through rdma_cm
+# (SIDR), 10 datagrams each way, both ways
+stock_udaddy() {
+  local tag=$1
+  want udaddy || return 0
+  fresh
+  G "timeout 60 udaddy -C 10 -S 500 </dev/null >/tmp/sud.log 2>&1 &"
+  sleep 2
+  URUN_X udaddy -s 10.77.0.2 -C 10 -S 500 > "$TMP/sud.out" 2>&1; local rc=$?
+  check_show "$tag: udaddy server (rxe) <- udaddy client (uroce, librdmacm drop-in), SIDR and 10 datagrams each way" \
+    "[ $rc -eq 0 ] && grep -q 'data transfers complete' $TMP/sud.out" "tail -3 $TMP/sud.out; G 'tail -3 /tmp/sud.log'"
+  fresh
+  URUN_X udaddy -C 10 -S 500 > "$TMP/suds.out" 2>&1 & local sp=$!
+  sleep 1.5
+  G "timeout 60 udaddy -s 10.77.0.10 -C 10 -S 500 > /tmp/sudc.log 2>&1; echo rc=\$?" > "$TMP/sudc.rc"
+  wait $sp; rc=$?
+  check_show "$tag: udaddy server (uroce, librdmacm drop-in) <- udaddy client (rxe), SIDR and 10 datagrams each way" \
+    "[ $rc -eq 0 ] && grep -q rc=0 $TMP/sudc.rc && grep -q 'data transfers complete' $TMP/suds.out" \
+    "tail -3 $TMP/suds.out; G 'tail -3 /tmp/sudc.log'"
 }
 
 strict() {  # TAG: the capture decodes, every ICRC is right

@@ -256,6 +256,117 @@ TEST_F(CmPair, EstablishWantsAnApplicationQpsConnectResponse) {
   EXPECT_EQ(b->establish(12345, kOwnerB, p.wire.now()), EINVAL);
 }
 
+TEST_F(CmPair, SidrResolvesAUdQpAndItsQkey) {
+  // rdma_cm's RDMA_PS_UDP: SIDR_REQ names the service, SIDR_REP the QP and
+  // its Q_Key; a datagram then goes where the answer said.
+  testing::PairOptions o;
+  o.type = IBV_QPT_UD;
+  o.qkey = 0x01234567;
+  const testing::QpPair q = p.connect(o);
+  ASSERT_EQ(a->listen(kPort, kOwnerA), 0);  // RC: not what a SIDR asks for
+  std::uint32_t idb = 0;
+  ASSERT_EQ(b->connect(q.b, p.A().config().ip, kPort, {}, kOwnerB, {}, p.wire.now(), idb), 0);
+  CmEvent e;
+  ASSERT_TRUE(event(*b, kOwnerB, e));
+  EXPECT_EQ(e.type, CmEvent::Type::kUnreachable);
+  EXPECT_EQ(e.reason, kSidrNoService);
+  ASSERT_EQ(a->listen(kPort, kOwnerA, true), 0);
+  EXPECT_EQ(a->listen(kPort, kOwnerA, true), EADDRINUSE);
+  const std::uint8_t hello[] = {'u', 'd', 0};
+  ASSERT_EQ(b->connect(q.b, p.A().config().ip, kPort, hello, kOwnerB, {}, p.wire.now(), idb), 0);
+  ASSERT_TRUE(event(*a, kOwnerA, e));
+  ASSERT_EQ(e.type, CmEvent::Type::kConnectRequest);
+  EXPECT_TRUE(e.ud);
+  EXPECT_EQ(e.local_port, kPort);
+  EXPECT_STREQ(reinterpret_cast<const char*>(e.private_data), "ud");
+  EXPECT_TRUE(e.peer == p.B().config().ip);
+  Qp* rc = new_qp(0);
+  EXPECT_EQ(a->accept(e.id, rc, {}, kOwnerA, p.wire.now()), EINVAL);  // a SIDR is answered with a UD QP
+  const std::uint8_t welcome[] = {'o', 'k', 0};
+  ASSERT_EQ(a->accept(e.id, q.a, welcome, kOwnerA, p.wire.now()), 0);
+  EXPECT_EQ(a->accept(e.id, q.a, welcome, kOwnerA, p.wire.now()), EINVAL);  // once
+  ASSERT_TRUE(event(*b, kOwnerB, e));
+  ASSERT_EQ(e.type, CmEvent::Type::kEstablished) << to_string(e.type);
+  EXPECT_TRUE(e.ud);
+  EXPECT_EQ(e.id, idb);
+  EXPECT_EQ(e.peer_qpn, q.a->qpn);
+  EXPECT_EQ(e.qkey, 0x01234567u);
+  EXPECT_STREQ(reinterpret_cast<const char*>(e.private_data), "ok");
+  EXPECT_EQ(b->connections(), 0u);  // nothing to keep on the asking side
+  // The datagram, to what the answer named.
+  testing::Node& na = p.node[0];
+  testing::Node& nb = p.node[1];
+  for (int i = 0; i < 300; ++i) nb.mem[static_cast<std::size_t>(i)] = static_cast<std::uint8_t>(i * 3);
+  const Sge rs{reinterpret_cast<std::uint64_t>(na.mem.data()), 300 + 40, na.mr->lkey};
+  ASSERT_EQ(p.A().post_recv(q.a, RecvWr{1, {&rs, 1}}), 0);
+  Ah ah;
+  ah.dgid = p.A().config().ip;
+  ah.dmac = p.A().config().mac;
+  const Sge ss{reinterpret_cast<std::uint64_t>(nb.mem.data()), 300, nb.mr->lkey};
+  SendWr w;
+  w.wr_id = 2;
+  w.sg_list = {&ss, 1};
+  w.ah = &ah;
+  w.remote_qpn = e.peer_qpn;
+  w.remote_qkey = e.qkey;
+  ASSERT_EQ(p.B().post_send(q.b, w), 0);
+  ibv_wc wa{};
+  ASSERT_TRUE(run([&] { return p.A().poll_cq(na.cq, {&wa, 1}) == 1; }));
+  EXPECT_EQ(wa.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(wa.byte_len, 300u + 40u);
+  EXPECT_EQ(std::memcmp(na.mem.data() + 40, nb.mem.data(), 300), 0);
+  // A request the service rejects: UNREACHABLE with SIDR status 2 and the
+  // private data.
+  ASSERT_EQ(b->connect(q.b, p.A().config().ip, kPort, {}, kOwnerB, {}, p.wire.now(), idb), 0);
+  ASSERT_TRUE(event(*a, kOwnerA, e));
+  const std::uint8_t no[] = {'n', 'o', 0};
+  ASSERT_EQ(a->reject(e.id, no, kOwnerA, p.wire.now()), 0);
+  ASSERT_TRUE(event(*b, kOwnerB, e));
+  EXPECT_EQ(e.type, CmEvent::Type::kUnreachable);
+  EXPECT_EQ(e.reason, kSidrRejected);
+  EXPECT_STREQ(reinterpret_cast<const char*>(e.private_data), "no");
+  EXPECT_EQ(a->unlisten(kPort, kOwnerA, true), 0);
+  EXPECT_EQ(a->unlisten(kPort, kOwnerA), 0);
+}
+
+TEST(CmLoss, SidrSurvivesLoss) {
+  // MADs lost and duplicated: the request is resent, and a resent request
+  // whose answer was lost is answered again, never offered twice.
+  std::uint64_t resends = 0, dups = 0;
+  for (std::uint64_t seed = 1; seed <= 12; ++seed) {
+    struct P : CmPair {
+      explicit P(std::uint64_t s) : CmPair(s) {}
+      void TestBody() override {}
+    } t(seed);
+    testing::PairOptions o;
+    o.type = IBV_QPT_UD;
+    o.qkey = 0x01234567;
+    const testing::QpPair q = t.p.connect(o);
+    sim::Impairments imp;
+    imp.loss = 0.3;
+    imp.dup = 0.2;
+    imp.filter = [](const TxFrame& f) { return f.qpn == transport::kGsiQpn; };  // MADs only
+    t.p.wire.set_impairments(imp);
+    ASSERT_EQ(t.a->listen(kPort, kOwnerA, true), 0);
+    std::uint32_t idb = 0;
+    ASSERT_EQ(t.b->connect(q.b, t.p.A().config().ip, kPort, {}, kOwnerB, {}, t.p.wire.now(), idb), 0);
+    CmEvent e;
+    ASSERT_TRUE(t.event(*t.a, kOwnerA, e)) << "seed " << seed;
+    ASSERT_EQ(e.type, CmEvent::Type::kConnectRequest);
+    ASSERT_EQ(t.a->accept(e.id, q.a, {}, kOwnerA, t.p.wire.now()), 0);
+    ASSERT_TRUE(t.event(*t.b, kOwnerB, e)) << "seed " << seed;
+    EXPECT_EQ(e.type, CmEvent::Type::kEstablished) << "seed " << seed;
+    EXPECT_EQ(e.peer_qpn, q.a->qpn);
+    CmEvent extra;
+    EXPECT_FALSE(t.event(*t.a, kOwnerA, extra, 3'000'000'000ull)) << "a second request, seed " << seed;
+    EXPECT_FALSE(t.event(*t.b, kOwnerB, extra, 1'000'000ull)) << "a second answer, seed " << seed;
+    resends += t.b->counter(CmCounter::resends);
+    dups += t.a->counter(CmCounter::duplicates) + t.b->counter(CmCounter::duplicates);
+  }
+  EXPECT_GT(resends, 0u);
+  EXPECT_GT(dups, 0u);
+}
+
 TEST_F(CmPair, NoListenerIsRejectedWithInvalidServiceId) {
   Qp* qb = new_qp(1);
   std::uint32_t id;
@@ -361,7 +472,17 @@ TEST_F(CmPair, BadRequestsAreRefused) {
     ia.send_cq = ia.recv_cq = p.node[1].cq;
     ud = p.B().create_qp(p.node[1].pd, ia);
   }
-  EXPECT_EQ(b->connect(ud, p.A().config().ip, kPort, {}, kOwnerB, {}, p.wire.now(), id), EINVAL);  // RC only
+  // UD asks by SIDR, and never with an application-moved QP; UC has no CM.
+  EXPECT_EQ(b->connect(ud, p.A().config().ip, kPort, {}, kOwnerB, {}, p.wire.now(), id, true), EINVAL);
+  std::uint8_t too_big[181] = {};
+  EXPECT_EQ(b->connect(ud, p.A().config().ip, kPort, too_big, kOwnerB, {}, p.wire.now(), id), EINVAL);
+  {
+    QpInitAttr ia;
+    ia.qp_type = IBV_QPT_UC;
+    ia.send_cq = ia.recv_cq = p.node[1].cq;
+    Qp* uc = p.B().create_qp(p.node[1].pd, ia);
+    EXPECT_EQ(b->connect(uc, p.A().config().ip, kPort, {}, kOwnerB, {}, p.wire.now(), id), EINVAL);
+  }
   QpInitAttr gsi;
   gsi.qp_type = IBV_QPT_UD;
   gsi.gsi = true;
