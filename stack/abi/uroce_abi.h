@@ -97,7 +97,21 @@ struct uroce_sge {
  *     range (in the MR's address space), swap the window's access flags,
  *     remote_qpn the MR's L_Key. IBV_WR_LOCAL_INV: imm_or_inv is the key
  *     to invalidate. Both complete in order with the WQEs around them.
+ *   UROCE_WR_FLUSH (minor 9; RC, num_sge 0): remote_addr and rkey name the
+ *     target, compare_add its length, imm_or_inv the FETH's bits (the
+ *     placement type, UROCE_FLUSH_GLOBAL, in bits 0-3; the selectivity
+ *     level, UROCE_FLUSH_RANGE or UROCE_FLUSH_MR, in bits 4-5).
  */
+/* IBTA 1.5's FLUSH (Memory Placement Extensions), with rdma-core 45's
+ * numbers; rdma-core 44's header, which uroce builds against, has none. */
+#define UROCE_WR_FLUSH 14                  /* IBV_WR_FLUSH */
+#define UROCE_WC_FLUSH 8                   /* IBV_WC_FLUSH */
+#define UROCE_ACCESS_FLUSH_GLOBAL (1 << 8) /* IBV_ACCESS_FLUSH_GLOBAL: an MR or QP that takes FLUSHes */
+#define UROCE_ACCESS_FLUSH_PERSISTENT (1 << 9)
+#define UROCE_FLUSH_GLOBAL 1u              /* placement types: global visibility */
+#define UROCE_FLUSH_PERSISTENT 2u          /* persistence (uroce has no persistent memory: refused) */
+#define UROCE_FLUSH_RANGE 0u               /* selectivity levels: the range, or the whole MR */
+#define UROCE_FLUSH_MR 1u
 struct uroce_send_entry {
   uint64_t wr_id;
   uint8_t opcode;      /* enum ibv_wr_opcode */

@@ -143,6 +143,11 @@ static_assert(offsetof(ibv_cq_ex, cqe) == offsetof(ibv_cq, cqe) &&
 /// per send queue entry, made at create: wr_complete posts them as one list.
 struct UQp {
   ibv_qp_ex x{};
+  // rdma-core 45 appended wr_flush to ibv_qp_ex; 44's header, which this
+  // library is built against, ends before it. The slot is here, right after,
+  // so that a program built with a newer header finds it (ibv_wr_flush).
+  void (*wr_flush)(ibv_qp_ex* qp, uint32_t rkey, uint64_t remote_addr, size_t len, uint8_t type,
+                   uint8_t level) = nullptr;
   uroce_qp* u = nullptr;
   struct Slot {
     ibv_send_wr wr;
@@ -199,6 +204,9 @@ int vctx_query_device_ex(ibv_context* c, const ibv_query_device_ex_input* input,
   if (input && input->comp_mask) return fail(EINVAL);
   ibv_device_attr_ex full{};
   if (const int rc = ibv_query_device(c, &full.orig_attr)) return rc;
+  // FLUSH with global visibility (rdma-core 45's IB_UVERBS_DEVICE_FLUSH_GLOBAL;
+  // not persistence: uroce has no persistent memory).
+  full.device_cap_flags_ex = full.orig_attr.device_cap_flags | (1ull << 38);
   std::memcpy(attr, &full, std::min(len, sizeof full));
   return 0;
 }
@@ -410,6 +418,17 @@ void wr_atomic_write(ibv_qp_ex* x, uint32_t rkey, uint64_t addr, const void* ato
     wr_set_inline_data(x, const_cast<void*>(atomic_wr), 8);
   }
 }
+// FLUSH (rdma-core 45's ibv_wr_flush, in the slot after ibv_qp_ex): the
+// target, its length, the placement type and the selectivity level, carried
+// in the atomic fields as liburoce takes them.
+void wr_flush(ibv_qp_ex* x, uint32_t rkey, uint64_t addr, size_t len, uint8_t type, uint8_t level) {
+  if (ibv_send_wr* w = wr_begin(x, static_cast<ibv_wr_opcode>(UROCE_WR_FLUSH))) {
+    w->wr.atomic.rkey = rkey;
+    w->wr.atomic.remote_addr = addr;
+    w->wr.atomic.compare_add = len;
+    w->wr.atomic.swap = static_cast<uint64_t>(type) | static_cast<uint64_t>(level) << 4;
+  }
+}
 void wr_send(ibv_qp_ex* x) { (void)wr_begin(x, IBV_WR_SEND); }
 void wr_send_imm(ibv_qp_ex* x, __be32 imm) {
   if (ibv_send_wr* w = wr_begin(x, IBV_WR_SEND_WITH_IMM)) w->imm_data = imm;
@@ -493,12 +512,15 @@ void wr_local_inv(ibv_qp_ex* x, uint32_t rkey) {
 void wr_send_tso(ibv_qp_ex* x, void*, uint16_t, uint16_t) { wr_refuse(x); }
 void wr_set_xrc_srqn(ibv_qp_ex* x, uint32_t) { wr_refuse(x); }
 
+/// rdma-core 45's IBV_QP_EX_WITH_FLUSH.
+constexpr uint64_t kQpExWithFlush = 1u << 11;
+static_assert(offsetof(UQp, wr_flush) == sizeof(ibv_qp_ex), "wr_flush follows ibv_qp_ex, as in rdma-core 45");
 /// The send operations uroce's QPs carry (ibv_qp_init_attr_ex.send_ops_flags).
 constexpr uint64_t kSendOps = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_SEND |
                               IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ |
                               IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD |
                               IBV_QP_EX_WITH_SEND_WITH_INV | IBV_QP_EX_WITH_ATOMIC_WRITE | IBV_QP_EX_WITH_BIND_MW |
-                              IBV_QP_EX_WITH_LOCAL_INV;
+                              IBV_QP_EX_WITH_LOCAL_INV | kQpExWithFlush;
 
 UQp* make_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
   if (!pd || !attr || !attr->send_cq || !attr->recv_cq) return fail_null<UQp>(EINVAL);
@@ -555,6 +577,7 @@ UQp* make_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
   x.wr_complete = wr_complete;
   x.wr_abort = wr_abort;
   x.wr_atomic_write = wr_atomic_write;
+  q->wr_flush = wr_flush;
   UContext* uc = ucontext(pd->context);
   std::lock_guard<std::mutex> lk(uc->mu);
   uc->qps.emplace_back(u, &qp);

@@ -89,6 +89,8 @@ Mr* Engine::reg_mr_iova(Pd* pd, void* addr, std::uint64_t len, unsigned access, 
   // IBTA 10.6.3.1: remote write or atomic access needs local write too.
   if ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) && !(access & IBV_ACCESS_LOCAL_WRITE))
     return nullptr;
+  // FLUSH to persistence needs persistent memory, which uroce does not have.
+  if (access & UROCE_ACCESS_FLUSH_PERSISTENT) return nullptr;
   return mrs_.reg(pd, addr, len, access, iova);
 }
 
@@ -378,7 +380,7 @@ ModifyResult Engine::modify_qp(Qp* qp, const ibv_qp_attr& a, int mask) {
   if ((mask & IBV_QP_PKEY_INDEX) && a.pkey_index != 0) return {EINVAL, "pkey_index must be 0"};
   if ((mask & IBV_QP_ACCESS_FLAGS) &&
       (a.qp_access_flags & ~unsigned(IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC |
-                                     IBV_ACCESS_LOCAL_WRITE)))
+                                     IBV_ACCESS_LOCAL_WRITE | UROCE_ACCESS_FLUSH_GLOBAL)))
     return {EINVAL, "unsupported qp_access_flags"};
   wire::MacAddr mac{};
   wire::IpAddr dip{};
@@ -529,6 +531,9 @@ std::optional<WqeKind> send_kind(ibv_qp_type type, std::uint8_t opcode) {
     case IBV_WR_ATOMIC_WRITE:  // IBTA 1.5: an 8-byte WRITE the responder stores at once; acknowledged as a WRITE
       if (type != IBV_QPT_RC) return std::nullopt;
       return WqeKind::kWrite;
+    case UROCE_WR_FLUSH:  // IBTA 1.5: RC only; acknowledged as a WRITE, with no payload
+      if (type != IBV_QPT_RC) return std::nullopt;
+      return WqeKind::kWrite;
     case IBV_WR_BIND_MW:  // IBTA 10.6.7.2: windows are bound through connected QPs
     case IBV_WR_LOCAL_INV:
       if (type == IBV_QPT_UD) return std::nullopt;
@@ -552,6 +557,12 @@ bool send_entry_ok(const Qp& qp, const uroce_send_entry& e) {
   }
   if (*kind == WqeKind::kAtomic) {
     if (e.num_sge != 1 || e.sg_list[0].length != 8) return false;
+  }
+  if (e.opcode == UROCE_WR_FLUSH) {
+    // No data; a known placement type and selectivity level, nothing else in the FETH.
+    const std::uint32_t type = e.imm_or_inv & 0xf, level = (e.imm_or_inv >> 4) & 3;
+    return e.num_sge == 0 && !inl && type != 0 && (type & ~3u) == 0 && level <= UROCE_FLUSH_MR &&
+           (e.imm_or_inv & ~0x3fu) == 0 && e.compare_add <= 0xffffffffu;
   }
   if (e.opcode == IBV_WR_ATOMIC_WRITE) {
     // Exactly 8 bytes, from one SGE or inline, to an 8-byte aligned address.
@@ -771,6 +782,7 @@ ibv_wc_opcode wc_opcode(ibv_wr_opcode op) {
     case IBV_WR_ATOMIC_CMP_AND_SWP: return IBV_WC_COMP_SWAP;
     case IBV_WR_ATOMIC_FETCH_AND_ADD: return IBV_WC_FETCH_ADD;
     case IBV_WR_ATOMIC_WRITE: return IBV_WC_ATOMIC_WRITE;
+    case UROCE_WR_FLUSH: return static_cast<ibv_wc_opcode>(UROCE_WC_FLUSH);
     case IBV_WR_BIND_MW: return IBV_WC_BIND_MW;
     case IBV_WR_LOCAL_INV: return IBV_WC_LOCAL_INV;
     default: return IBV_WC_SEND;

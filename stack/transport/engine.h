@@ -281,6 +281,7 @@ class Engine {
   Exec exec_send(Qp& qp, const wire::Packet& pkt);
   Exec exec_write(Qp& qp, const wire::Packet& pkt);
   Exec exec_atomic_write(Qp& qp, const wire::Packet& pkt);
+  Exec exec_flush(Qp& qp, const wire::Packet& pkt);
   Exec exec_read(Qp& qp, const wire::Packet& pkt, wire::Psn psn);
   Exec exec_atomic(Qp& qp, const wire::Packet& pkt);
   void replay_duplicate(Qp& qp, const wire::Packet& pkt);

@@ -27,6 +27,7 @@ std::uint8_t pick_opcode(const SendWqe& w, bool first, bool last, ibv_qp_type ty
       return base + op::kRcSendMiddle;
     case WqeKind::kWrite:
       if (w.opcode == IBV_WR_ATOMIC_WRITE) return op::kRcAtomicWrite;  // 8 bytes: always one packet
+      if (w.opcode == UROCE_WR_FLUSH) return op::kRcFlush;             // no payload: one packet
       if (first && last) return base + (imm ? op::kRcWriteOnlyImm : op::kRcWriteOnly);
       if (first) return base + op::kRcWriteFirst;
       if (last) return base + (imm ? op::kRcWriteLastImm : op::kRcWriteLast);
@@ -185,6 +186,10 @@ bool Engine::send_next_packet(Qp& qp, std::uint64_t now) {
       spec.ext.reth_va = w.remote_addr;
       spec.ext.reth_rkey = w.rkey;
       spec.ext.reth_len = static_cast<std::uint32_t>(w.length);
+      if (w.opcode == UROCE_WR_FLUSH) {
+        spec.ext.reth_len = static_cast<std::uint32_t>(w.compare_add);  // the range, not a payload
+        spec.ext.feth = w.imm;
+      }
     }
     // Payload segments: straight from registered memory, or the inline copy.
     if (w.is_inline) {

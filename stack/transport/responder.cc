@@ -152,7 +152,7 @@ Engine::Exec Engine::execute(Qp& qp, const wire::Packet& pkt) {
     qp.ctr.inc(QpCounter::bad_opcode_seq);
     return Exec::kNakInvalid;
   }
-  if (info.has(wire::kOpFlush)) return Exec::kNakInvalid;  // not offered (rdma-core 44 has no verb to ask for it)
+  if (info.has(wire::kOpFlush)) return exec_flush(qp, pkt);
   if (info.has(wire::kOpAtomicWrite)) return exec_atomic_write(qp, pkt);
   // Every packet but the last of a multi-packet message is exactly one MTU.
   if (info.has(wire::kOpPayload) && !info.has(wire::kOpEnd) && pkt.payload_len != qp.mtu) return Exec::kNakInvalid;
@@ -233,6 +233,34 @@ Engine::Exec Engine::exec_atomic_write(Qp& qp, const wire::Packet& pkt) {
   std::uint64_t v;
   std::memcpy(&v, pkt.payload().data(), 8);  // the bytes as they came, stored as they are
   std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(p)).store(v, std::memory_order_release);
+  Responder& s = qp.resp;
+  ++s.epsn;
+  s.in_msg = Responder::InMsg::kNone;
+  ++s.msn;
+  return Exec::kOk;
+}
+
+Engine::Exec Engine::exec_flush(Qp& qp, const wire::Packet& pkt) {
+  // IBTA 1.5 A19: make what earlier WRITEs placed globally visible. The
+  // engine places every byte with ordinary stores into memory the host
+  // shares: a full fence is that. Persistence needs persistent memory,
+  // which uroce does not have (rxe refuses it too, on memory that is not).
+  const std::uint32_t bits = pkt.feth()->bits.get();
+  const std::uint32_t type = bits & 0xf, level = (bits >> 4) & 3;
+  if (type == 0 || (type & ~3u) != 0 || level > UROCE_FLUSH_MR || pkt.payload_len != 0) return Exec::kNakInvalid;
+  const wire::Reth* reth = pkt.reth();
+  const unsigned need = (type & UROCE_FLUSH_GLOBAL ? UROCE_ACCESS_FLUSH_GLOBAL : 0) |
+                        (type & UROCE_FLUSH_PERSISTENT ? UROCE_ACCESS_FLUSH_PERSISTENT : 0);
+  std::uint8_t* p = nullptr;
+  // The range must lie in the MR; for the whole MR, its first byte names it.
+  const std::uint64_t len = level == UROCE_FLUSH_RANGE ? reth->dma_len.get() : 1;
+  if ((qp.access & need) != need || (type & UROCE_FLUSH_PERSISTENT) ||
+      mrs_.check(reth->rkey.get(), true, qp.pd, qp.handle, reth->va.get(), std::max<std::uint64_t>(len, 1), need,
+                 &p) != KeyCheck::kOk) {
+    qp.ctr.inc(QpCounter::remote_access_err);
+    return Exec::kNakAccess;
+  }
+  std::atomic_thread_fence(std::memory_order_seq_cst);
   Responder& s = qp.resp;
   ++s.epsn;
   s.in_msg = Responder::InMsg::kNone;

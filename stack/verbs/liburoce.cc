@@ -1375,6 +1375,12 @@ int uroce_post_send(uroce_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
       e.remote_qpn = wr->wr.ud.remote_qpn;
       e.remote_qkey = wr->wr.ud.remote_qkey;
       uroce_send_entry_set_av(&e, ah->dgid, ah->dmac, ah->traffic_class);
+    } else if (wr->opcode == static_cast<ibv_wr_opcode>(UROCE_WR_FLUSH)) {
+      // rdma-core 44's work request has no FLUSH fields: the atomic ones carry it (uroce_verbs.h).
+      e.remote_addr = wr->wr.atomic.remote_addr;
+      e.rkey = wr->wr.atomic.rkey;
+      e.compare_add = wr->wr.atomic.compare_add;
+      e.imm_or_inv = static_cast<std::uint32_t>(wr->wr.atomic.swap);
     } else if (wr->opcode == IBV_WR_ATOMIC_CMP_AND_SWP || wr->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) {
       e.remote_addr = wr->wr.atomic.remote_addr;
       e.rkey = wr->wr.atomic.rkey;
@@ -1384,7 +1390,7 @@ int uroce_post_send(uroce_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
       e.remote_addr = wr->wr.rdma.remote_addr;
       e.rkey = wr->wr.rdma.rkey;
     }
-    if (wr->opcode == IBV_WR_BIND_MW || wr->opcode == IBV_WR_LOCAL_INV) {
+    if (wr->opcode == IBV_WR_BIND_MW || wr->opcode == IBV_WR_LOCAL_INV || wr->opcode == static_cast<ibv_wr_opcode>(UROCE_WR_FLUSH)) {
       // No data: whatever sg_list holds is not read.
     } else if (wr->send_flags & IBV_SEND_INLINE) {
       // The bytes go in the entry, in place of its SGEs: the buffers may be

@@ -224,6 +224,12 @@ struct uroce_srq* uroce_create_srq(struct uroce_pd* pd, struct ibv_srq_init_attr
 int uroce_destroy_srq(struct uroce_srq* srq);
 int uroce_post_srq_recv(struct uroce_srq* srq, struct ibv_recv_wr* wr, struct ibv_recv_wr** bad_wr);
 
+/* FLUSH (IBTA 1.5; rdma-core 44's ibv_send_wr has no fields for it): opcode
+ * UROCE_WR_FLUSH (uroce_abi.h), RC only, num_sge 0; wr.atomic.remote_addr
+ * and rkey name the target, compare_add is its length, swap the placement
+ * type (UROCE_FLUSH_GLOBAL) | the selectivity level (UROCE_FLUSH_RANGE or
+ * UROCE_FLUSH_MR) << 4. The peer's QP and MR need UROCE_ACCESS_FLUSH_GLOBAL;
+ * it completes as UROCE_WC_FLUSH. */
 int uroce_post_send(struct uroce_qp* qp, struct ibv_send_wr* wr, struct ibv_send_wr** bad_wr);
 int uroce_post_recv(struct uroce_qp* qp, struct ibv_recv_wr* wr, struct ibv_recv_wr** bad_wr);
 int uroce_poll_cq(struct uroce_cq* cq, int num_entries, struct ibv_wc* wc);

@@ -45,6 +45,24 @@ static int wait_wc(struct ibv_cq* cq, struct ibv_wc* wc) {
   }
 }
 
+/* rdma-core 45's FLUSH, which 44's header (this program's) does not have:
+ * its numbers, and the slot it appended after struct ibv_qp_ex. A program
+ * built with a newer header calls ibv_wr_flush through that slot. */
+enum {
+  kWrFlush = 14,
+  kWcFlush = 8,
+  kQpExWithFlush = 1 << 11,
+  kAccessFlushGlobal = 1 << 8,
+  kFlushGlobal = 1,
+  kFlushRange = 0,
+  kFlushMr = 1
+};
+struct qp_ex_45 {
+  struct ibv_qp_ex base;
+  void (*wr_flush)(struct ibv_qp_ex* qp, uint32_t rkey, uint64_t remote_addr, size_t len, uint8_t type, uint8_t level);
+};
+static int extra_access; /* added to an RC QP's access flags by to_rts */
+
 static int to_rts(struct ibv_qp* qp, uint32_t dest_qpn, const union ibv_gid* gid, int ud) {
   struct ibv_qp_attr a;
   memset(&a, 0, sizeof a);
@@ -55,7 +73,7 @@ static int to_rts(struct ibv_qp* qp, uint32_t dest_qpn, const union ibv_gid* gid
     a.qkey = kQkey;
     mask |= IBV_QP_QKEY;
   } else {
-    a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+    a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC | extra_access;
     mask |= IBV_QP_ACCESS_FLAGS;
   }
   if (ibv_modify_qp(qp, &a, mask)) return 0;
@@ -315,13 +333,15 @@ int main(int argc, char** argv) {
   xa.send_ops_flags = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_TSO;
   check(cqx && (xa.send_cq = xa.recv_cq = ibv_cq_ex_to_cq(cqx), ibv_create_qp_ex(ctx, &xa) == NULL) && errno == EOPNOTSUPP,
         "create_qp_ex asking for TSO: EOPNOTSUPP");
-  xa.send_ops_flags =
-      IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_WRITE;
+  xa.send_ops_flags = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_RDMA_READ |
+                      IBV_QP_EX_WITH_ATOMIC_WRITE | kQpExWithFlush;
   struct ibv_qp* xq = cqx ? ibv_create_qp_ex(ctx, &xa) : NULL;
   struct ibv_qp_ex* xqx = xq ? ibv_qp_to_qp_ex(xq) : NULL;
   struct ibv_qp* xb = make_qp(pd, cq_b, IBV_QPT_RC);
+  extra_access = kAccessFlushGlobal; /* xb takes FLUSHes */
   check(cqx && xq && xqx && xb && to_rts(xq, xb->qp_num, &gid, 0) && to_rts(xb, xq->qp_num, &gid, 0),
         "an extended CQ and QP (create_cq_ex, create_qp_ex), connected on this device");
+  extra_access = 0;
   if (failed) goto out;
   for (int i = 0; i < 8192; ++i) a[i] = (uint8_t)(i * 17 + 3);
   check(post_recv(xb, b + 30000, 64, mb->lkey), "receive posted");
@@ -355,6 +375,47 @@ int main(int argc, char** argv) {
   ibv_wr_set_sge(xqx, ma->lkey, (uintptr_t)a, 16);
   ibv_wr_send_tso(xqx, a, 16, 1000);
   check(ibv_wr_complete(xqx) == EOPNOTSUPP, "a batch with a TSO send: EOPNOTSUPP, nothing posted");
+  /* FLUSH (IBTA 1.5), as a program built with rdma-core 45's header posts
+   * it: a WRITE, then a FLUSH of its range and one of the whole MR, into an
+   * MR that takes FLUSHes. */
+  {
+    struct ibv_device_attr_ex dx;
+    memset(&dx, 0, sizeof dx);
+    check(ibv_query_device_ex(ctx, NULL, &dx) == 0 && (dx.device_cap_flags_ex & (1ull << 38)),
+          "query_device_ex: FLUSH with global visibility (IB_UVERBS_DEVICE_FLUSH_GLOBAL)");
+    struct ibv_mr* fm = ibv_reg_mr(pd, b + 40960, 4096,
+                                   IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | kAccessFlushGlobal);
+    struct qp_ex_45* x45 = (struct qp_ex_45*)xqx;
+    check(fm && x45->wr_flush, "an MR with FLUSH access, and the wr_flush slot filled");
+    if (fm && x45->wr_flush) {
+      for (int i = 0; i < 2048; ++i) a[i] = (uint8_t)(i * 7 + 5);
+      ibv_wr_start(xqx);
+      xqx->wr_id = 2001;
+      xqx->wr_flags = 0;
+      ibv_wr_rdma_write(xqx, fm->rkey, (uintptr_t)b + 40960);
+      ibv_wr_set_sge(xqx, ma->lkey, (uintptr_t)a, 2048);
+      xqx->wr_id = 2002;
+      xqx->wr_flags = IBV_SEND_SIGNALED;
+      x45->wr_flush(xqx, fm->rkey, (uintptr_t)b + 40960, 2048, kFlushGlobal, kFlushRange);
+      xqx->wr_id = 2003;
+      x45->wr_flush(xqx, fm->rkey, (uintptr_t)b + 40960, 0, kFlushGlobal, kFlushMr);
+      check(ibv_wr_complete(xqx) == 0, "wr_start, a WRITE, two FLUSHes, wr_complete: posted");
+      uint64_t fids[2] = {0, 0};
+      enum ibv_wc_opcode fops[2];
+      uint32_t fqpns[2];
+      check(poll_ex(cqx, fids, fops, fqpns, 2) == 2 && fids[0] == 2002 && (int)fops[0] == kWcFlush &&
+                fids[1] == 2003 && (int)fops[1] == kWcFlush,
+            "both FLUSHes completed, in order, as IBV_WC_FLUSH");
+      check(memcmp(b + 40960, a, 2048) == 0, "the WRITE before them landed, every byte");
+      /* Past the MR's end: the peer refuses it (a remote access error). */
+      ibv_wr_start(xqx);
+      xqx->wr_id = 2004;
+      x45->wr_flush(xqx, fm->rkey, (uintptr_t)b + 40960 + 4000, 200, kFlushGlobal, kFlushRange);
+      check(ibv_wr_complete(xqx) == 0 && poll_ex(cqx, fids, fops, fqpns, 1) == -1,
+            "a FLUSH past its MR's end: a remote access error");
+      ibv_dereg_mr(fm);
+    }
+  }
   check(ibv_destroy_qp(xq) == 0 && ibv_destroy_qp(xb) == 0 && ibv_destroy_cq(ibv_cq_ex_to_cq(cqx)) == 0,
         "extended QP and CQ destroyed");
 

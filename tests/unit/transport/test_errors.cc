@@ -1545,5 +1545,126 @@ TEST_F(Errors, AtomicWriteWhoseRethIsNotEightBytesIsInvalidRequest) {
   EXPECT_EQ(naks[0]->syndrome, 0x61);
 }
 
+/// A FLUSH work request (IBTA 1.5): no data; the FETH's placement type and
+/// selectivity level in `imm`'s place, the length in compare_add's.
+SendWr flush_wr(std::uint64_t id, std::uint64_t raddr, std::uint32_t rkey, std::uint64_t len, std::uint32_t type,
+                std::uint32_t level) {
+  SendWr w;
+  w.wr_id = id;
+  w.opcode = static_cast<ibv_wr_opcode>(UROCE_WR_FLUSH);
+  w.send_flags = IBV_SEND_SIGNALED;
+  w.remote_addr = raddr;
+  w.rkey = rkey;
+  w.compare_add = len;
+  w.imm_data = type | level << 4;
+  return w;
+}
+
+TEST_F(Errors, FlushAfterWritesCompletesOnItsAck) {
+  PairOptions o;
+  o.access |= UROCE_ACCESS_FLUSH_GLOBAL;
+  const QpPair q = p.connect(o);
+  // An MR that takes FLUSHes over B's memory at 64 KiB.
+  Mr* fm = p.B().reg_mr(p.node[1].pd, p.node[1].mem.data() + 65536, 8192,
+                        IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | UROCE_ACCESS_FLUSH_GLOBAL);
+  ASSERT_NE(fm, nullptr);
+  const std::uint64_t base = reinterpret_cast<std::uint64_t>(p.node[1].mem.data() + 65536);
+  for (int i = 0; i < 3000; ++i) p.node[0].mem[i] = static_cast<std::uint8_t>(i * 5 + 1);
+  Sge s = p.sge(0, 0, 3000);
+  ASSERT_EQ(p.A().post_send(q.a, rdma_wr(1, IBV_WR_RDMA_WRITE, &s, base, fm->rkey, 0)), 0);
+  ASSERT_EQ(p.A().post_send(q.a, flush_wr(2, base, fm->rkey, 3000, UROCE_FLUSH_GLOBAL, UROCE_FLUSH_RANGE)), 0);
+  ASSERT_EQ(p.A().post_send(q.a, flush_wr(3, base + 8000, fm->rkey, 50000, UROCE_FLUSH_GLOBAL, UROCE_FLUSH_MR)), 0);
+  ASSERT_TRUE(wait(0, wa, 2));
+  for (const ibv_wc& c : wa) {
+    EXPECT_EQ(c.status, IBV_WC_SUCCESS) << to_string(c.status);
+    EXPECT_EQ(c.opcode, static_cast<ibv_wc_opcode>(UROCE_WC_FLUSH));  // IBV_WC_FLUSH
+  }
+  EXPECT_EQ(wa[0].wr_id, 2u);
+  EXPECT_EQ(wa[1].wr_id, 3u);
+  EXPECT_EQ(std::memcmp(p.node[1].mem.data() + 65536, p.node[0].mem.data(), 3000), 0);
+  EXPECT_EQ(frames(0, op::kRcFlush, q.b->qpn).size(), 2u);  // one packet each, no payload
+  EXPECT_EQ(q.a->ctr[QpCounter::retransmitted_pkts], 0u);
+  EXPECT_EQ(q.b->state, IBV_QPS_RTS);
+}
+
+TEST_F(Errors, FlushBeyondItsMrOrWithoutFlushAccessIsARemoteAccessError) {
+  PairOptions o;
+  o.access |= UROCE_ACCESS_FLUSH_GLOBAL;
+  // A range past the MR's end; an MR without FLUSH access; persistence
+  // (uroce has no persistent memory, so it refuses it as rxe does on memory
+  // that is not).
+  for (int c = 0; c < 3; ++c) {
+    Pair pp;
+    const QpPair q = pp.connect(o);
+    const unsigned acc = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | (c == 1 ? 0 : UROCE_ACCESS_FLUSH_GLOBAL);
+    Mr* fm = pp.B().reg_mr(pp.node[1].pd, pp.node[1].mem.data() + 65536, 8192, acc);
+    ASSERT_NE(fm, nullptr);
+    const std::uint64_t base = reinterpret_cast<std::uint64_t>(pp.node[1].mem.data() + 65536);
+    const SendWr w = c == 0   ? flush_wr(1, base + 4096, fm->rkey, 8192, UROCE_FLUSH_GLOBAL, UROCE_FLUSH_RANGE)
+                     : c == 1 ? flush_wr(1, base, fm->rkey, 64, UROCE_FLUSH_GLOBAL, UROCE_FLUSH_RANGE)
+                              : flush_wr(1, base, fm->rkey, 64, UROCE_FLUSH_PERSISTENT, UROCE_FLUSH_RANGE);
+    ASSERT_EQ(pp.A().post_send(q.a, w), 0);
+    std::vector<ibv_wc> got;
+    ASSERT_TRUE(pp.wire.run_until(
+        [&] {
+          ibv_wc wc{};
+          if (pp.A().poll_cq(pp.node[0].cq, {&wc, 1}) == 1) got.push_back(wc);
+          return !got.empty();
+        },
+        50'000'000));
+    EXPECT_EQ(got[0].status, IBV_WC_REM_ACCESS_ERR) << "case " << c << ": " << to_string(got[0].status);
+    EXPECT_EQ(q.b->ctr[QpCounter::remote_access_err], 1u) << "case " << c;
+  }
+  // Nor may an MR promise persistence.
+  EXPECT_EQ(p.B().reg_mr(p.node[1].pd, p.node[1].mem.data(), 4096,
+                         IBV_ACCESS_LOCAL_WRITE | UROCE_ACCESS_FLUSH_PERSISTENT),
+            nullptr);
+}
+
+TEST_F(Errors, FlushOnAQpWithoutFlushAccessIsRefusedByTheResponder) {
+  const QpPair q = p.connect();  // no UROCE_ACCESS_FLUSH_GLOBAL on B's QP
+  Mr* fm = p.B().reg_mr(p.node[1].pd, p.node[1].mem.data() + 65536, 8192,
+                        IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | UROCE_ACCESS_FLUSH_GLOBAL);
+  ASSERT_NE(fm, nullptr);
+  const std::uint64_t base = reinterpret_cast<std::uint64_t>(p.node[1].mem.data() + 65536);
+  ASSERT_EQ(p.A().post_send(q.a, flush_wr(1, base, fm->rkey, 64, UROCE_FLUSH_GLOBAL, UROCE_FLUSH_RANGE)), 0);
+  ASSERT_TRUE(wait(0, wa, 1));
+  EXPECT_EQ(wa[0].status, IBV_WC_REM_ACCESS_ERR) << to_string(wa[0].status);
+}
+
+TEST_F(Errors, MalformedFlushesAreRefusedAtPostAndOnTheWire) {
+  const QpPair q = p.connect();
+  // No placement type; an unknown one; an unknown level; with data.
+  EXPECT_EQ(p.A().post_send(q.a, flush_wr(1, p.addr(1, 0), p.rkey(1), 8, 0, 0)), EINVAL);
+  EXPECT_EQ(p.A().post_send(q.a, flush_wr(2, p.addr(1, 0), p.rkey(1), 8, 4, 0)), EINVAL);
+  EXPECT_EQ(p.A().post_send(q.a, flush_wr(3, p.addr(1, 0), p.rkey(1), 8, 1, 2)), EINVAL);
+  SendWr d = flush_wr(4, p.addr(1, 0), p.rkey(1), 8, 1, 0);
+  Sge s = p.sge(0, 0, 8);
+  d.sg_list = {&s, 1};
+  EXPECT_EQ(p.A().post_send(q.a, d), EINVAL);
+  // A FLUSH on UD or UC does not exist.
+  PairOptions uc;
+  uc.type = IBV_QPT_UC;
+  Pair pu;
+  const QpPair qu = pu.connect(uc);
+  EXPECT_EQ(pu.A().post_send(qu.a, flush_wr(5, 0, 0, 8, 1, 0)), EINVAL);
+  settle(100'000);
+  EXPECT_TRUE(wa.empty());
+  // A peer's FLUSH with no placement type in its FETH: invalid request.
+  wire::ExtFields e;
+  e.reth_va = p.addr(1, 0);
+  e.reth_rkey = p.rkey(1);
+  e.reth_len = 8;
+  e.feth = 0;
+  const auto f = frame(0, op::kRcFlush, q.b->qpn, q.b->resp.epsn, e, 0);
+  ASSERT_FALSE(f.empty());
+  p.wire.inject(wire::ConstBytes(f.data(), f.size()));
+  ASSERT_TRUE(p.wire.run_until([&] { return q.b->state == IBV_QPS_ERR; }, 1'000'000));
+  settle(200'000);
+  const auto naks = frames(1, op::kRcAck, q.a->qpn);
+  ASSERT_EQ(naks.size(), 1u);
+  EXPECT_EQ(naks[0]->syndrome, 0x61);
+}
+
 }  // namespace
 }  // namespace uroce::testing
