@@ -269,18 +269,8 @@ int CmAgent::connect(Qp* qp, const wire::IpAddr& dst, std::uint16_t port, wire::
   if (qp->state == IBV_QPS_RESET && !app_qp) {
     if (const int err = to_init(qp)) return err;
   }
-  Conn c;
-  c.local_id = next_comm_id();
-  c.tid = next_tid();
-  c.owner = owner;
-  c.active = true;
+  Conn c = active_conn(qp, dst, port, owner, State::kReqSent);
   c.app_qp = app_qp;
-  c.state = State::kReqSent;
-  c.qpn = qp->qpn;
-  c.qp_handle = qp->handle;
-  c.peer = dst;
-  c.peer_port = port;
-  c.local_port = next_src_port();
   c.rq_psn = next_psn() & 0xffffff;
   c.mtu = std::min(p.mtu, cfg_.max_mtu);
   c.responder_resources = std::min<std::uint8_t>(p.responder_resources, transport::kMaxRdAtomic);
@@ -310,12 +300,7 @@ int CmAgent::connect(Qp* qp, const wire::IpAddr& dst, std::uint16_t port, wire::
   r.primary.flow_label_rate.set(17);  // packet rate 200 Gb/s, what Linux advertises for a soft port
   r.primary.hop_limit = 64;
   r.primary.ack_timeout = static_cast<std::uint8_t>(c.ack_timeout << 3);
-  auto* h = reinterpret_cast<CmaHdr*>(r.private_data);
-  h->cma_version = 0;
-  h->ip_version = dst.is_v4_mapped() ? 0x40 : 0x60;
-  h->src_port.set(c.local_port);
-  cma_addr(eng_.config().ip, h->src_addr);
-  cma_addr(dst, h->dst_addr);
+  put_cma_hdr(r.private_data, dst, c.local_port);
   copy_priv(r.private_data + sizeof(CmaHdr), kReqUserPrivate, priv);
   id = c.local_id;
   auto& stored = conns_[c.local_id] = c;
@@ -635,32 +620,42 @@ void CmAgent::on_mra(const Mad& m, const wire::IpAddr& src) {
 
 // ------------------------------------------------------------ SIDR (UD)
 
-int CmAgent::sidr_connect(Qp* qp, const wire::IpAddr& dst, std::uint16_t port, wire::ConstBytes priv,
-                          std::uint32_t owner, std::uint64_t now, std::uint32_t& id) {
-  if (priv.size() > kSidrUserPrivate) return EINVAL;
+CmAgent::Conn CmAgent::active_conn(const Qp* qp, const wire::IpAddr& dst, std::uint16_t port, std::uint32_t owner,
+                                   State state) {
   Conn c;
   c.local_id = next_comm_id();
   c.tid = next_tid();
   c.owner = owner;
   c.active = true;
-  c.ud = true;
-  c.state = State::kSidrSent;
+  c.state = state;
   c.qpn = qp->qpn;
   c.qp_handle = qp->handle;
   c.peer = dst;
   c.peer_port = port;
   c.local_port = next_src_port();
+  return c;
+}
+
+void CmAgent::put_cma_hdr(std::uint8_t* priv, const wire::IpAddr& dst, std::uint16_t src_port) const {
+  auto* h = reinterpret_cast<CmaHdr*>(priv);
+  h->cma_version = 0;
+  h->ip_version = dst.is_v4_mapped() ? 0x40 : 0x60;
+  h->src_port.set(src_port);
+  cma_addr(eng_.config().ip, h->src_addr);
+  cma_addr(dst, h->dst_addr);
+}
+
+int CmAgent::sidr_connect(Qp* qp, const wire::IpAddr& dst, std::uint16_t port, wire::ConstBytes priv,
+                          std::uint32_t owner, std::uint64_t now, std::uint32_t& id) {
+  if (priv.size() > kSidrUserPrivate) return EINVAL;
+  Conn c = active_conn(qp, dst, port, owner, State::kSidrSent);
+  c.ud = true;
   Mad m = Mad::make(Attr::kSidrReq, c.tid);
   SidrReq& r = m.as<SidrReq>();
   r.request_id.set(c.local_id);
   r.pkey.set(0xffff);
   r.service_id.set(service_id(kPortSpaceUdp, port));
-  auto* h = reinterpret_cast<CmaHdr*>(r.private_data);
-  h->cma_version = 0;
-  h->ip_version = dst.is_v4_mapped() ? 0x40 : 0x60;
-  h->src_port.set(c.local_port);
-  cma_addr(eng_.config().ip, h->src_addr);
-  cma_addr(dst, h->dst_addr);
+  put_cma_hdr(r.private_data, dst, c.local_port);
   copy_priv(r.private_data + sizeof(CmaHdr), kSidrUserPrivate, priv);
   id = c.local_id;
   auto& stored = conns_[c.local_id] = c;

@@ -212,6 +212,11 @@ class CmAgent {
   void on_mra(const Mad& m, const wire::IpAddr& src);
   void on_sidr_req(const Mad& m, const wire::IpAddr& src, std::uint64_t now);
   void on_sidr_rep(const Mad& m, const wire::IpAddr& src);
+  /// A new active-side connection (REQ or SIDR_REQ) from `qp` to dst:port.
+  Conn active_conn(const transport::Qp* qp, const wire::IpAddr& dst, std::uint16_t port, std::uint32_t owner,
+                   State state);
+  /// RDMA CM's header at the start of a REQ's or SIDR_REQ's private data.
+  void put_cma_hdr(std::uint8_t* priv, const wire::IpAddr& dst, std::uint16_t src_port) const;
   int sidr_connect(transport::Qp* qp, const wire::IpAddr& dst, std::uint16_t port, wire::ConstBytes priv,
                    std::uint32_t owner, std::uint64_t now, std::uint32_t& id);
   void send_sidr_rep(Conn& c, std::uint8_t status, std::uint32_t qpn, std::uint32_t qkey, wire::ConstBytes priv,

@@ -611,39 +611,29 @@ int cm_call(uroce_context* ctx, std::uint16_t type, uroce_cm_msg& m, const uroce
   return call(ctx, type, &m, sizeof m, -1, reply, rlen);
 }
 
+/// A listen or unlisten of a port, in RDMA_PS_UDP's space with UROCE_CM_UD.
+int cm_port_call(uroce_context* ctx, std::uint16_t type, std::uint16_t port, std::uint8_t flags) {
+  if (!ctx) return set_error(EINVAL, "no context");
+  if (flags && ctx->minor < 9) return set_error(EOPNOTSUPP, "this uroced has no SIDR (ABI minor < 9)");
+  uroce_cm_msg m{};
+  m.port = port;
+  m.flags = flags;
+  return cm_call(ctx, type, m, nullptr);
+}
+
 }  // namespace
 
 extern "C" {
 
-int uroce_cm_listen(uroce_context* ctx, std::uint16_t port) {
-  if (!ctx) return set_error(EINVAL, "no context");
-  uroce_cm_msg m{};
-  m.port = port;
-  return cm_call(ctx, UROCE_MSG_CM_LISTEN, m, nullptr);
-}
-
+int uroce_cm_listen(uroce_context* ctx, std::uint16_t port) { return cm_port_call(ctx, UROCE_MSG_CM_LISTEN, port, 0); }
 int uroce_cm_unlisten(uroce_context* ctx, std::uint16_t port) {
-  if (!ctx) return set_error(EINVAL, "no context");
-  uroce_cm_msg m{};
-  m.port = port;
-  return cm_call(ctx, UROCE_MSG_CM_UNLISTEN, m, nullptr);
+  return cm_port_call(ctx, UROCE_MSG_CM_UNLISTEN, port, 0);
 }
-
 int uroce_cm_listen_ud(uroce_context* ctx, std::uint16_t port) {
-  if (!ctx) return set_error(EINVAL, "no context");
-  if (ctx->minor < 9) return set_error(EOPNOTSUPP, "this uroced has no SIDR (ABI minor < 9)");
-  uroce_cm_msg m{};
-  m.port = port;
-  m.flags = UROCE_CM_UD;
-  return cm_call(ctx, UROCE_MSG_CM_LISTEN, m, nullptr);
+  return cm_port_call(ctx, UROCE_MSG_CM_LISTEN, port, UROCE_CM_UD);
 }
-
 int uroce_cm_unlisten_ud(uroce_context* ctx, std::uint16_t port) {
-  if (!ctx) return set_error(EINVAL, "no context");
-  uroce_cm_msg m{};
-  m.port = port;
-  m.flags = UROCE_CM_UD;
-  return cm_call(ctx, UROCE_MSG_CM_UNLISTEN, m, nullptr);
+  return cm_port_call(ctx, UROCE_MSG_CM_UNLISTEN, port, UROCE_CM_UD);
 }
 
 int uroce_cm_connect(uroce_qp* qp, const ibv_gid* dgid, std::uint16_t port, const uroce_cm_param* p,
