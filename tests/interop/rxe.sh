@@ -41,6 +41,8 @@ for pct in 1 5; do
   if [ "$pct" = 1 ]; then
     stock_perftest "loss$pct" write_bw 20 "-u 18"
     stock_perftest "loss$pct" send_lat 20 "-u 18"
+    stock_perftest "loss$pct" read_bw 20 "-u 18"
+    stock_perftest "loss$pct" write_lat 20 "-u 18"
     stock_rping "loss$pct" 3
   fi
   stop_daemon
