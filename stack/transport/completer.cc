@@ -80,6 +80,7 @@ void Engine::on_response(Qp& qp, const wire::Packet& pkt, std::uint64_t now) {
   }
 
   bool progress = false;
+  const Psn una_before = r.una;
   const std::uint8_t syn = pkt.aeth() ? pkt.aeth()->syndrome : 0;
   if (pkt.opcode == op::kRcAck) {
     switch (wire::aeth_kind(syn)) {
@@ -131,6 +132,7 @@ void Engine::on_response(Qp& qp, const wire::Packet& pkt, std::uint64_t now) {
           // same message is its echo (the later packets arrived after the
           // RNR'd one was refused): the RNR retry covers it, and nothing was lost.
           if (r.rnr_until != 0) return;
+          cc_event(qp, [now](cc::Algorithm& a) { a.on_nak(now); });
           if (!r.retry_pending) retry_or_fail(qp, now, false, p);
           return;
         }
@@ -237,6 +239,7 @@ void Engine::on_response(Qp& qp, const wire::Packet& pkt, std::uint64_t now) {
     }
   }
   if (progress) {
+    on_acked(qp, una_before, now);
     // Forward progress resets the retry budget and restarts the timer.
     r.retry_pending = false;
     r.retry_left = qp.retry_cnt;
@@ -269,8 +272,26 @@ void Engine::retry_or_fail(Qp& qp, std::uint64_t now, bool from_timeout, std::op
   activate(qp);
 }
 
+void Engine::on_acked(Qp& qp, Psn una_before, std::uint64_t now) {
+  Requester& r = qp.req;
+  while (r.probe_count != 0 && is_before(r.probes[r.probe_head].psn, r.una)) {
+    // A probe is acknowledged: a round-trip sample.
+    const std::uint64_t rtt = now - r.probes[r.probe_head].sent;
+    r.probe_head = (r.probe_head + 1) % Requester::kProbes;
+    --r.probe_count;
+    qp.rtt.add(rtt);
+    cc_event(qp, [now, rtt](cc::Algorithm& a) { a.on_rtt(now, rtt); });
+  }
+  const std::int32_t acked = distance(una_before, r.una);
+  if (acked > 0) cc_event(qp, [now, acked](cc::Algorithm& a) { a.on_ack(now, static_cast<std::uint32_t>(acked)); });
+}
+
 void Engine::on_timers(Qp& qp, std::uint64_t now) {
   Requester& r = qp.req;
+  if (qp.cc) {
+    const std::uint64_t t = qp.cc->next_timer();
+    if (t != 0 && now >= t) cc_event(qp, [now](cc::Algorithm& a) { a.on_timer(now); });
+  }
   if (r.rnr_until != 0 && now >= r.rnr_until) {
     r.rnr_until = 0;
     arm_retry(qp, now);
@@ -279,6 +300,7 @@ void Engine::on_timers(Qp& qp, std::uint64_t now) {
     r.retry_deadline = 0;
     if (r.una == r.sent_hi) return;  // everything acknowledged meanwhile
     qp.ctr.inc(QpCounter::timeouts);
+    cc_event(qp, [now](cc::Algorithm& a) { a.on_timeout(now); });
     retry_or_fail(qp, now, true);
   }
 }

@@ -25,6 +25,7 @@ namespace uroce::transport {
   X(sent_seq_naks, "PSN sequence error NAKs sent")                           \
   X(rcvd_naks, "NAKs received other than sequence and RNR")                  \
   X(retransmitted_pkts, "packets sent again by go-back-N")                   \
+  X(retransmitted_bytes, "frame bytes of the packets sent again by go-back-N") \
   X(timeouts, "retransmit timer expiries")                                   \
   X(ghost_acks, "ACKs/NAKs for PSNs never sent, dropped")                    \
   X(duplicate_acks, "ACKs for PSNs already acknowledged")                    \

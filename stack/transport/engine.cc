@@ -51,6 +51,7 @@ std::size_t TxFrame::copy_to(wire::Bytes out) const {
 }
 
 Engine::Engine(const EngineConfig& cfg) : cfg_(cfg), mrs_(cfg.max_mrs, cfg.seed), tx_(cfg.tx_ring) {
+  if (cc::find(cfg_.cc) == nullptr) cfg_.cc = "none";  // callers check the name first (the daemon's options do)
   if (cfg_.qpn_stride == 0) cfg_.qpn_stride = 1;
   // The port's own address, for QPs connected on this device (loopback):
   // the driver turns frames to its own MAC around.
@@ -199,6 +200,7 @@ Qp* Engine::create_qp(Pd* pd, const QpInitAttr& attr) {
     qp->rq = RecvQueue(c.max_recv_wr, c.max_recv_sge, UROCE_RING_RECV, attr.rq_ring);
   }
   qp->handle = next_handle_++;
+  qp->window = cfg_.send_window;
   ++pd->refs;
   if (attr.gsi) {  // not counted in qp_count(): it belongs to the port, not to an application
     qp->qkey = kGsiQkey;
@@ -207,7 +209,9 @@ Qp* Engine::create_qp(Pd* pd, const QpInitAttr& attr) {
   }
   ++qps_live_;
   *slot = std::move(qp);
-  return slot->get();
+  Qp* made = slot->get();
+  if (made->type != IBV_QPT_UD) set_cc(made, cfg_.cc);  // the port's default (checked when the engine was made)
+  return made;
 }
 
 int Engine::destroy_qp(Qp* qp) {
@@ -442,6 +446,7 @@ ModifyResult Engine::modify_qp(Qp* qp, const ibv_qp_attr& a, int mask) {
     qp->req = Requester{};
     qp->req.cursor = qp->sq.head();  // the shadow's indices go on from the ring's
     qp->resp = Responder{};
+    qp->rtt = cc::RttStats{};
   }
   if (to == IBV_QPS_RTS && from == IBV_QPS_RTR) {
     qp->req.retry_left = qp->retry_cnt;
@@ -449,6 +454,8 @@ ModifyResult Engine::modify_qp(Qp* qp, const ibv_qp_attr& a, int mask) {
     qp->udp_sport = wire::udp_sport_for(qp->qpn, qp->dest_qp_num);
   }
   if (to == IBV_QPS_RTR && qp->type == IBV_QPT_UD) qp->udp_sport = wire::udp_sport_for(qp->qpn, qp->qpn);
+  // The algorithm starts afresh on the path it now has (its MTU).
+  if (to == IBV_QPS_RTR && from != IBV_QPS_RTR && qp->cc) set_cc(qp, qp->cc->name());
   // Sends an application published before RTS are refused now, in the old
   // state, whether or not a kick came first: they never run.
   if (to == IBV_QPS_RTS && !can_post_send(from)) kick(qp);
@@ -960,6 +967,7 @@ void Engine::finish_frame(TxFrame& f, Qp& qp, const wire::FrameSpec& spec, std::
 
 void Engine::notify_congestion(Qp& qp, std::uint64_t now) {
   qp.ctr.inc(QpCounter::ce_marked);
+  cc_event(qp, [now](cc::Algorithm& a) { a.on_ce(now); });
   if (cfg_.cnp_interval_ns == 0 || now < qp.cnp_next) return;
   TxFrame* f = tx_slot();
   if (f == nullptr) return;  // counted as tx_ring_full; the next CE mark tries again
@@ -1007,6 +1015,7 @@ RxVerdict Engine::rx(wire::ConstBytes frame, std::uint64_t now) {
       return drop(PortCounter::rx_cnp_dropped, RxVerdict::kCnp);
     port_ctr_.inc(PortCounter::rx_cnp);
     qp->ctr.inc(QpCounter::cnp_received);
+    cc_event(*qp, [now](cc::Algorithm& a) { a.on_cnp(now); });
     return RxVerdict::kCnp;
   }
   if (qp == nullptr) return drop(PortCounter::rx_unknown_qp, RxVerdict::kUnknownQp);
@@ -1063,7 +1072,7 @@ void Engine::poll(std::uint64_t now) {
     if (live && (qp.state == IBV_QPS_RTS || qp.state == IBV_QPS_SQD)) run_requester(qp, now);
     run_responses(qp);
     const bool idle = qp.resp.out.empty() && (!live || (qp.sq.empty() && qp.req.retry_deadline == 0 &&
-                                                         qp.req.rnr_until == 0));
+                                                         qp.req.rnr_until == 0 && !(qp.cc && qp.cc->next_timer())));
     if (idle || qp.state == IBV_QPS_ERR || qp.state == IBV_QPS_RESET) {
       qp.active = false;
       active_[i] = active_.back();
@@ -1080,7 +1089,8 @@ std::uint64_t Engine::next_deadline() const {
   for (const Qp* qp : active_) {
     // A paced QP with packets to send wakes at its next packet's time.
     const std::uint64_t pace = qp->rate_bps != 0 && qp->req.cursor != qp->sq.tail() ? qp->req.pace_next : 0;
-    for (std::uint64_t d : {qp->req.retry_deadline, qp->req.rnr_until, pace})
+    const std::uint64_t cct = qp->cc ? qp->cc->next_timer() : 0;
+    for (std::uint64_t d : {qp->req.retry_deadline, qp->req.rnr_until, pace, cct})
       if (d != 0 && (best == 0 || d < best)) best = d;
   }
   return best;
@@ -1088,9 +1098,42 @@ std::uint64_t Engine::next_deadline() const {
 
 int Engine::set_rate(Qp* qp, std::uint64_t bits_per_s) {
   if (qp == nullptr || qp->quarantine_until) return EINVAL;
-  qp->rate_bps = bits_per_s;
-  if (bits_per_s == 0) qp->req.pace_next = 0;
+  qp->rate_limit_bps = bits_per_s;
+  apply_cc(*qp);
   return 0;
+}
+
+int Engine::set_cc(Qp* qp, std::string_view name) {
+  if (qp == nullptr || qp->quarantine_until) return EINVAL;
+  const cc::Entry* e = cc::find(name);
+  if (e == nullptr) return EINVAL;
+  if (qp->type == IBV_QPT_UD && e->make) return EOPNOTSUPP;  // no CNPs or ACKs to react to
+  qp->cc = e->make ? e->make(cc::Path{cfg_.line_rate_bps, qp->mtu, cfg_.send_window}) : nullptr;
+  apply_cc(*qp);
+  if (qp->cc && qp->cc->next_timer()) activate(*qp);
+  return 0;
+}
+
+void Engine::apply_cc(Qp& qp) {
+  const cc::Limits l = qp.cc ? qp.cc->limits : cc::Limits{};
+  std::uint64_t rate = qp.rate_limit_bps;
+  if (l.rate_bps != 0 && (rate == 0 || l.rate_bps < rate)) rate = l.rate_bps;
+  if (rate == 0) qp.req.pace_next = 0;
+  qp.rate_bps = rate;
+  qp.window = l.window != 0 && l.window < cfg_.send_window ? l.window : cfg_.send_window;
+}
+
+CcReport Engine::cc_report(const Qp& qp) const {
+  CcReport r;
+  r.algorithm = qp.cc ? qp.cc->name() : "none";
+  if (qp.cc) r.state = qp.cc->state();
+  r.pace_bps = qp.rate_bps;
+  r.window = qp.window;
+  r.rtt_samples = qp.rtt.count();
+  r.rtt_min_ns = qp.rtt.min();
+  r.rtt_mean_ns = qp.rtt.mean();
+  r.rtt_p99_ns = qp.rtt.quantile(0.99);
+  return r;
 }
 
 }  // namespace uroce::transport

@@ -56,6 +56,20 @@ struct EngineConfig {
   /// engine with the field zero. (It is not covered by the ICRC.)
   bool ipv4_checksum_offload = false;
   std::uint64_t seed = 1;
+  /// The congestion control every new RC and UC QP starts with (a name in
+  /// cc::registry(); set_cc changes one QP's), and the port's rate it
+  /// starts from.
+  std::string cc = "none";
+  std::uint64_t line_rate_bps = 100'000'000'000;
+};
+
+/// A QP's congestion control as telemetry shows it (Engine::cc_report).
+struct CcReport {
+  std::string_view algorithm;
+  cc::State state;
+  std::uint64_t pace_bps = 0;  // the pacer's rate now (0: unpaced)
+  std::uint32_t window = 0;    // packets in flight allowed now
+  std::uint64_t rtt_samples = 0, rtt_min_ns = 0, rtt_mean_ns = 0, rtt_p99_ns = 0;
 };
 
 /// A frame queued for transmission: headers in place, payload by reference
@@ -144,6 +158,14 @@ class Engine {
   /// frame. No timer of its own: the requester waits while the next
   /// packet's time has not come, and next_deadline() says when it has.
   int set_rate(Qp* qp, std::uint64_t bits_per_s);
+  /// Gives an RC or UC QP the congestion control of that name (a fresh
+  /// one; "none" removes it): 0, EINVAL (no such QP or algorithm) or
+  /// EOPNOTSUPP (an algorithm for a UD QP). Control path: it allocates.
+  /// The pacer then runs at the lower of set_rate's rate and the
+  /// algorithm's, and the window is the lower of send_window and its.
+  int set_cc(Qp* qp, std::string_view name);
+  /// The QP's rate, window, algorithm state and round-trip statistics.
+  [[nodiscard]] CcReport cc_report(const Qp& qp) const;
   /// RESET (or INIT) -> INIT -> RTR -> RTS with abi::bring_up_steps, the
   /// one bring-up sequence every caller uses.
   ModifyResult bring_up(Qp* qp, const abi::Connect& c);
@@ -264,6 +286,17 @@ class Engine {
   ibv_wc_status exec_local(Qp& qp, const SendWqe& w);
   /// Completes the oldest WQEs while they are executed local ones.
   void retire_local(Qp& qp);
+  /// Sets the QP's pacer rate and window from set_rate and its algorithm.
+  void apply_cc(Qp& qp);
+  /// Runs one congestion-control hook, then takes its limits (nothing
+  /// without an algorithm).
+  template <typename F>
+  void cc_event(Qp& qp, F&& hook) {
+    if (!qp.cc) return;
+    hook(*qp.cc);
+    apply_cc(qp);
+    if (!qp.active && qp.cc->next_timer() != 0) activate(qp);  // its timer needs the poll loop
+  }
 
   // requester.cc
   void run_requester(Qp& qp, std::uint64_t now);
@@ -300,6 +333,9 @@ class Engine {
   bool ack_upto(Qp& qp, wire::Psn psn);
   void retry_or_fail(Qp& qp, std::uint64_t now, bool from_timeout, std::optional<wire::Psn> from = std::nullopt);
   void on_timers(Qp& qp, std::uint64_t now);
+  /// una moved on from `una_before`: the round-trip sample, if the probe
+  /// is now acknowledged, and the congestion control's ACK hook.
+  void on_acked(Qp& qp, wire::Psn una_before, std::uint64_t now);
 
   EngineConfig cfg_;
   MrTable mrs_;

@@ -6,7 +6,9 @@
 
 #include <array>
 #include <cstdint>
+#include <memory>
 
+#include "stack/cc/cc.h"
 #include "stack/transport/counters.h"
 #include "stack/transport/objects.h"
 #include "stack/transport/fifo.h"
@@ -76,6 +78,17 @@ struct Requester {
   /// The pacer: the earliest time (ns) the next request packet may leave
   /// while the QP has a rate (Qp::rate_bps).
   std::uint64_t pace_next = 0;
+  /// Round-trip probes: request packets sent for the first time that asked
+  /// for an ACK, oldest first, with when they left. Each one's
+  /// acknowledgement is a sample; go-back-N voids them all (Karn's rule:
+  /// the ACK of a resent packet is ambiguous).
+  struct Probe {
+    wire::Psn psn{};
+    std::uint64_t sent = 0;
+  };
+  static constexpr std::uint32_t kProbes = 16;
+  std::array<Probe, kProbes> probes{};
+  std::uint32_t probe_head = 0, probe_count = 0;
 };
 
 /// One executed READ or atomic, kept so a duplicate can be answered without
@@ -185,8 +198,16 @@ class Qp {
   QpCounters ctr;
 
   /// The pacer's rate for request packets, bits per second of frame bytes
-  /// (Ethernet header to ICRC); 0: unpaced (Engine::set_rate).
+  /// (Ethernet header to ICRC); 0: unpaced. The lower of set_rate's limit
+  /// and the congestion control's rate.
   std::uint64_t rate_bps = 0;
+  std::uint64_t rate_limit_bps = 0;  // Engine::set_rate's (0: none)
+  /// Request packets in flight at most (RC): the engine's send_window, or
+  /// the congestion control's window when that is lower.
+  std::uint32_t window = 0;
+  /// Congestion control (Engine::set_cc); null for "none".
+  std::unique_ptr<cc::Algorithm> cc;
+  cc::RttStats rtt;
   // Notification point: when this QP may send its next CNP (ns; 0: at once).
   std::uint64_t cnp_next = 0;
 

@@ -134,7 +134,7 @@ bool Engine::send_next_packet(Qp& qp, std::uint64_t now) {
   }
 
   const Psn psn = w.first_psn + r.cursor_pkt;
-  if (rc && distance(r.una, psn) >= static_cast<std::int32_t>(cfg_.send_window)) return false;
+  if (rc && distance(r.una, psn) >= static_cast<std::int32_t>(qp.window)) return false;
   // A later (or resent) packet that carries payload checks the memory again,
   // before it takes a TX slot: the MR may have been deregistered since the
   // WQE started (the application's mistake, which must not become a read of
@@ -241,7 +241,15 @@ bool Engine::send_next_packet(Qp& qp, std::uint64_t now) {
     const std::uint64_t bytes = std::uint64_t{f->size()} * (twice ? 2 : 1);
     r.pace_next = now + bytes * 8'000'000'000ull / qp.rate_bps;
   }
-  if (is_before(psn, r.sent_hi)) qp.ctr.inc(QpCounter::retransmitted_pkts);
+  const bool resent = is_before(psn, r.sent_hi);
+  if (resent) {
+    qp.ctr.inc(QpCounter::retransmitted_pkts);
+    qp.ctr.inc(QpCounter::retransmitted_bytes, f->size());
+  } else if (rc && spec.ackreq && r.probe_count < Requester::kProbes) {
+    // A round-trip probe: a packet sent for the first time that asks for an ACK.
+    r.probes[(r.probe_head + r.probe_count++) % Requester::kProbes] = {psn, now};
+  }
+  cc_event(qp, [now, f](cc::Algorithm& a) { a.on_tx(now, static_cast<std::uint32_t>(f->size())); });
   const Psn end = psn + (one_packet ? w.npkts : 1);
   if (!is_before(end, r.sent_hi)) r.sent_hi = end;
 
@@ -264,6 +272,7 @@ void Engine::go_back(Qp& qp, Psn from) {
   // Find the WQE holding `from`; the cursor restarts there, mid-message if
   // need be, and everything after it is sent again (IBTA 9.7.5.2.7).
   Requester& r = qp.req;
+  r.probe_count = 0;  // their ACKs could now be the resent copies
   for (std::uint32_t i = qp.sq.head(); i != qp.sq.tail(); ++i) {
     SendWqe& w = qp.sq.at(i);
     if (!w.started) break;

@@ -91,14 +91,19 @@ struct Driver {
   }
 };
 
-TEST(NoAlloc, DataPathAllocatesNothingAfterWarmUp) {
-  Pair p(5, 4u << 20);
+class NoAllocCc : public ::testing::TestWithParam<const char*> {};
+
+// Each congestion control too: its hooks run on the data path. CE marks
+// make the CNPs that DCQCN reacts to.
+TEST_P(NoAllocCc, DataPathAllocatesNothingAfterWarmUp) {
+  Pair p(5, 4u << 20, 64, false, [](int, EngineConfig& c) { c.cc = GetParam(); });
   const QpPair q = p.connect();
   sim::Impairments imp;
   imp.loss = 0.02;
   imp.dup = 0.02;
   imp.reorder = 0.02;
   imp.corrupt = 0.01;
+  imp.ce = 0.05;
   p.wire.set_impairments(imp);
   Driver d{p, q};
   for (int i = 0; i < 20; ++i) d.batch();  // warm-up
@@ -111,7 +116,10 @@ TEST(NoAlloc, DataPathAllocatesNothingAfterWarmUp) {
   EXPECT_EQ(d.done_a, d.posted);
   EXPECT_GT(q.a->ctr[transport::QpCounter::retransmitted_pkts], 0u);  // the recovery paths ran
   EXPECT_EQ(g_allocs.load(), 0u) << "allocations on the data path";
+  EXPECT_EQ(p.A().cc_report(*q.a).algorithm, GetParam());
+  if (std::string_view(GetParam()) == "dcqcn") EXPECT_GT(q.a->ctr[transport::QpCounter::cnp_received], 0u);
 }
+INSTANTIATE_TEST_SUITE_P(Cc, NoAllocCc, ::testing::Values("none", "dcqcn", "swift"));
 
 // The same through rings an application shares: A's QP and CQ are placed in
 // memory the test holds, the test is the application (it publishes send
