@@ -192,6 +192,24 @@ void learn_cb(void*, const wire::IpAddr& ip, const wire::MacAddr& mac) {
 
 }  // namespace
 
+namespace {
+/// A QP's congestion control as the status shows it (uroce-ctl watch and
+/// telemetry read it).
+nlohmann::ordered_json cc_json(const transport::CcReport& r) {
+  return {{"algorithm", std::string(r.algorithm)},
+          {"pace_bps", r.pace_bps},
+          {"window", r.window},
+          {"rate_bps", r.state.rate_bps},
+          {"target_bps", r.state.target_bps},
+          {"alpha", r.state.alpha},
+          {"cwnd", r.state.window},
+          {"rtt_samples", r.rtt_samples},
+          {"rtt_min_ns", r.rtt_min_ns},
+          {"rtt_mean_ns", r.rtt_mean_ns},
+          {"rtt_p99_ns", r.rtt_p99_ns}};
+}
+}  // namespace
+
 std::string Node::status_json() const {
   return status().dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
@@ -242,6 +260,7 @@ nlohmann::ordered_json Node::status() const {
                 {"peer", q.remote_ip.to_string()},
                 {"sq_depth", q.sq.size()}};
       for (std::size_t i = 0; i < transport::kQpCounterNames.size(); ++i) e[transport::kQpCounterNames[i]] = q.ctr.v[i];
+      e["cc"] = cc_json(p.eng->cc_report(q));
       qps.push_back(e);
     });
     o["qp_list" + pre] = qps;
@@ -350,9 +369,28 @@ class Node::ControlServer {
         log(1, "fault injection changed", "dir=" + dir + " config=\"" + c.to_string() + "\"");
         return ok();
       }
+      if (cmd == "cc") {
+        // cc QPN NAME: one QP's congestion control, live. Like fault, only
+        // with one pipeline: its QPs belong to this lcore.
+        std::string qpn_text, name;
+        ls >> qpn_text >> name;
+        char* end = nullptr;
+        const unsigned long qpn = std::strtoul(qpn_text.c_str(), &end, 0);
+        if (qpn_text.empty() || *end != '\0' || name.empty()) return error("usage: cc QPN none|dcqcn|swift");
+        if (d.pipes_.size() != 1) return error("live congestion-control changes need a single pipeline; use --cc at start");
+        transport::Engine& eng = *d.pipes_[0]->eng;
+        transport::Qp* qp = qpn <= 0xffffff ? eng.find_qp(static_cast<std::uint32_t>(qpn)) : nullptr;
+        if (qp == nullptr) return error("no such QP");
+        if (cc::find(name) == nullptr) return error("no congestion control named '" + name.substr(0, 32) + "'");
+        const int rc = eng.set_cc(qp, name);
+        if (rc == EOPNOTSUPP) return error("congestion control is for RC and UC QPs");
+        if (rc != 0) return error(std::strerror(rc));
+        log(1, "congestion control changed", "qpn=" + std::to_string(qpn) + " cc=" + name);
+        return ok();
+      }
       // The command is echoed back, cut short: escaped by the JSON library
       // (quotes, backslashes, control bytes, invalid UTF-8 replaced).
-      return error("unknown command '" + cmd.substr(0, 64) + "' (status, fault, stop)");
+      return error("unknown command '" + cmd.substr(0, 64) + "' (status, fault, cc, stop)");
     }
   };
   void accept() {
@@ -501,6 +539,11 @@ std::unique_ptr<Node> Node::start(const NodeOptions& o, bool embedded, std::stri
       ec.ecn = static_cast<std::uint8_t>(o.ecn);
       ec.cnp_interval_ns = std::uint64_t{o.cnp_interval_us} * 1000;
       ec.cnp_dscp = static_cast<std::uint8_t>(o.cnp_dscp);
+      ec.cc = o.cc;
+      {
+        const std::uint64_t link_mbps = port->link().speed_mbps;
+        ec.line_rate_bps = (o.line_rate_mbps ? o.line_rate_mbps : link_mbps ? link_mbps : 10'000) * 1'000'000;
+      }
       ec.vlan_tci = static_cast<std::uint16_t>(o.vlan ? (o.pcp << 13) | o.vlan : 0);
       ec.seed = seed + n->pipes_.size();
       ec.ipv4_checksum_offload = port->ipv4_checksum_offload();

@@ -1,5 +1,7 @@
 #include "control/node/options.h"
 
+#include "stack/cc/cc.h"
+
 #include <grp.h>
 #include <sys/stat.h>
 
@@ -77,6 +79,8 @@ ParseResult parse_options(int argc, const char* const* argv, NodeOptions& out, s
   bool busy_poll = false;
   unsigned mem_mb = out.mem_mb, vlan = out.vlan, pcp = out.pcp, dscp = out.dscp, ecn = out.ecn, lcore = 0;
   unsigned cnp_interval_us = out.cnp_interval_us, cnp_dscp = out.cnp_dscp;
+  std::string cc = out.cc;
+  std::uint64_t line_rate_mbps = out.line_rate_mbps;
   unsigned mtu = out.mtu;
   double duration = 0;
 
@@ -104,6 +108,10 @@ ParseResult parse_options(int argc, const char* const* argv, NodeOptions& out, s
        "a CE-marked packet makes a CNP to the peer QP, at most one per QP per this many us, 0..1000000; 0 sends none "
        "(default 50, as the DCQCN paper)")
       ("cnp-dscp", po::value(&cnp_dscp), "DSCP of the CNPs sent, 0..63 (default 48, as mlx5)")
+      ("cc", po::value(&cc), "congestion control of every new RC and UC QP: none, dcqcn or swift (default none; "
+                             "uroce-ctl cc changes one QP's)")
+      ("line-rate-mbps", po::value(&line_rate_mbps),
+       "the rate congestion control starts from, in Mb/s (default: the link's speed, or 10000 if it reports none)")
       ("capture", po::value(&capture_path), "write all RoCE traffic, both directions, to this pcap file")
       ("ctl-socket", po::value(&ctl_path), "Unix socket for status and control (status, fault, stop)")
       ("fault-rx", po::value(&fault_rx), "RX fault injection, e.g. drop=0.01,dup=0.01,reorder=0.02")
@@ -234,6 +242,12 @@ ParseResult parse_options(int argc, const char* const* argv, NodeOptions& out, s
   if (ecn > 3) return bad("--ecn must be 0..3");
   if (cnp_interval_us > 1'000'000) return bad("--cnp-interval-us must be 0..1000000");
   if (cnp_dscp > 63) return bad("--cnp-dscp must be 0..63");
+  if (cc::find(cc) == nullptr) {
+    std::string names;
+    for (const cc::Entry& e : cc::registry()) names += (names.empty() ? "" : ", ") + std::string(e.name);
+    return bad("--cc must be one of " + names);
+  }
+  if (line_rate_mbps > 10'000'000) return bad("--line-rate-mbps must be 0..10000000");
   if (!std::isfinite(duration) || duration < 0 || duration > 1e7) return bad("--duration must be 0..10000000 seconds");
   if (mem_mb < 64 || mem_mb > (1u << 20)) return bad("--mem-mb must be 64..1048576");
   if (lcore >= RTE_MAX_LCORE) return bad("--lcore must be below " + std::to_string(RTE_MAX_LCORE));
@@ -303,6 +317,8 @@ ParseResult parse_options(int argc, const char* const* argv, NodeOptions& out, s
   out.ecn = ecn;
   out.cnp_interval_us = cnp_interval_us;
   out.cnp_dscp = cnp_dscp;
+  out.cc = cc;
+  out.line_rate_mbps = line_rate_mbps;
   out.capture = capture_path;
   out.ctl_socket = ctl_path;
   out.fault_rx = frx;

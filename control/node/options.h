@@ -51,6 +51,8 @@ struct NodeOptions {
   std::vector<std::pair<wire::IpAddr, wire::MacAddr>> neighbors;  // static entries
   unsigned vlan = 0, pcp = 0, dscp = 0, ecn = 2;
   unsigned cnp_interval_us = 50, cnp_dscp = 48;  // the notification point (EngineConfig)
+  std::string cc = "none";       // every new RC/UC QP's congestion control (cc::registry)
+  std::uint64_t line_rate_mbps = 0;  // the rate congestion control starts from; 0: the link's speed
   std::string capture, ctl_socket;
   pipeline::FaultConfig fault_rx, fault_tx;
   bool tx_copy = false;

@@ -3,7 +3,10 @@
 # RC traffic clean; then with the daemons' own fault injection (drop, dup,
 # reorder, corrupt) set at start on one side and changed at run time through
 # the control socket on the other; and CE marks by one side's injector
-# making CNPs that the other counts, and uroce-pcap finds on the wire.
+# making CNPs that the other counts, and uroce-pcap finds on the wire; and
+# those CNPs slowing the client's DCQCN (--cc dcqcn), whose rate, read by
+# uroce-ctl telemetry, falls while the marks last and climbs back to line
+# rate once the server's injector stops marking (changed live).
 . "$(dirname "$0")/lib.sh"
 need_root
 SOCK=$TMP/memif.sock
@@ -75,4 +78,51 @@ check "ecn: CE marks counted, and CNPs sent at most one per 50 us (fewer than th
   "[ ${ce:-0} -gt 100 ] && [ ${sent:-0} -gt 0 ] && [ ${sent:-0} -lt ${ce:-0} ]"
 check "ecn: every CNP sent was received and counted by the client" "[ ${rcvd:-0} -eq ${sent:-0} ]"
 check "ecn: uroce-pcap finds the CNPs on the wire" "[ ${wire:-0} -eq ${sent:-0} ]"
+
+echo "== memif, DCQCN: the client reacts to the CNPs, and recovers once the server stops marking"
+rm -f "$SOCK"
+start_traffic "" srv-dcqcn --port net_memif0 --vdev "net_memif0,role=server,socket=$SOCK" --ip 10.91.0.1 --lcore 0 \
+  --role server --size 4096 --timeout 16 --fault-rx ecn=0.2 --ctl-socket "$TMP/srv-dcqcn.ctl"
+sleep 1
+start_traffic "" cli-dcqcn --port net_memif0 --vdev "net_memif0,role=client,socket=$SOCK" --ip 10.91.0.2 --lcore 1 \
+  --role client --peer 127.0.0.1 --messages 40000 --size 4096 --timeout 16 --cc dcqcn --line-rate-mbps 10000 \
+  --ctl-socket "$TMP/cli-dcqcn.ctl"
+for i in $(seq 1 50); do [ -S "$TMP/cli-dcqcn.ctl" ] && break; sleep 0.1; done
+"$UROCE_CTL" --socket "$TMP/cli-dcqcn.ctl" telemetry --interval 20 --count 400 > "$TMP/dcqcn.jsonl" 2>/dev/null &
+TEL=$!
+sleep 1
+ctl "$TMP/srv-dcqcn.ctl" "fault rx off" > /dev/null
+sleep 0.4
+# One QP's algorithm, changed live over the control socket; refusals are clear.
+qp0() { /usr/bin/python3 -c 'import json,sys; q=json.loads(sys.argv[1])["qp_list"][0]; print(q["qpn"] if sys.argv[2] == "qpn" else q["cc"]["algorithm"])' "$1" "$2"; }
+qpn=$(qp0 "$(ctl "$TMP/cli-dcqcn.ctl" status)" qpn)
+r_bad=$(ctl "$TMP/cli-dcqcn.ctl" "cc $qpn cubic")
+r_noqp=$(ctl "$TMP/cli-dcqcn.ctl" "cc 0xfffff0 swift")
+r_ok=$(ctl "$TMP/cli-dcqcn.ctl" "cc $qpn none")
+now_cc=$(qp0 "$(ctl "$TMP/cli-dcqcn.ctl" status)" cc)
+check "cc: an unknown algorithm is refused by name" "echo '$r_bad' | grep -q 'no congestion control named'"
+check "cc: a QP that is not there is refused" "echo '$r_noqp' | grep -q 'no such QP'"
+check "cc: uroce-ctl's cc changes a live QP's algorithm (now $now_cc)" "echo '$r_ok' | grep -q '\"ok\": true' && [ '$now_cc' = none ]"
+wait_pair dcqcn
+wait $TEL 2>/dev/null
+read -r cut low alpha after <<< "$(/usr/bin/python3 - "$TMP/dcqcn.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+rows = [r for r in rows if r.get("algorithm") == "dcqcn"]
+# While marked: paced below the line (pace_bps > 0); the lowest rate seen.
+paced = [r for r in rows if r["pace_bps"] > 0]
+low = min((r["pace_bps"] for r in paced), default=0)
+alpha = max((r["alpha"] for r in rows), default=0)
+# After the last paced row: back at line rate (unpaced) with no CNP since.
+last = max((i for i, r in enumerate(rows) if r["pace_bps"] > 0), default=-1)
+after = [r for r in rows[last + 1:] if r["pace_bps"] == 0 and r["rate_bps"] >= 10e9]
+print(len(paced), low, alpha, len(after))
+PY
+)"
+echo "  client telemetry: $cut rows paced below line rate, lowest $((${low:-0} / 1000000)) Mb/s, alpha up to $alpha; $after rows back at line rate after"
+check "dcqcn: CNPs cut the client's rate (paced below the 10 Gb/s line)" "[ ${cut:-0} -gt 0 ] && [ ${low:-0} -gt 0 ] && [ ${low:-0} -lt 5000000000 ]"
+check "dcqcn: alpha rose with the CNPs" "/usr/bin/python3 -c 'import sys; sys.exit(0 if float(\"${alpha:-0}\") > 0.1 else 1)'"
+check "dcqcn: the rate recovered to line rate once the marks stopped" "[ ${after:-0} -gt 0 ]"
+err=$("$UROCED" --no-huge --port net_memif0 --ip 10.99.0.1 --cc cubic 2>&1 >/dev/null); rc=$?
+check "cc: uroced refuses an unknown --cc by name" "[ $rc -ne 0 ] && echo '$err' | grep -q 'cc must be one of none, dcqcn, swift'"
 finish

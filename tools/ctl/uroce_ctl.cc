@@ -4,7 +4,11 @@
 //   uroce-ctl [--socket PATH] json            the raw status object
 //   uroce-ctl [--socket PATH] watch [--interval MS] [--count N]
 //                                            a live view, updated in place, with rates
+//   uroce-ctl [--socket PATH] telemetry [--interval MS] [--count N]
+//                                            each QP's congestion control and
+//                                            counters, one JSON line per QP per interval
 //   uroce-ctl [--socket PATH] fault rx|tx SPEC|off
+//   uroce-ctl [--socket PATH] cc QPN none|dcqcn|swift
 //   uroce-ctl [--socket PATH] stop
 //
 // Exit status: 0 ok, 1 the daemon refused the request, 2 usage or connection error.
@@ -123,8 +127,9 @@ void render(const json& st, const json* prev, double secs) {
                 num(st, "port" + pre + ".rx_malformed"), num(st, "port" + pre + ".rx_icrc_err"),
                 num(st, "port" + pre + ".rx_unknown_qp"), num(st, "dataplane" + pre + ".rx_other"),
                 num(st, "dataplane" + pre + ".rx_arp_nd"), num(st, "dataplane" + pre + ".idle_sleeps"));
-    std::printf("  %-8s %-4s %-5s %-8s %-16s %12s %12s %8s %8s %6s %6s %8s %7s %7s\n", "QPN", "type", "state", "dest",
-                "peer", "sent", "rcvd", "retx", "timeout", "naks", "rnr", "ce", "cnp tx", "cnp rx");
+    std::printf("  %-8s %-4s %-5s %-8s %-16s %12s %12s %8s %8s %6s %6s %8s %7s %7s  %-6s %9s %6s %6s %8s %8s %8s\n",
+                "QPN", "type", "state", "dest", "peer", "sent", "rcvd", "retx", "timeout", "naks", "rnr", "ce", "cnp tx",
+                "cnp rx", "cc", "rate Mb/s", "window", "alpha", "rtt min", "rtt avg", "rtt p99");
     if (const json* qps = child(st, "qp_list" + pre); qps && qps->is_array()) {
       for (const json& q : *qps) {
         std::printf("  0x%06lx %-4s %-5s 0x%06lx %-16s %12lu %12lu %8lu %8lu %6lu %6lu %8lu %7lu %7lu\n", num(q, "qpn"),
@@ -132,6 +137,19 @@ void render(const json& st, const json* prev, double secs) {
                     num(q, "sent_pkts"),
                     num(q, "rcvd_pkts"), num(q, "retransmitted_pkts"), num(q, "timeouts"), num(q, "sent_naks"),
                     num(q, "send_rnr_err"), num(q, "ce_marked"), num(q, "cnp_sent"), num(q, "cnp_received"));
+        // Congestion control: the pacer's rate ("line" when unpaced), the
+        // window, DCQCN's alpha, and the RTT in us.
+        const json* c = child(q, "cc");
+        if (!c) continue;
+        const std::uint64_t pace = num(*c, "pace_bps");
+        char rate[16], alpha[16];
+        if (pace == 0) std::snprintf(rate, sizeof rate, "line");
+        else std::snprintf(rate, sizeof rate, "%.1f", static_cast<double>(pace) / 1e6);
+        const auto a = c->find("alpha");
+        std::snprintf(alpha, sizeof alpha, "%.3f", a != c->end() && a->is_number() ? a->get<double>() : 0.0);
+        std::printf("  %57s %-6s %9s %6lu %6s %8.1f %8.1f %8.1f\n", "", str(*c, "algorithm").c_str(), rate,
+                    num(*c, "window"), alpha, static_cast<double>(num(*c, "rtt_min_ns")) / 1e3,
+                    static_cast<double>(num(*c, "rtt_mean_ns")) / 1e3, static_cast<double>(num(*c, "rtt_p99_ns")) / 1e3);
       }
     }
   }
@@ -148,8 +166,8 @@ bool parse(const std::string& text, json& out, std::string& err) {
 
 void usage(FILE* f) {
   std::fprintf(f,
-               "usage: uroce-ctl [--socket PATH] status|json|watch|stop|fault rx|tx SPEC|off\n"
-               "       watch: [--interval MS] [--count N]\n");
+               "usage: uroce-ctl [--socket PATH] status|json|watch|telemetry|stop|fault rx|tx SPEC|off|cc QPN NAME\n"
+               "       watch, telemetry: [--interval MS] [--count N]\n");
 }
 
 }  // namespace
@@ -205,9 +223,36 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
+  if (cmd == "telemetry") {
+    // A time series for plots: per interval, a line per QP with its
+    // congestion control and the counters that go with it.
+    const auto start = std::chrono::steady_clock::now();
+    for (unsigned i = 0; count == 0 || i < count; ++i) {
+      if (!request(path, "status", reply, err)) return std::fprintf(stderr, "uroce-ctl: %s\n", err.c_str()), 2;
+      json st;
+      if (!parse(reply, st, err)) return std::fprintf(stderr, "uroce-ctl: %s\n", err.c_str()), 2;
+      const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      const unsigned n = static_cast<unsigned>(num(st, "pipelines"));
+      for (unsigned k = 0; k < n; ++k) {
+        const json* qps = child(st, "qp_list" + (k == 0 ? std::string() : "_" + std::to_string(k)));
+        if (!qps || !qps->is_array()) continue;
+        for (const json& q : *qps) {
+          json line = {{"t_s", t}, {"pipeline", k}, {"qpn", num(q, "qpn")}};
+          if (const json* c = child(q, "cc")) line.update(*c);
+          for (const char* key : {"sent_pkts", "ce_marked", "cnp_sent", "cnp_received", "retransmitted_pkts",
+                                  "retransmitted_bytes", "timeouts"})
+            line[key] = num(q, key);
+          std::printf("%s\n", line.dump().c_str());
+        }
+      }
+      std::fflush(stdout);
+      if (count == 0 || i + 1 < count) std::this_thread::sleep_for(std::chrono::milliseconds(interval));
+    }
+    return 0;
+  }
   std::string line;
   for (int i = optind; i < argc; ++i) line += (i > optind ? " " : "") + std::string(argv[i]);
-  if (cmd != "stop" && cmd != "fault") {
+  if (cmd != "stop" && cmd != "fault" && cmd != "cc") {
     usage(stderr);
     return 2;
   }
