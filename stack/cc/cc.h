@@ -25,6 +25,7 @@ struct Path {
   std::uint64_t line_rate_bps = 100'000'000'000;  // the port's rate
   std::uint32_t mtu = 1024;                       // payload bytes in a full packet
   std::uint32_t max_window = 512;                 // the engine's own cap on packets in flight
+  std::uint64_t base_rtt_ns = 0;                  // the path's unloaded round trip, if known (0: measure it)
 };
 
 /// What the algorithm asks of the requester; 0 means no limit.

@@ -14,7 +14,9 @@ Swift::Swift(const Path& path, const SwiftParams& p)
     : p_(p),
       frame_bits_((path.mtu + kFrameOverhead) * 8),
       max_(static_cast<double>(path.max_window)),
-      cwnd_(p.initial_window > 0 ? std::min(p.initial_window, max_) : max_) {
+      cwnd_(p.initial_window > 0 ? std::min(p.initial_window, max_) : max_),
+      base_(path.base_rtt_ns),
+      base_fixed_(path.base_rtt_ns != 0) {
   publish();
 }
 
@@ -47,7 +49,7 @@ void Swift::decrease(std::uint64_t now, double factor) {
 
 void Swift::on_rtt(std::uint64_t now, std::uint64_t rtt_ns) {
   rtt_ = std::max<std::uint64_t>(rtt_ns, 1);
-  if (base_ == 0 || rtt_ < base_) base_ = rtt_;
+  if (!base_fixed_ && (base_ == 0 || rtt_ < base_)) base_ = rtt_;
   if (rtt_ <= target()) return;
   const double over = static_cast<double>(rtt_ - target()) / static_cast<double>(rtt_);
   decrease(now, std::max(1 - p_.beta * over, 1 - p_.max_mdf));

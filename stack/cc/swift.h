@@ -14,9 +14,11 @@
 namespace uroce::cc {
 
 struct SwiftParams {
-  /// The queueing delay allowed over the base round trip (the smallest
-  /// sample the QP has seen): 10 us. Ours: Swift's target is a base delay
-  /// plus a per-hop allowance; here the base is measured, not configured.
+  /// The queueing delay allowed over the base round trip: 10 us. Ours:
+  /// Swift's target is a fabric base delay plus a per-hop allowance. The
+  /// base is the path's (Path::base_rtt_ns) where the engine knows it, else
+  /// the smallest sample the QP has seen (which a QP that starts behind a
+  /// standing queue overestimates: configure the base where fairness matters).
   std::uint64_t target_ns = 10'000;
   /// ai: 1 packet per round trip (Swift's additive increment).
   double ai = 1.0;
@@ -26,8 +28,9 @@ struct SwiftParams {
   double max_mdf = 0.5;
   /// The window's floor: 0.01 packets (Swift lets it fall below one and paces).
   double min_window = 0.01;
-  /// The initial window, in packets (0: the engine's cap).
-  double initial_window = 0;
+  /// The initial window: 16 packets (ours: about a 10 Gb/s, few-us
+  /// path's bandwidth-delay product), at most the engine's cap.
+  double initial_window = 16;
 };
 
 class Swift final : public Algorithm {
@@ -50,7 +53,8 @@ class Swift final : public Algorithm {
   double cwnd_;
   [[nodiscard]] std::uint64_t target() const { return base_ + p_.target_ns; }
   std::uint64_t rtt_ = 0;            // the latest sample (0: none yet)
-  std::uint64_t base_ = 0;           // the smallest sample
+  std::uint64_t base_ = 0;           // the base round trip: the path's, or the smallest sample
+  bool base_fixed_ = false;
   std::uint64_t last_decrease_ = 0;  // when the window last shrank
 };
 

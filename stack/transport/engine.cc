@@ -1108,7 +1108,7 @@ int Engine::set_cc(Qp* qp, std::string_view name) {
   const cc::Entry* e = cc::find(name);
   if (e == nullptr) return EINVAL;
   if (qp->type == IBV_QPT_UD && e->make) return EOPNOTSUPP;  // no CNPs or ACKs to react to
-  qp->cc = e->make ? e->make(cc::Path{cfg_.line_rate_bps, qp->mtu, cfg_.send_window}) : nullptr;
+  qp->cc = e->make ? e->make(cc::Path{cfg_.line_rate_bps, qp->mtu, cfg_.send_window, cfg_.base_rtt_ns}) : nullptr;
   apply_cc(*qp);
   if (qp->cc && qp->cc->next_timer()) activate(*qp);
   return 0;

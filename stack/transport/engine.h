@@ -61,6 +61,9 @@ struct EngineConfig {
   /// starts from.
   std::string cc = "none";
   std::uint64_t line_rate_bps = 100'000'000'000;
+  /// The unloaded round trip of the port's paths, for delay-based
+  /// algorithms (0: each QP measures its own, the smallest sample).
+  std::uint64_t base_rtt_ns = 0;
 };
 
 /// A QP's congestion control as telemetry shows it (Engine::cc_report).

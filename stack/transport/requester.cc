@@ -211,9 +211,13 @@ bool Engine::send_next_packet(Qp& qp, std::uint64_t now) {
       }
     }
   }
-  // AckReq on the last packet of a message, and at least every N packets.
+  // AckReq on the last packet of a message, at least every N packets, and
+  // on every packet that fills the window or leaves paced: a small window
+  // or a slow rate must not wait N packets for the ACK that opens it (and
+  // each is a round-trip sample).
   ++r.pkts_since_ackreq;
-  if (rc && (last || r.pkts_since_ackreq >= cfg_.ackreq_every || r.restart_ackreq)) {
+  if (rc && (last || r.pkts_since_ackreq >= cfg_.ackreq_every || r.restart_ackreq || qp.rate_bps != 0 ||
+             distance(r.una, psn) + 1 >= static_cast<std::int32_t>(qp.window))) {
     spec.ackreq = true;
     r.pkts_since_ackreq = 0;
   }

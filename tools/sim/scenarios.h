@@ -1,0 +1,69 @@
+// Congestion-control experiments on the simulated fabric (drivers/sim):
+// each builds hosts of real uroce engines around switches, drives RDMA
+// WRITEs through them and measures what a researcher plots. Shared by
+// uroce-sim (tables, time series, plots) and the tests that assert the
+// qualitative results on fixed seeds.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "drivers/sim/fabric.h"
+
+namespace uroce::simx {
+
+/// N senders, one receiver, one switch: every sender keeps long WRITEs
+/// going to the receiver for the whole run.
+struct IncastConfig {
+  int senders = 8;
+  std::string cc = "none";
+  std::uint64_t link_bps = 10'000'000'000;
+  std::uint64_t link_delay_ns = 1'000;
+  sim::SwitchSpec sw{};
+  ibv_mtu mtu = IBV_MTU_1024;
+  std::uint32_t message = 64 * 1024;  // bytes per WRITE
+  std::uint32_t depth = 4;            // WRITEs outstanding per sender
+  std::uint64_t duration_ns = 10'000'000;
+  std::uint64_t sample_ns = 10'000;
+  double loss = 0;  // random loss on the switch's egress toward the receiver
+  std::uint8_t timeout = 10;  // the QPs' retransmit timer: 4.096 us x 2^10 = 4.2 ms
+  std::uint64_t seed = 1;
+};
+
+struct FlowSample {
+  std::uint64_t t_ns;
+  int flow;
+  double goodput_bps;  // acknowledged bytes over the last interval
+  double pace_bps;     // the pacer's rate (0: unpaced)
+  double alpha;
+  std::uint32_t window;
+  std::uint64_t rtt_ns;  // the last sample
+};
+
+struct QueueSample {
+  std::uint64_t t_ns;
+  std::uint64_t bytes;  // the switch's queue toward the receiver
+};
+
+struct IncastResult {
+  std::vector<double> flow_goodput_bps;  // each flow over the second half of the run
+  double jain = 0;                       // Jain's fairness index of those
+  double goodput_bps = 0;                // their sum
+  std::uint64_t drops = 0, ce_marks = 0, cnps = 0, retransmitted_pkts = 0, timeouts = 0;
+  std::uint64_t max_queue_bytes = 0;
+  double mean_queue_bytes = 0;  // over the second half
+  std::uint64_t messages = 0;   // WRITEs completed
+  std::uint64_t failed = 0;     // completions in error
+  std::uint64_t events = 0;
+};
+
+/// Runs one incast; `flow` and `queue`, if given, see every sample.
+IncastResult run_incast(const IncastConfig& c, const std::function<void(const FlowSample&)>& flow = {},
+                        const std::function<void(const QueueSample&)>& queue = {});
+
+/// Jain's fairness index: (sum x)^2 / (n sum x^2); 1 is perfectly fair.
+double jain_index(const std::vector<double>& x);
+
+}  // namespace uroce::simx
