@@ -74,7 +74,11 @@ class Fabric {
   /// Random loss on a switch's output port: each frame is dropped with
   /// probability p as it joins the queue (a lossy link, for loss-recovery
   /// experiments; counted as drops).
-  void set_loss(int sw, int port, double p) { nodes_[sw].ports[port].loss = p; }
+  void set_loss(int sw, int port, double p) {
+    if (sw >= 0 && static_cast<std::size_t>(sw) < nodes_.size() && port >= 0 &&
+        static_cast<std::size_t>(port) < nodes_[sw].ports.size())
+      nodes_[sw].ports[port].loss = p;
+  }
 
   /// Advances virtual time until `done()` holds or `max_ns` pass.
   bool run_until(const std::function<bool()>& done, std::uint64_t max_ns);

@@ -263,6 +263,10 @@ void Engine::retry_or_fail(Qp& qp, std::uint64_t now, bool from_timeout, std::op
   // IBTA C9-141: retry_cnt counts retries; unlike rxe, 7 is not infinite.
   --r.retry_left;
   if (!from_timeout) qp.ctr.inc(QpCounter::completer_retry_err);
+  if (qp.sr) {
+    sr_timeout(qp, now);  // only what is missing goes again
+    return;
+  }
   r.retry_pending = true;  // cleared by progress; a timeout may retry again
   r.restart_ackreq = true;
   r.restart_twice = r.retry_left + 1 < qp.retry_cnt;  // this stall has already cost a retry

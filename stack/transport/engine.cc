@@ -447,6 +447,7 @@ ModifyResult Engine::modify_qp(Qp* qp, const ibv_qp_attr& a, int mask) {
     qp->req.cursor = qp->sq.head();  // the shadow's indices go on from the ring's
     qp->resp = Responder{};
     qp->rtt = cc::RttStats{};
+    if (qp->sr) *qp->sr = SrState{};
   }
   if (to == IBV_QPS_RTS && from == IBV_QPS_RTR) {
     qp->req.retry_left = qp->retry_cnt;
@@ -892,6 +893,12 @@ void Engine::flush(Qp& qp) {
     complete_recv(qp, qp.resp.rwqe, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV, 0);
     qp.resp.have_rwqe = false;
   }
+  if (qp.sr) {
+    // Selective repeat took these ahead of their turn: they flush first, in order.
+    SrState& s = *qp.sr;
+    for (; s.rmsn != s.rwqe_taken; ++s.rmsn)
+      complete_recv(qp, s.rwqes[s.rmsn % SrState::kRwqes], IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV, 0);
+  }
   if (!qp.srq) {
     RecvWqe r;
     bool bad;
@@ -1030,6 +1037,22 @@ RxVerdict Engine::rx(wire::ConstBytes frame, std::uint64_t now) {
   // full member (IBTA 10.9.3), so 0x7FFF and 0xFFFF pass.
   if ((pkt.pkey & 0x7fff) != (kDefaultPkey & 0x7fff) || ((pkt.pkey | kDefaultPkey) & 0x8000) == 0)
     return drop(PortCounter::rx_bad_pkey, RxVerdict::kBadPkey);
+  if (wire::is_sr_opcode(pkt.opcode)) {
+    // uroce's selective repeat: only for an RC QP set to it, from its peer.
+    if (!qp->sr || qp->type != IBV_QPT_RC) return drop(PortCounter::rx_wrong_transport, RxVerdict::kMalformed);
+    if (!(pkt.src == qp->remote_ip)) return drop(PortCounter::rx_wrong_peer, RxVerdict::kWrongPeer);
+    if (pkt.payload_len > qp->mtu) return drop(PortCounter::rx_malformed, RxVerdict::kMalformed);
+    qp->ctr.inc(QpCounter::rcvd_pkts);
+    if (pkt.ecn == 3) notify_congestion(*qp, now);
+    if (pkt.opcode != wire::op::kSrAck) {
+      on_sr_request(*qp, pkt);
+    } else if (qp->state == IBV_QPS_RTS || qp->state == IBV_QPS_SQD) {
+      on_sr_ack(*qp, pkt, now);
+    } else {
+      qp->ctr.inc(QpCounter::unexpected_resp);
+    }
+    return RxVerdict::kToQp;
+  }
   const wire::Transport t = wire::transport_of(pkt.opcode);
   const bool type_ok = (t == wire::Transport::kRc && qp->type == IBV_QPT_RC) ||
                        (t == wire::Transport::kUc && qp->type == IBV_QPT_UC) ||
@@ -1121,6 +1144,12 @@ void Engine::apply_cc(Qp& qp) {
   if (rate == 0) qp.req.pace_next = 0;
   qp.rate_bps = rate;
   qp.window = l.window != 0 && l.window < cfg_.send_window ? l.window : cfg_.send_window;
+  if (qp.sr) {
+    // Selective repeat: no more in flight than the SACK spans, nor than
+    // the bandwidth-delay product it was given (IRN's BDP-FC).
+    const std::uint32_t cap = cfg_.sr_window != 0 && cfg_.sr_window < Bitmap256::kBits ? cfg_.sr_window : Bitmap256::kBits;
+    qp.window = std::min(qp.window, cap);
+  }
 }
 
 CcReport Engine::cc_report(const Qp& qp) const {

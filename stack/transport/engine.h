@@ -64,6 +64,9 @@ struct EngineConfig {
   /// The unloaded round trip of the port's paths, for delay-based
   /// algorithms (0: each QP measures its own, the smallest sample).
   std::uint64_t base_rtt_ns = 0;
+  /// Selective repeat's cap on a QP's packets in flight (IRN's BDP-FC: about
+  /// a bandwidth-delay product); 0 or more than 256: 256, what a SACK spans.
+  std::uint32_t sr_window = 0;
 };
 
 /// A QP's congestion control as telemetry shows it (Engine::cc_report).
@@ -167,6 +170,13 @@ class Engine {
   /// The pacer then runs at the lower of set_rate's rate and the
   /// algorithm's, and the window is the lower of send_window and its.
   int set_cc(Qp* qp, std::string_view name);
+  /// Selective repeat (IRN-style, uroce peers only) for an RC QP, set on
+  /// both ends before RTR: 0, EINVAL, EOPNOTSUPP (not RC, or with an SRQ)
+  /// or EBUSY (past INIT). Such a QP sends SENDs and WRITEs (with or without
+  /// immediate) as self-describing packets, placed however they arrive, and
+  /// resends only what selective acknowledgements show missing; other work
+  /// requests complete with LOC_QP_OP_ERR. Off (the default): IBTA go-back-N.
+  int set_selective_repeat(Qp* qp, bool on);
   /// The QP's rate, window, algorithm state and round-trip statistics.
   [[nodiscard]] CcReport cc_report(const Qp& qp) const;
   /// RESET (or INIT) -> INIT -> RTR -> RTS with abi::bring_up_steps, the
@@ -330,6 +340,15 @@ class Engine {
   void schedule_ack(Qp& qp, wire::Psn psn);
   void flush_acks();
   void responder_error(Qp& qp, const wire::Packet& pkt, Exec e);
+
+  // selective.cc
+  void sr_resend(Qp& qp, std::uint64_t now);
+  void sr_timeout(Qp& qp, std::uint64_t now);
+  void on_sr_ack(Qp& qp, const wire::Packet& pkt, std::uint64_t now);
+  bool sr_take_rwqe(Qp& qp, std::uint32_t msn);
+  Exec sr_place(Qp& qp, const wire::Packet& pkt);
+  void on_sr_request(Qp& qp, const wire::Packet& pkt);
+  bool send_sr_ack(Qp& qp);
 
   // completer.cc
   void on_response(Qp& qp, const wire::Packet& pkt, std::uint64_t now);

@@ -1,3 +1,4 @@
+#include <cstring>
 #include "stack/transport/objects.h"
 
 #include <bit>
@@ -216,6 +217,27 @@ bool RecvQueue::take(RecvWqe& out, bool& bad) {
   if (!ring_.valid() || !ring_.pop(e)) return false;
   bad = !to_recv_wqe(e, max_sge_, out);
   return true;
+}
+
+/// Copies `data` into a receive WQE's SGEs starting `offset` bytes in.
+/// False on a local protection error (bad lkey, bounds, no LOCAL_WRITE).
+bool scatter_recv(const MrTable& mrs, const Pd* pd, const RecvWqe& w, std::uint64_t offset, wire::ConstBytes data) {
+  std::size_t done = 0;
+  for (std::uint32_t i = 0; i < w.nsge && done < data.size(); ++i) {
+    const Sge& s = w.sge[i];
+    if (offset >= s.length) {
+      offset -= s.length;
+      continue;
+    }
+    const std::uint64_t take = std::min<std::uint64_t>(data.size() - done, s.length - offset);
+    std::uint8_t* dst;
+    if (mrs.check(s.lkey, false, pd, 0, s.addr + offset, take, IBV_ACCESS_LOCAL_WRITE, &dst) != KeyCheck::kOk)
+      return false;
+    std::memcpy(dst, data.data() + done, take);
+    done += take;
+    offset = 0;
+  }
+  return done == data.size();
 }
 
 }  // namespace uroce::transport

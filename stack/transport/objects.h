@@ -157,6 +157,9 @@ struct RecvWqe {
 /// A receive entry as the engine takes it: copied once, then checked. False
 /// if it names more SGEs than `max_sge`.
 bool to_recv_wqe(const uroce_recv_entry& e, std::uint32_t max_sge, RecvWqe& out);
+/// Copies `data` into a receive WQE's SGEs starting `offset` bytes in.
+/// False on a local protection error (bad lkey, bounds, no LOCAL_WRITE).
+bool scatter_recv(const MrTable& mrs, const Pd* pd, const RecvWqe& w, std::uint64_t offset, wire::ConstBytes data);
 /// A receive work request as an entry, for a heap-placed ring's producer.
 bool to_recv_entry(const RecvWr& wr, std::uint32_t max_sge, uroce_recv_entry& out);
 

@@ -12,6 +12,7 @@
 #include "stack/transport/counters.h"
 #include "stack/transport/objects.h"
 #include "stack/transport/fifo.h"
+#include "stack/transport/sr.h"
 #include "stack/transport/verbs.h"
 #include "stack/wire/addr.h"
 #include "stack/wire/psn.h"
@@ -54,6 +55,7 @@ struct SendWqe {
   std::uint32_t npkts = 0;           // PSNs this WQE consumes (READ: response packets)
   std::uint32_t read_pkts_done = 0;  // READ response packets received
   bool read_stream_open = false;     // a FIRST (or ONLY) of the current response stream was seen
+  std::uint32_t rmsn = 0;            // selective repeat: its receive sequence number (SENDs, WRITEs with immediate)
 };
 
 struct Requester {
@@ -208,6 +210,8 @@ class Qp {
   /// Congestion control (Engine::set_cc); null for "none".
   std::unique_ptr<cc::Algorithm> cc;
   cc::RttStats rtt;
+  /// Selective repeat (Engine::set_selective_repeat); null: go-back-N.
+  std::unique_ptr<SrState> sr;
   // Notification point: when this QP may send its next CNP (ns; 0: at once).
   std::uint64_t cnp_next = 0;
 

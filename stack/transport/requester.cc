@@ -57,6 +57,7 @@ void Engine::run_requester(Qp& qp, std::uint64_t now) {
   Requester& r = qp.req;
   if (r.rnr_until != 0) return;  // waiting out an RNR NAK
   fetch_sends(qp);                 // what the producer posted since
+  if (qp.sr && qp.state != IBV_QPS_ERR) sr_resend(qp, now);  // the losses first
   while (r.cursor != qp.sq.tail() && qp.state != IBV_QPS_ERR) {
     if (!send_next_packet(qp, now)) break;
   }
@@ -113,6 +114,15 @@ bool Engine::send_next_packet(Qp& qp, std::uint64_t now) {
     // Local checks happen when the WQE starts (IBTA 10.7.2: reported as a completion).
     bool ok = w.length <= kMaxMessage && (qp.type != IBV_QPT_UD || w.length <= qp.mtu);
     ibv_wc_status bad = IBV_WC_LOC_LEN_ERR;
+    if (ok && qp.sr) {
+      // Selective repeat carries SENDs and WRITEs (with or without immediate).
+      const bool carried = w.opcode == IBV_WR_SEND || w.opcode == IBV_WR_SEND_WITH_IMM ||
+                           w.opcode == IBV_WR_RDMA_WRITE || w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
+      if (!carried) {
+        ok = false;
+        bad = IBV_WC_LOC_QP_OP_ERR;
+      }
+    }
     if (ok && !translate_sges(qp, w)) {
       ok = false;
       bad = IBV_WC_LOC_PROT_ERR;
@@ -126,6 +136,7 @@ bool Engine::send_next_packet(Qp& qp, std::uint64_t now) {
       set_error(qp);
       return false;
     }
+    if (qp.sr && (w.kind == WqeKind::kSend || w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM)) w.rmsn = qp.sr->next_msn++;
     w.npkts = (w.kind == WqeKind::kAtomic) ? 1 : packets_for(w.length, qp.mtu);
     w.first_psn = r.next_psn;
     r.next_psn += w.npkts;
@@ -151,7 +162,8 @@ bool Engine::send_next_packet(Qp& qp, std::uint64_t now) {
 
   const bool first = r.cursor_pkt == 0;
   const bool last = one_packet || r.cursor_pkt + 1 == w.npkts;
-  const std::uint8_t opcode = pick_opcode(w, first, last, qp.type);
+  const std::uint8_t opcode =
+      qp.sr ? (w.kind == WqeKind::kSend ? op::kSrSend : op::kSrWrite) : pick_opcode(w, first, last, qp.type);
   wire::FrameSpec spec = spec_for(qp, opcode, psn);
   if (qp.type == IBV_QPT_UD) {
     spec.dst = w.ah.dgid;
@@ -210,6 +222,20 @@ bool Engine::send_next_packet(Qp& qp, std::uint64_t now) {
         skip = 0;
       }
     }
+  }
+  if (qp.sr) {
+    // Self-describing (wire::Srh): where this packet goes, in which message.
+    if (w.kind == WqeKind::kWrite) {
+      spec.ext.reth_va = w.remote_addr + off;
+      spec.ext.reth_rkey = w.rkey;
+      spec.ext.reth_len = payload;
+    }
+    spec.ext.srh_msn = w.rmsn;
+    spec.ext.srh_offset = static_cast<std::uint32_t>(off);
+    spec.ext.srh_total = static_cast<std::uint32_t>(w.length);
+    const bool imm = w.opcode == IBV_WR_SEND_WITH_IMM || w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
+    spec.ext.srh_flags = static_cast<std::uint8_t>((last ? wire::kSrhLast : 0) | (imm ? wire::kSrhImm : 0) |
+                                                   (spec.se ? wire::kSrhSolicit : 0));
   }
   // AckReq on the last packet of a message, at least every N packets, and
   // on every packet that fills the window or leaves paced: a small window

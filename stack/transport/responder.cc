@@ -24,27 +24,6 @@ std::uint32_t packets_for(std::uint64_t len, std::uint32_t mtu) {
 
 }  // namespace
 
-/// Copies `data` into a receive WQE's SGEs starting `offset` bytes in.
-/// False on a local protection error (bad lkey, bounds, no LOCAL_WRITE).
-static bool scatter(const MrTable& mrs, const Pd* pd, const RecvWqe& w, std::uint64_t offset, wire::ConstBytes data) {
-  std::size_t done = 0;
-  for (std::uint32_t i = 0; i < w.nsge && done < data.size(); ++i) {
-    const Sge& s = w.sge[i];
-    if (offset >= s.length) {
-      offset -= s.length;
-      continue;
-    }
-    const std::uint64_t take = std::min<std::uint64_t>(data.size() - done, s.length - offset);
-    std::uint8_t* dst;
-    if (mrs.check(s.lkey, false, pd, 0, s.addr + offset, take, IBV_ACCESS_LOCAL_WRITE, &dst) != KeyCheck::kOk)
-      return false;
-    std::memcpy(dst, data.data() + done, take);
-    done += take;
-    offset = 0;
-  }
-  return done == data.size();
-}
-
 void Engine::on_request(Qp& qp, const wire::Packet& pkt, std::uint64_t /*now*/) {
   switch (qp.type) {
     case IBV_QPT_RC: on_rc_request(qp, pkt); break;
@@ -182,7 +161,7 @@ Engine::Exec Engine::exec_send(Qp& qp, const wire::Packet& pkt) {
     s.have_rwqe = false;
     return Exec::kNakInvalid;
   }
-  if (!scatter(mrs_, qp.pd, s.rwqe, s.offset, pkt.payload())) {
+  if (!scatter_recv(mrs_, qp.pd, s.rwqe, s.offset, pkt.payload())) {
     complete_recv(qp, s.rwqe, IBV_WC_LOC_PROT_ERR, IBV_WC_RECV, 0);
     s.have_rwqe = false;
     return Exec::kNakOp;
@@ -490,8 +469,8 @@ void Engine::on_ud_request(Qp& qp, const wire::Packet& pkt) {
     complete_recv(qp, w, IBV_WC_LOC_LEN_ERR, IBV_WC_RECV, 0);
     return;
   }
-  if (!scatter(mrs_, qp.pd, w, 0, wire::ConstBytes(grh, kGrhBytes)) ||
-      !scatter(mrs_, qp.pd, w, kGrhBytes, pkt.payload())) {
+  if (!scatter_recv(mrs_, qp.pd, w, 0, wire::ConstBytes(grh, kGrhBytes)) ||
+      !scatter_recv(mrs_, qp.pd, w, kGrhBytes, pkt.payload())) {
     complete_recv(qp, w, IBV_WC_LOC_PROT_ERR, IBV_WC_RECV, 0);
     return;
   }

@@ -124,6 +124,19 @@ std::size_t build_headers(Bytes out, const FrameSpec& spec, std::size_t payload_
   if (info.off_atomic_ack) put<AtomicAckEth>(b, info.off_atomic_ack)->orig.set(e.atomic_ack_orig);
   if (info.off_immdt) put<ImmDt>(b, info.off_immdt)->imm.set(e.imm);
   if (info.off_ieth) put<Ieth>(b, info.off_ieth)->rkey.set(e.ieth_rkey);
+  if (info.off_srh) {
+    auto* h = put<Srh>(b, info.off_srh);
+    h->msn.set(e.srh_msn);
+    h->offset.set(e.srh_offset);
+    h->total.set(e.srh_total);
+    h->imm.set(e.imm);
+    h->flags = e.srh_flags;
+  }
+  if (info.off_sack) {
+    auto* h = put<Sack>(b, info.off_sack);
+    h->base.set(e.sack_base & 0xffffff);
+    for (int i = 0; i < 4; ++i) h->bits[i].set(e.sack_bits[i]);
+  }
   // The CNP body is 16 reserved zero bytes, already cleared.
   return hlen;
 }

@@ -6,6 +6,7 @@
 // scatter-gather segments; build_frame() does the whole frame in one buffer.
 #pragma once
 
+#include <array>
 #include <cstdint>
 
 #include "stack/wire/addr.h"
@@ -34,6 +35,11 @@ struct ExtFields {
   std::uint32_t deth_qkey = 0;
   std::uint32_t deth_src_qp = 0;
   std::uint32_t feth = 0;
+  // uroce's selective repeat (Srh, Sack)
+  std::uint32_t srh_msn = 0, srh_offset = 0, srh_total = 0;
+  std::uint8_t srh_flags = 0;
+  std::uint32_t sack_base = 0;
+  std::array<std::uint64_t, 4> sack_bits{};
 };
 
 struct FrameSpec {

@@ -176,6 +176,35 @@ struct CnpBody {
 };
 static_assert(sizeof(CnpBody) == 16);
 
+/// uroce's selective-repeat header (ours, not IBTA; on the manufacturer-
+/// specific opcodes SR_SEND and SR_WRITE, between uroce peers only). It
+/// makes every packet self-describing, as IRN's extension headers do
+/// (Mittal et al., SIGCOMM 2018, section 5): which message (the receive
+/// WQE's sequence number), where in it, its whole length, and its
+/// immediate data, so a packet can be placed however it arrives.
+struct Srh {
+  be32 msn;     // the message's receive sequence number (SENDs and WRITEs with immediate)
+  be32 offset;  // this packet's byte offset in the message
+  be32 total;   // the message's length
+  be32 imm;     // ImmDt, when kSrhImm
+  std::uint8_t flags;
+  std::array<std::uint8_t, 3> reserved;
+};
+static_assert(sizeof(Srh) == 20);
+inline constexpr std::uint8_t kSrhLast = 1;     // the message's last packet
+inline constexpr std::uint8_t kSrhImm = 2;      // carries immediate data (completes a receive)
+inline constexpr std::uint8_t kSrhSolicit = 4;  // solicited event
+
+/// uroce's selective acknowledgement (on SR_ACK, after the AETH): the
+/// first PSN not yet received (the BTH carries the one before it, the
+/// cumulative acknowledgement), and which of the 256 PSNs from there have
+/// arrived, bit k of word k/64 for PSN base + k.
+struct Sack {
+  be32 base;  // low 24 bits
+  std::array<be64, 4> bits;
+};
+static_assert(sizeof(Sack) == 36);
+
 inline constexpr std::size_t kIcrcLen = 4;
 
 /// AETH syndrome classes (9.3.5, table 44).

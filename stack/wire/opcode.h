@@ -60,7 +60,15 @@ inline constexpr std::uint8_t kUdSendOnly = 0x64;
 inline constexpr std::uint8_t kUdSendOnlyImm = 0x65;
 // RoCEv2 congestion notification (A17.9.3)
 inline constexpr std::uint8_t kCnp = 0x81;
+// uroce's selective repeat (manufacturer-specific opcodes, 0xE0 and up):
+// RC semantics, only on QPs that both ends set to selective repeat.
+inline constexpr std::uint8_t kSrSend = 0xe0;
+inline constexpr std::uint8_t kSrWrite = 0xe1;
+inline constexpr std::uint8_t kSrAck = 0xe2;
 }  // namespace op
+
+/// One of uroce's selective-repeat opcodes.
+[[nodiscard]] constexpr bool is_sr_opcode(std::uint8_t opcode) { return opcode >= op::kSrSend && opcode <= op::kSrAck; }
 
 enum class Transport : std::uint8_t { kRc = 0, kUc = 1, kRd = 2, kUd = 3, kCnp = 4, kReserved = 5 };
 
@@ -99,6 +107,8 @@ enum OpFlag : std::uint32_t {
   kHdrImmDt = 1u << 26,
   kHdrIeth = 1u << 27,
   kHdrCnp = 1u << 28,
+  kHdrSrh = 1u << 29,   // uroce's selective-repeat header
+  kHdrSack = 1u << 30,  // uroce's selective acknowledgement
 };
 
 /// Where each extension header sits, as a byte offset from the start of the
@@ -110,6 +120,7 @@ struct OpcodeInfo {
   std::uint8_t fixed_payload = 0;  // exact payload length, when fixed (ATOMIC_WRITE)
   std::uint8_t off_deth = 0, off_feth = 0, off_reth = 0, off_atomic_eth = 0;
   std::uint8_t off_aeth = 0, off_atomic_ack = 0, off_immdt = 0, off_ieth = 0, off_cnp = 0;
+  std::uint8_t off_srh = 0, off_sack = 0;
 
   [[nodiscard]] constexpr bool valid() const { return (flags & kOpValid) != 0; }
   [[nodiscard]] constexpr bool has(std::uint32_t f) const { return (flags & f) == f; }
@@ -145,6 +156,8 @@ constexpr OpcodeInfo make(std::string_view name, std::uint32_t flags, std::uint8
   place(kHdrImmDt, i.off_immdt, sizeof(ImmDt));
   place(kHdrIeth, i.off_ieth, sizeof(Ieth));
   place(kHdrCnp, i.off_cnp, sizeof(CnpBody));
+  place(kHdrSrh, i.off_srh, sizeof(Srh));
+  place(kHdrSack, i.off_sack, sizeof(Sack));
   i.hdr_len = off;
   return i;
 }
@@ -201,6 +214,11 @@ constexpr std::array<OpcodeInfo, 256> make_table() {
   t[op::kUdSendOnly] = make("UD_SEND_ONLY", kSendO | kHdrDeth);
   t[op::kUdSendOnlyImm] = make("UD_SEND_ONLY_WITH_IMMEDIATE", kSendO | kHdrDeth | kImm);
   t[op::kCnp] = make("CNP", kOpCnp | kHdrCnp);
+  // Each selective-repeat packet stands alone (its Srh says where it goes),
+  // so each is a start and an end, and any may be short and padded.
+  t[op::kSrSend] = make("UROCE_SR_SEND", kOpRequest | kOpSend | kOpPayload | kOpStart | kOpEnd | kHdrSrh);
+  t[op::kSrWrite] = make("UROCE_SR_WRITE", kOpRequest | kOpWrite | kOpPayload | kOpStart | kOpEnd | kHdrReth | kHdrSrh);
+  t[op::kSrAck] = make("UROCE_SR_ACK", kOpResponse | kOpAck | kHdrAeth | kHdrSack);
   return t;
 }
 
@@ -232,7 +250,10 @@ constexpr int count_valid_opcodes() {
   for (const auto& i : kOpcodeTable) n += i.valid() ? 1 : 0;
   return n;
 }
-// 25 RC + 12 UC + 2 UD + CNP.
-static_assert(count_valid_opcodes() == 40);
+// 25 RC + 12 UC + 2 UD + CNP, and uroce's three selective-repeat opcodes.
+static_assert(count_valid_opcodes() == 43);
+static_assert(kOpcodeTable[op::kSrWrite].off_reth == 12 && kOpcodeTable[op::kSrWrite].off_srh == 28 &&
+              kOpcodeTable[op::kSrWrite].hdr_len == 48);
+static_assert(kOpcodeTable[op::kSrAck].off_sack == 16 && kOpcodeTable[op::kSrAck].hdr_len == 52);
 
 }  // namespace uroce::wire

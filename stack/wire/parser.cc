@@ -39,6 +39,8 @@ HeaderId first_unfit_header(const OpcodeInfo& info, std::size_t avail) {
       {info.off_immdt, sizeof(ImmDt), HeaderId::kImmDt},
       {info.off_ieth, sizeof(Ieth), HeaderId::kIeth},
       {info.off_cnp, sizeof(CnpBody), HeaderId::kCnp},
+      {info.off_srh, sizeof(Srh), HeaderId::kSrh},
+      {info.off_sack, sizeof(Sack), HeaderId::kSack},
   };
   for (const auto& s : slots)
     if (s.off != 0 && s.off + s.len > avail) return s.id;
@@ -70,6 +72,8 @@ std::string_view to_string(HeaderId h) {
     case HeaderId::kImmDt: return "ImmDt";
     case HeaderId::kIeth: return "IETH";
     case HeaderId::kCnp: return "CNP";
+    case HeaderId::kSrh: return "uroce SRH";
+    case HeaderId::kSack: return "uroce SACK";
     case HeaderId::kPayload: return "payload";
     case HeaderId::kIcrc: return "ICRC";
   }

@@ -38,6 +38,8 @@ enum class HeaderId : std::uint8_t {
   kImmDt,
   kIeth,
   kCnp,
+  kSrh,
+  kSack,
   kPayload,
   kIcrc,
 };
@@ -132,6 +134,8 @@ struct Packet {
   [[nodiscard]] const AtomicAckEth* atomic_ack() const { return ext<AtomicAckEth>(info->off_atomic_ack); }
   [[nodiscard]] const ImmDt* immdt() const { return ext<ImmDt>(info->off_immdt); }
   [[nodiscard]] const Ieth* ieth() const { return ext<Ieth>(info->off_ieth); }
+  [[nodiscard]] const Srh* srh() const { return ext<Srh>(info->off_srh); }
+  [[nodiscard]] const Sack* sack() const { return ext<Sack>(info->off_sack); }
   [[nodiscard]] const Deth* deth() const { return ext<Deth>(info->off_deth); }
   [[nodiscard]] const Feth* feth() const { return ext<Feth>(info->off_feth); }
 

@@ -43,6 +43,7 @@ struct PairOptions {
   QpCap cap{};
   std::uint32_t qkey = 0x11111111;
   bool ipv6 = false;
+  bool selective_repeat = false;  // both QPs, before RTR
 };
 
 class Pair {
@@ -89,6 +90,7 @@ class Pair {
       ia.send_cq = ia.recv_cq = node[i].cq;
       ia.cap = o.cap;
       q[i] = node[i].eng->create_qp(node[i].pd, ia);
+      if (o.selective_repeat && node[i].eng->set_selective_repeat(q[i], true) != 0) std::abort();
     }
     for (int i = 0; i < 2; ++i) {
       abi::Connect k;

@@ -33,6 +33,8 @@ const Expect kSpec[] = {
     {0x26, "RETH", 28, true},       {0x27, "", 12, true},          {0x28, "", 12, true},
     {0x29, "ImmDt", 16, true},      {0x2a, "RETH", 28, true},      {0x2b, "RETH ImmDt", 32, true},
     {0x64, "DETH", 20, true},       {0x65, "DETH ImmDt", 24, true}, {0x81, "CNP", 28, false},
+    // uroce's selective repeat, in the manufacturer-specific range (docs/research.md's layout).
+    {0xe0, "SRH", 32, true},        {0xe1, "RETH SRH", 48, true},  {0xe2, "AETH SACK", 52, false},
 };
 
 std::string headers_of(const OpcodeInfo& i) {
@@ -49,6 +51,8 @@ std::string headers_of(const OpcodeInfo& i) {
   add(i.off_immdt, "ImmDt");
   add(i.off_ieth, "IETH");
   add(i.off_cnp, "CNP");
+  add(i.off_srh, "SRH");
+  add(i.off_sack, "SACK");
   return s;
 }
 

@@ -1,0 +1,187 @@
+// Selective repeat (IRN-style, uroce peers only): exactly-once delivery of
+// every byte under loss, duplication, reordering and corruption; packets
+// placed out of order; only the lost packets resent (fewer than go-back-N
+// on the same trace); the window capped; refusals; and a QP without it
+// stays go-back-N on the wire.
+#include <gtest/gtest.h>
+
+#include "tests/support/traffic.h"
+
+namespace uroce::testing {
+namespace {
+
+const std::vector<ibv_wr_opcode> kSrOps = {IBV_WR_SEND, IBV_WR_SEND_WITH_IMM, IBV_WR_RDMA_WRITE,
+                                           IBV_WR_RDMA_WRITE_WITH_IMM};
+
+enum class Kind { kLoss, kDup, kReorder, kCorrupt };
+struct Case {
+  Kind kind;
+  int percent;
+};
+std::string name(const ::testing::TestParamInfo<Case>& i) {
+  const char* k[] = {"loss", "dup", "reorder", "corrupt"};
+  return std::string(k[static_cast<int>(i.param.kind)]) + "_" + std::to_string(i.param.percent);
+}
+
+class SrImpaired : public ::testing::TestWithParam<Case> {};
+
+TEST_P(SrImpaired, MixedMessagesArriveExactlyOnceByteForByte) {
+  const Case c = GetParam();
+  Pair p(static_cast<std::uint64_t>(c.percent) * 10 + static_cast<std::uint64_t>(c.kind) + 101);
+  PairOptions po;
+  po.selective_repeat = true;
+  const QpPair q = p.connect(po);
+  sim::Impairments imp;
+  const double pr = c.percent / 100.0;
+  switch (c.kind) {
+    case Kind::kLoss: imp.loss = pr; break;
+    case Kind::kDup: imp.dup = pr; break;
+    case Kind::kReorder: imp.reorder = pr; break;
+    case Kind::kCorrupt: imp.corrupt = pr; break;
+  }
+  p.wire.set_impairments(imp);
+  std::uint64_t go_back_n = 0;  // standard request opcodes on the wire: there must be none
+  p.wire.tap = [&](wire::ConstBytes f, std::uint64_t) {
+    wire::Packet pkt;
+    wire::ParseOptions o;
+    o.verify_icrc = false;
+    if (wire::parse_frame(f, o, pkt).ok() && pkt.info->has(wire::kOpRequest) && !wire::is_sr_opcode(pkt.opcode))
+      ++go_back_n;
+  };
+  TrafficOptions o;
+  o.messages = 3000;
+  o.ops = kSrOps;
+  o.seed = 11 + static_cast<std::uint64_t>(c.percent);
+  Traffic t(p, q, o);
+  const TrafficResult r = t.run();
+  EXPECT_EQ(r.errors, 0u) << r.first_error;
+  EXPECT_EQ(r.completed, 3000u);
+  EXPECT_EQ(go_back_n, 0u) << "every request went as selective repeat";
+  if (c.percent > 0 && c.kind == Kind::kLoss) {
+    EXPECT_GT(q.a->ctr[QpCounter::retransmitted_pkts], 0u);
+    EXPECT_GT(q.b->sr->ooo, 0u) << "packets after a loss were placed before it was repaired";
+  }
+  if (c.percent > 0 && c.kind == Kind::kReorder) EXPECT_GT(q.b->sr->ooo, 0u);
+  if (c.percent > 0 && c.kind == Kind::kDup) EXPECT_GT(q.b->ctr[QpCounter::duplicate_request], 0u);
+  EXPECT_EQ(q.b->ctr[QpCounter::sent_seq_naks], 0u) << "no go-back-N NAKs";
+}
+
+INSTANTIATE_TEST_SUITE_P(Matrix, SrImpaired,
+                         ::testing::Values(Case{Kind::kLoss, 0}, Case{Kind::kLoss, 1}, Case{Kind::kLoss, 5},
+                                           Case{Kind::kLoss, 20}, Case{Kind::kDup, 5}, Case{Kind::kDup, 20},
+                                           Case{Kind::kReorder, 5}, Case{Kind::kReorder, 20},
+                                           Case{Kind::kCorrupt, 5}, Case{Kind::kCorrupt, 20}),
+                         name);
+
+/// Big WRITEs at 2% loss; A's retransmitted packets.
+std::uint64_t resent_at_loss(bool sr, std::uint64_t* bytes) {
+  Pair p(77, 8u << 20);
+  PairOptions po;
+  po.selective_repeat = sr;
+  const QpPair q = p.connect(po);
+  sim::Impairments imp;
+  imp.loss = 0.02;
+  p.wire.set_impairments(imp);
+  TrafficOptions o;
+  o.messages = 200;
+  o.ops = {IBV_WR_RDMA_WRITE};
+  o.sizes = {64 * 1024};
+  o.max_size = 64 * 1024;
+  o.depth = 8;
+  o.seed = 5;
+  Traffic t(p, q, o);
+  const TrafficResult r = t.run();
+  EXPECT_EQ(r.errors, 0u) << r.first_error;
+  EXPECT_EQ(r.completed, 200u);
+  *bytes = q.a->ctr[QpCounter::retransmitted_bytes];
+  return q.a->ctr[QpCounter::retransmitted_pkts];
+}
+
+TEST(SelectiveRepeat, ResendsOnlyWhatWasLost) {
+  std::uint64_t gbn_bytes = 0, sr_bytes = 0;
+  const std::uint64_t gbn = resent_at_loss(false, &gbn_bytes), sr = resent_at_loss(true, &sr_bytes);
+  std::printf("    resent at 2%% loss: go-back-N %lu packets (%lu bytes), selective repeat %lu (%lu bytes)\n",
+              (unsigned long)gbn, (unsigned long)gbn_bytes, (unsigned long)sr, (unsigned long)sr_bytes);
+  EXPECT_GT(sr, 0u);
+  EXPECT_LT(sr * 4, gbn) << "a loss costs about one packet, not the rest of the window";
+  EXPECT_LT(sr_bytes * 4, gbn_bytes);
+}
+
+TEST(SelectiveRepeat, KeepsItsWindowAndLeavesOtherQpsGoBackN) {
+  Pair p(3, 8u << 20, 64, false, [](int, EngineConfig& c) { c.sr_window = 32; });
+  PairOptions po;
+  po.selective_repeat = true;
+  const QpPair q = p.connect(po);
+  const QpPair plain = p.connect();
+  EXPECT_EQ(q.a->window, 32u) << "the BDP cap";
+  EXPECT_EQ(plain.a->window, 512u);
+  std::uint32_t most = 0;
+  std::uint64_t sr_frames = 0, plain_sr_frames = 0;
+  p.wire.tap = [&](wire::ConstBytes f, std::uint64_t) {
+    wire::Packet pkt;
+    wire::ParseOptions o;
+    o.verify_icrc = false;
+    if (!wire::parse_frame(f, o, pkt).ok()) return;
+    const bool sr = wire::is_sr_opcode(pkt.opcode);
+    if (pkt.destqp == q.b->qpn || pkt.destqp == q.a->qpn) sr_frames += sr;
+    if (pkt.destqp == plain.b->qpn || pkt.destqp == plain.a->qpn) plain_sr_frames += sr;
+    most = std::max(most, static_cast<std::uint32_t>(distance(q.a->req.una, q.a->req.sent_hi)));
+  };
+  for (const QpPair* x : {&q, &plain}) {
+    Sge s = p.sge(0, 0, 1u << 20);
+    ASSERT_EQ(p.A().post_send(x->a, p.write_to(1, s, 2u << 20)), 0);
+    std::vector<ibv_wc> wc;
+    ASSERT_TRUE(p.wire.run_until([&] { return p.poll(0, wc) > 0 || !wc.empty(); }, 1'000'000'000));
+    EXPECT_EQ(wc[0].status, IBV_WC_SUCCESS);
+    EXPECT_EQ(0, std::memcmp(p.node[0].mem.data(), p.node[1].mem.data() + (2u << 20), 1u << 20));
+  }
+  EXPECT_LE(most, 32u);
+  EXPECT_GT(sr_frames, 1000u);
+  EXPECT_EQ(plain_sr_frames, 0u) << "go-back-N stays the default";
+}
+
+TEST(SelectiveRepeat, RefusesWhatItCannotDo) {
+  Pair p;
+  PairOptions po;
+  po.selective_repeat = true;
+  const QpPair q = p.connect(po);
+  EXPECT_EQ(p.A().set_selective_repeat(q.a, false), EBUSY) << "past INIT: the peer already expects it";
+  EXPECT_EQ(p.A().set_selective_repeat(nullptr, true), EINVAL);
+  PairOptions ud;
+  ud.type = IBV_QPT_UD;
+  const QpPair u = p.connect(ud);
+  EXPECT_EQ(p.A().set_selective_repeat(u.a, true), EOPNOTSUPP);
+  // A READ on a selective-repeat QP completes in error, in order.
+  Sge s = p.sge(0, 0, 64);
+  SendWr w = p.write_to(1, s, 4096);
+  w.opcode = IBV_WR_RDMA_READ;
+  ASSERT_EQ(p.A().post_send(q.a, w), 0);
+  std::vector<ibv_wc> wc;
+  ASSERT_TRUE(p.wire.run_until([&] { return p.poll(0, wc) > 0 || !wc.empty(); }, 10'000'000));
+  EXPECT_EQ(wc[0].status, IBV_WC_LOC_QP_OP_ERR);
+}
+
+TEST(SelectiveRepeat, ItsFramesAreDroppedByAGoBackNQp) {
+  // A peer that did not agree: the frames are counted and dropped, never executed.
+  Pair p;
+  const QpPair plain = p.connect();
+  Pair s;
+  PairOptions po;
+  po.selective_repeat = true;
+  const QpPair q = s.connect(po);
+  std::vector<std::vector<std::uint8_t>> frames;
+  s.wire.tap = [&](wire::ConstBytes f, std::uint64_t) { frames.emplace_back(f.begin(), f.end()); };
+  Sge g = s.sge(0, 0, 64);
+  ASSERT_EQ(s.A().post_send(q.a, s.write_to(1, g, 4096)), 0);
+  std::vector<ibv_wc> wc;
+  ASSERT_TRUE(s.wire.run_until([&] { return s.poll(0, wc) > 0 || !wc.empty(); }, 10'000'000));
+  ASSERT_FALSE(frames.empty());
+  // The same addressing in the other pair (its QPNs match: both engines number alike).
+  ASSERT_EQ(plain.b->qpn, q.b->qpn);
+  const auto before = p.B().counters()[PortCounter::rx_wrong_transport];
+  EXPECT_EQ(p.B().rx(frames[0], p.wire.now()), RxVerdict::kMalformed);
+  EXPECT_EQ(p.B().counters()[PortCounter::rx_wrong_transport], before + 1);
+}
+
+}  // namespace
+}  // namespace uroce::testing
