@@ -49,7 +49,13 @@ std::uint32_t packets_for(std::uint64_t len, std::uint32_t mtu) {
 
 void Engine::arm_retry(Qp& qp, std::uint64_t now) {
   if (qp.type != IBV_QPT_RC || qp.req.retry_deadline != 0) return;
-  const std::uint64_t t = timeout_ns(qp.timeout);
+  std::uint64_t t = timeout_ns(qp.timeout);
+  if (qp.sr && qp.rtt.count() && t != 0) {
+    // Selective repeat times out on the measured round trip (IRN's
+    // RTO_low): a lost resend, or a loss at the tail that no later packet
+    // reveals, costs a few round trips, not the IBTA timer.
+    t = std::min(t, std::max<std::uint64_t>(4 * (qp.rtt.min() + qp.rtt.last()), 20'000));
+  }
   if (t != 0) qp.req.retry_deadline = now + t;
 }
 

@@ -50,6 +50,7 @@ void Engine::sr_resend(Qp& qp, std::uint64_t now) {
     if (!sent || qp.state == IBV_QPS_ERR) return;
     s.lost.clear(k);
     s.resent.set(k);
+    s.resent_at[(r.una + k).value() % kBits] = now;
   }
 }
 
@@ -99,14 +100,20 @@ void Engine::on_sr_ack(Qp& qp, const wire::Packet& pkt, std::uint64_t now) {
     }
   }
   // A hole below the highest PSN the responder has is a loss (IRN: it
-  // would have arrived before the ones after it), unless already resent.
+  // would have arrived before the ones after it); a hole where a resend
+  // went more than a round trip ago is that resend lost.
   const std::uint32_t hi = s.sacked.end();
+  const std::uint64_t rtt = qp.rtt.count() ? qp.rtt.min() + qp.rtt.last() : 1'000'000;
   bool found = false;
-  for (std::uint32_t k = 0; k < hi; ++k)
-    if (!s.sacked.test(k) && !s.resent.test(k) && !s.lost.test(k)) {
-      s.lost.set(k);
-      found = true;
+  for (std::uint32_t k = 0; k < hi; ++k) {
+    if (s.sacked.test(k) || s.lost.test(k)) continue;
+    if (s.resent.test(k)) {
+      if (now - s.resent_at[(r.una + k).value() % kBits] <= rtt) continue;
+      s.resent.clear(k);
     }
+    s.lost.set(k);
+    found = true;
+  }
   if (found) cc_event(qp, [now](cc::Algorithm& a) { a.on_nak(now); });
   if (progress) {
     on_acked(qp, una0, now);

@@ -62,6 +62,9 @@ struct SrState {
   // Requester: from una on, what the peer has (SACKed), what must go again
   // (lost), and what was already resent since it was last found missing.
   Bitmap256 sacked, lost, resent;
+  /// When each resent PSN went again (by psn % 256, while its resent bit
+  /// is set): a resend that is itself lost shows as a hole a round trip later.
+  std::array<std::uint64_t, Bitmap256::kBits> resent_at{};
   std::uint32_t next_msn = 0;  // receive sequence number of the next SEND or WRITE with immediate
   // Responder: from epsn on, what has arrived; where each message that
   // ends in the window ends (its record at psn % 256); and the receive

@@ -1,6 +1,8 @@
 #include "tools/sim/scenarios.h"
 
+#include <algorithm>
 #include <cstring>
+#include <deque>
 #include <memory>
 
 namespace uroce::simx {
@@ -39,6 +41,11 @@ std::unique_ptr<Host> make_host(int i, const IncastConfig& c, std::size_t mem) {
   // The unloaded round trip: four link delays and four full frames' serialisation (two hops each way).
   e.base_rtt_ns = 4 * c.link_delay_ns + 4 * ((128ull << c.mtu) + 78) * 8'000'000'000 / c.link_bps;
   e.seed = c.seed * 1000 + static_cast<std::uint64_t>(i);
+  // Selective repeat's cap on packets in flight: about one bandwidth-delay
+  // product (IRN's BDP-FC), with room for the host queue.
+  const std::uint64_t frame_bits = ((128ull << c.mtu) + 78) * 8;
+  e.sr_window = static_cast<std::uint32_t>(std::min<std::uint64_t>(
+      256, 16 + (e.base_rtt_ns * c.link_bps / 1'000'000'000 + frame_bits - 1) / frame_bits));
   h->eng = std::make_unique<Engine>(e);
   h->pd = h->eng->alloc_pd();
   h->cq = h->eng->create_cq(1u << 14);
@@ -57,6 +64,7 @@ std::pair<Qp*, Qp*> connect(Host& a, Host& b, const IncastConfig& c) {
     ia.cap.max_send_wr = 64;
     ia.cap.max_recv_wr = 4;
     q[i] = h[i]->eng->create_qp(h[i]->pd, ia);
+    if (c.selective_repeat) h[i]->eng->set_selective_repeat(q[i], true);
   }
   for (int i = 0; i < 2; ++i) {
     abi::Connect k;
@@ -92,12 +100,14 @@ IncastResult run_incast(const IncastConfig& c, const std::function<void(const Fl
     fab.add_host(tx.back()->eng.get(), s, link);
   }
   for (int i = 0; i < n; ++i) qa[i] = connect(*tx[i], *rx, c).first;
-  if (c.loss > 0) fab.set_loss(s, fab.port_toward(s, rx_id), c.loss);
   fab.finish();
   const int out = fab.port_toward(s, rx_id);
+  if (c.loss > 0) fab.set_loss(s, out, c.loss);
 
   IncastResult r;
   std::vector<int> inflight(n, 0);
+  std::vector<std::deque<std::uint64_t>> posted_at(n);  // completions come in order
+  std::vector<std::uint64_t> mct;
   std::vector<wire::Psn> una(n);
   std::vector<double> acked_2nd(n, 0);
   for (int i = 0; i < n; ++i) una[i] = qa[i]->req.una;
@@ -114,7 +124,10 @@ IncastResult run_incast(const IncastConfig& c, const std::function<void(const Fl
     w.sg_list = {&sg, 1};
     w.remote_addr = reinterpret_cast<std::uint64_t>(rx->mem.data());
     w.rkey = rx->mr->rkey;
-    while (inflight[i] < static_cast<int>(c.depth) && h.eng->post_send(qa[i], w) == 0) ++inflight[i];
+    while (inflight[i] < static_cast<int>(c.depth) && h.eng->post_send(qa[i], w) == 0) {
+      ++inflight[i];
+      posted_at[i].push_back(fab.now());
+    }
   };
   for (int i = 0; i < n; ++i) post(i);
   fab.on_sample(c.sample_ns, [&](std::uint64_t now) {
@@ -125,6 +138,10 @@ IncastResult run_incast(const IncastConfig& c, const std::function<void(const Fl
           --inflight[i];
           if (wc[j].status == IBV_WC_SUCCESS) ++r.messages;
           else ++r.failed;
+          if (!posted_at[i].empty()) {
+            mct.push_back(now - posted_at[i].front());
+            posted_at[i].pop_front();
+          }
         }
       }
       if (qa[i]->state == IBV_QPS_RTS) post(i);
@@ -155,6 +172,11 @@ IncastResult run_incast(const IncastConfig& c, const std::function<void(const Fl
     r.cnps += qa[i]->ctr[QpCounter::cnp_received];
   }
   r.jain = jain_index(r.flow_goodput_bps);
+  if (!mct.empty()) {
+    std::sort(mct.begin(), mct.end());
+    r.mct_p50_ns = mct[mct.size() / 2];
+    r.mct_p99_ns = mct[std::min(mct.size() - 1, mct.size() * 99 / 100)];
+  }
   const sim::PortStats& ps = fab.port_stats(s, out);
   r.drops = ps.dropped;
   r.ce_marks = ps.ce_marked;

@@ -29,6 +29,7 @@ struct IncastConfig {
   std::uint64_t sample_ns = 10'000;
   double loss = 0;  // random loss on the switch's egress toward the receiver
   std::uint8_t timeout = 10;  // the QPs' retransmit timer: 4.096 us x 2^10 = 4.2 ms
+  bool selective_repeat = false;  // IRN-style loss recovery on every QP (else go-back-N)
   std::uint64_t seed = 1;
 };
 
@@ -55,6 +56,9 @@ struct IncastResult {
   std::uint64_t max_queue_bytes = 0;
   double mean_queue_bytes = 0;  // over the second half
   std::uint64_t messages = 0;   // WRITEs completed
+  /// Message completion times (post to completion, to the sampling
+  /// interval's resolution): median and 99th percentile, ns.
+  std::uint64_t mct_p50_ns = 0, mct_p99_ns = 0;
   std::uint64_t failed = 0;     // completions in error
   std::uint64_t events = 0;
 };

@@ -41,6 +41,7 @@ int main(int argc, char** argv) {
       ("kmin-kb", po::value(&kmin_kb), "RED Kmin (default 5, DCQCN's)")("kmax-kb", po::value(&kmax_kb), "RED Kmax (default 200)")
       ("pmax", po::value(&c.sw.pmax), "RED Pmax (default 0.01)")("no-ecn", po::bool_switch(&no_ecn), "the switch marks nothing")
       ("pfc", po::bool_switch(&pfc), "PFC on (no tail drop)")
+      ("sr", po::bool_switch(&c.selective_repeat), "selective repeat (IRN-style) on every QP, else go-back-N")
       ("loss", po::value(&c.loss), "random loss toward the receiver (default 0)")
       ("mtu", po::value(&mtu), "path MTU: 256, 512, 1024, 2048 or 4096 (default 1024)")
       ("message", po::value(&c.message), "bytes per WRITE (default 65536)")
@@ -124,6 +125,7 @@ int main(int argc, char** argv) {
             {"delay_us", delay_us},
             {"mtu", mtu},
             {"pfc", pfc},
+            {"recovery", c.selective_repeat ? "selective-repeat" : "go-back-N"},
             {"simulated_ms", ms},
             {"goodput_gbps", r.goodput_bps / 1e9},
             {"jain", r.jain},
@@ -136,6 +138,8 @@ int main(int argc, char** argv) {
             {"retransmitted_pkts", r.retransmitted_pkts},
             {"timeouts", r.timeouts},
             {"messages", r.messages},
+            {"mct_p50_us", static_cast<double>(r.mct_p50_ns) / 1e3},
+            {"mct_p99_us", static_cast<double>(r.mct_p99_ns) / 1e3},
             {"failed", r.failed},
             {"events", r.events},
             {"cpu_s", cpu}};
