@@ -2,7 +2,10 @@
 # Two uroced on net_af_packet in two namespaces joined by veth through a
 # bridge: verified RC SEND/WRITE/READ/ATOMIC; then again with 2% of RoCE
 # frames dropped by nftables plus the daemons' own reorder/dup/corrupt
-# injection; the captures must pass uroce-pcap --strict and tshark.
+# injection; the captures must pass uroce-pcap --strict and tshark. Last,
+# SEND/WRITE traffic under the same 2% loss, go-back-N and then selective
+# repeat (IRN-style, both daemons set to it): selective repeat recovers
+# with fewer retransmitted bytes.
 . "$(dirname "$0")/lib.sh"
 need_root
 make_link
@@ -47,5 +50,15 @@ if [ -n "$UROCE_PCAP" ]; then
   naks=$("$UROCE_PCAP" --json "$TMP/srv-lossy.pcap" | /usr/bin/python3 -c 'import json,sys; d=json.load(sys.stdin); print(sum(q["naks"]["psn_seq_error"] for q in d["qps"]))')
   check "lossy: the server's capture shows sequence NAKs ($naks)" "[ ${naks:-0} -gt 0 ]"
 fi
+echo "== 2% RoCE loss, SENDs of 64 KiB: go-back-N, then selective repeat"
+retx_bytes() { sed -n 's/.* retransmissions (\([0-9]*\) bytes).*/\1/p' "$TMP/cli-$1.out"; }
+run_pair gbn 600 65536 --timeout 10 --ops send --depth 8
+run_pair sr 600 65536 --timeout 10 --ops send --depth 8 --selective-repeat
+gbn=$(retx_bytes gbn); sr=$(retx_bytes sr)
+echo "  retransmitted bytes: go-back-N $gbn, selective repeat $sr"
+check "sr: selective repeat recovered with fewer retransmitted bytes than go-back-N" \
+  "[ -n '$sr' ] && [ -n '$gbn' ] && [ ${sr:-0} -gt 0 ] && [ ${sr:-0} -lt ${gbn:-0} ]"
+srf=$(tshark -r "$TMP/cli-sr.pcap" -d udp.port==4791,infiniband --disable-protocol rpcordma -Y 'infiniband.bth.opcode >= 0xe0' 2>/dev/null | wc -l)
+check "sr: its frames are uroce's selective-repeat opcodes ($srf in the capture)" "[ ${srf:-0} -gt 100 ]"
 no_loss
 finish

@@ -199,6 +199,7 @@ std::size_t TrafficApp::step(std::uint64_t now) {
       ia.cap.max_recv_wr = o_.depth + 8;
       qp_ = eng_.create_qp(pd_, ia);
       if (!qp_) return fail("cannot create a QP"), 0;
+      if (o_.selective_repeat && eng_.set_selective_repeat(qp_, true) != 0) return fail("cannot set selective repeat"), 0;
       abi::Connect k;
       k.access = kAccess;
       const abi::Step init = abi::bring_up_steps(k)[0];  // the first step of the one bring-up
@@ -448,7 +449,8 @@ void TrafficApp::finish() {
     if (stopped_) s << completed_ << " messages (" << sends_ok_ << " SENDs completed, not verified by the server: stopped before the final exchange), " << bytes_ << " bytes verified, ";
     else s << completed_ << " messages (" << (sends_) << " SENDs verified by the server), " << bytes_ << " bytes verified, ";
     s
-      << retx << " retransmissions, " << (qp_ ? qp_->ctr[QpCounter::timeouts] : 0) << " timeouts, " << secs << " s, "
+      << retx << " retransmissions (" << (qp_ ? qp_->ctr[QpCounter::retransmitted_bytes] : 0) << " bytes), "
+      << (qp_ ? qp_->ctr[QpCounter::timeouts] : 0) << " timeouts, " << secs << " s, "
       << (secs > 0 ? bytes_ / secs / 1e6 : 0) << " MB/s, " << (secs > 0 ? completed_ / secs : 0) << " msg/s";
   } else {
     if (!summary_.empty() && failed_) s << summary_ << "\n  ";
