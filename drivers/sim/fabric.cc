@@ -245,6 +245,7 @@ void Fabric::arrive(int node, int in_port, std::uint32_t slot) {
     n.eng->rx(wire::ConstBytes(data(slot), f.len), now_);
     free_.push_back(slot);
     n.dirty = true;
+    n.deadline = n.eng->next_deadline();
     return;
   }
   const auto it = f.len >= 6 ? n.route.find(mac_key(data(slot))) : n.route.end();
@@ -298,6 +299,7 @@ bool Fabric::run_until(const std::function<bool()>& done, std::uint64_t max_ns) 
     if (sample_ && now_ >= next_sample_) {
       sample_(now_);
       next_sample_ += sample_every_;
+      for (const int h : hosts_) nodes_[h].dirty = true;  // it may have posted work
     }
     // Hosts: poll those that received, have NIC room again, or have a
     // timer due; note the earliest timer still ahead.
@@ -308,12 +310,13 @@ bool Fabric::run_until(const std::function<bool()>& done, std::uint64_t max_ns) 
       const Port& nic = n.ports[0];
       const bool room = nic.q.size() - nic.q_head < n.eng->config().tx_ring;
       if (!room) continue;  // tx_done marks it dirty
-      std::uint64_t d = n.eng->next_deadline();
-      if (n.dirty || (d != 0 && d <= now_)) {
+      // The engine's deadline changes only when it is touched (a frame in,
+      // a poll, work posted from a sample): kept from then, not asked anew.
+      if (n.dirty || (n.deadline != 0 && n.deadline <= now_)) {
         poll_host(h);
-        d = n.eng->next_deadline();
+        n.deadline = n.eng->next_deadline();
       }
-      if (d != 0) next = std::min(next, std::max(d, now_ + 1));
+      if (n.deadline != 0) next = std::min(next, std::max(n.deadline, now_ + 1));
     }
     if (!heap_.empty() && heap_.front().t <= now_) continue;  // a poll queued work for now
     if (next == UINT64_MAX) return done();

@@ -122,6 +122,7 @@ class Fabric {
     std::vector<std::uint64_t> ingress_bytes;      // switch, PFC: bytes held per ingress port
     std::vector<bool> pause_sent;
     bool dirty = true;  // host: poll its engine at the next step
+    std::uint64_t deadline = 0;  // host: its engine's next_deadline() as of the last time it was touched
   };
   enum class Ev : std::uint8_t { kArrive, kTxDone, kPause, kResume };
   struct Event {

@@ -2,7 +2,8 @@
 // in-memory wire. tools/bench/ipp.sh runs it under callgrind and divides the
 // inclusive cost of the requester and responder entry points by the packets.
 // A second argument paces A's QP at that many bits/s (the pacer's own cost:
-// a rate high enough never to hold a packet back).
+// a rate high enough never to hold a packet back); a third gives A's QP
+// that congestion control (its hooks' cost: nothing congests here).
 #include <cstdio>
 #include <cstdlib>
 
@@ -16,6 +17,7 @@ int main(int argc, char** argv) {
   Side& a = lb.side[0];
   Side& b = lb.side[1];
   if (argc > 2) a.eng->set_rate(a.qp, std::strtoull(argv[2], nullptr, 10));
+  if (argc > 3 && a.eng->set_cc(a.qp, argv[3]) != 0) return std::fprintf(stderr, "no congestion control %s\n", argv[3]), 2;
   Sge s{reinterpret_cast<std::uint64_t>(a.mem.data()), 8, a.mr->lkey};
   Sge r{reinterpret_cast<std::uint64_t>(b.mem.data()), 64, b.mr->lkey};
   ibv_wc wc[64];

@@ -2,8 +2,10 @@
 # Instructions per packet on the requester and responder paths, by callgrind
 # (instruction counts are stable on a noisy machine, unlike timings).
 #   tools/bench/ipp.sh [BUILD_DIR] [MESSAGES]
-# It runs the workload twice: as it is, and with A's QP paced (at 1 Pb/s,
-# so the pacer holds nothing back): the difference is the pacer's cost.
+# It runs the workload as it is; with A's QP paced (at 1 Pb/s, so the pacer
+# holds nothing back): the difference is the pacer's cost; and with A's QP
+# under each congestion control (dcqcn, swift): the cost of its hooks, on
+# the requester (TX, RTT probe) and the completer (ACK, RTT sample).
 set -eu
 build=${1:-build}; n=${2:-20000}
 out=$(mktemp -d)
@@ -11,6 +13,10 @@ trap 'rm -rf "$out"' EXIT
 valgrind --tool=callgrind --callgrind-out-file="$out/cg" "$build/tools/bench/engine_ipp" "$n" > "$out/stdout" 2>/dev/null
 valgrind --tool=callgrind --callgrind-out-file="$out/cg.paced" "$build/tools/bench/engine_ipp" "$n" 1000000000000000 \
   > "$out/stdout.paced" 2>/dev/null
+for cc in dcqcn swift; do
+  valgrind --tool=callgrind --callgrind-out-file="$out/cg.$cc" "$build/tools/bench/engine_ipp" "$n" 0 $cc > /dev/null 2>&1
+  callgrind_annotate --inclusive=yes "$out/cg.$cc" > "$out/ann.$cc" 2>/dev/null
+done
 pkts=$(sed -n 's/.*request packets sent by A: \([0-9]*\),.*/\1/p' "$out/stdout")
 callgrind_annotate --inclusive=yes "$out/cg" > "$out/ann" 2>/dev/null
 callgrind_annotate --inclusive=yes "$out/cg.paced" > "$out/ann.paced" 2>/dev/null
@@ -24,6 +30,10 @@ parse=$(cost 'parse_frame')
 echo "messages: $((2 * n)) (8-byte WRITE and SEND), request packets: $pkts"
 echo "requester (send_next_packet, incl. build + ICRC): $((req / pkts)) instructions/packet"
 echo "requester, paced (the pacer's cost):              $((req_paced / pkts)) instructions/packet (+$(((req_paced - req) / pkts)))"
+for cc in dcqcn swift; do
+  r=$(cost 'Engine::send_next_packet' "$out/ann.$cc"); c=$(cost 'Engine::on_response\(' "$out/ann.$cc")
+  echo "with $cc: requester $((r / pkts)) (+$(((r - req) / pkts))), completer $((c / pkts)) (+$(((c - cmp) / pkts))) instructions/packet"
+done
 echo "responder (on_request, after parsing):            $((rsp / pkts)) instructions/packet"
 echo "completer (on_response, per request packet):      $((cmp / pkts)) instructions/packet"
 echo "receive path (rx incl. parse + ICRC check), all frames both sides: $rx instructions total"

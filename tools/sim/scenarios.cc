@@ -1,6 +1,9 @@
 #include "tools/sim/scenarios.h"
 
 #include <algorithm>
+#include <array>
+#include <cmath>
+#include <random>
 #include <cstring>
 #include <deque>
 #include <memory>
@@ -28,7 +31,10 @@ struct Host {
   Mr* mr = nullptr;
 };
 
-std::unique_ptr<Host> make_host(int i, const IncastConfig& c, std::size_t mem) {
+/// A host of the fabric; its memory is its own, or `shared` (many hosts
+/// may register one buffer: the simulation runs on one thread, and the
+/// bytes of a flow-size mix are not checked).
+std::unique_ptr<Host> make_host(int i, const IncastConfig& c, std::size_t mem, std::uint8_t* shared = nullptr) {
   auto h = std::make_unique<Host>();
   EngineConfig e;
   e.mac = {0x02, 0, 0, 0, static_cast<std::uint8_t>(i >> 8), static_cast<std::uint8_t>(i)};
@@ -49,8 +55,12 @@ std::unique_ptr<Host> make_host(int i, const IncastConfig& c, std::size_t mem) {
   h->eng = std::make_unique<Engine>(e);
   h->pd = h->eng->alloc_pd();
   h->cq = h->eng->create_cq(1u << 14);
-  h->mem.assign(mem, static_cast<std::uint8_t>(i));
-  h->mr = h->eng->reg_mr(h->pd, h->mem.data(), h->mem.size(), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  std::uint8_t* base = shared;
+  if (base == nullptr) {
+    h->mem.assign(mem, static_cast<std::uint8_t>(i));
+    base = h->mem.data();
+  }
+  h->mr = h->eng->reg_mr(h->pd, base, mem, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
   return h;
 }
 
@@ -61,7 +71,7 @@ std::pair<Qp*, Qp*> connect(Host& a, Host& b, const IncastConfig& c) {
   for (int i = 0; i < 2; ++i) {
     QpInitAttr ia;
     ia.send_cq = ia.recv_cq = h[i]->cq;
-    ia.cap.max_send_wr = 64;
+    ia.cap.max_send_wr = 256;
     ia.cap.max_recv_wr = 4;
     q[i] = h[i]->eng->create_qp(h[i]->pd, ia);
     if (c.selective_repeat) h[i]->eng->set_selective_repeat(q[i], true);
@@ -182,6 +192,150 @@ IncastResult run_incast(const IncastConfig& c, const std::function<void(const Fl
   r.ce_marks = ps.ce_marked;
   r.max_queue_bytes = ps.max_queue_bytes;
   r.mean_queue_bytes = queue_n ? queue_sum / static_cast<double>(queue_n) : 0;
+  r.events = fab.stats().events;
+  return r;
+}
+
+// ------------------------------------------------------------------ mix
+
+std::uint64_t web_search_size(double u) {
+  // The web-search flow sizes of DCTCP (Alizadeh et al., SIGCOMM 2010,
+  // figure 4), as (bytes, cumulative %) points.
+  static constexpr double kCdf[][2] = {{0, 0},          {10e3, 15},  {20e3, 20},  {30e3, 30},
+                                       {50e3, 40},      {80e3, 53},  {200e3, 60}, {1e6, 70},
+                                       {2e6, 80},       {5e6, 90},   {10e6, 97},  {30e6, 100}};
+  const double p = u * 100;
+  for (std::size_t i = 1; i < std::size(kCdf); ++i)
+    if (p <= kCdf[i][1]) {
+      const double f = (p - kCdf[i - 1][1]) / (kCdf[i][1] - kCdf[i - 1][1]);
+      return std::max<std::uint64_t>(1, static_cast<std::uint64_t>(kCdf[i - 1][0] + f * (kCdf[i][0] - kCdf[i - 1][0])));
+    }
+  return static_cast<std::uint64_t>(kCdf[std::size(kCdf) - 1][0]);
+}
+
+MixResult run_mix(const MixConfig& m) {
+  IncastConfig c;
+  c.cc = m.cc;
+  c.selective_repeat = m.selective_repeat;
+  c.link_bps = m.link_bps;
+  c.link_delay_ns = m.link_delay_ns;
+  c.seed = m.seed;
+  const int n = m.hosts;
+  sim::Fabric fab(m.seed, 1u << 15, 1024 * 4 + 256);
+  const int s = fab.add_switch(m.sw);
+  const sim::LinkSpec link{m.link_bps, m.link_delay_ns};
+  std::vector<std::uint8_t> buffer(m.max_flow + 64);
+  std::vector<std::unique_ptr<Host>> h;
+  for (int i = 0; i < n; ++i) {
+    h.push_back(make_host(i + 1, c, buffer.size(), buffer.data()));
+    fab.add_host(h.back()->eng.get(), s, link);
+  }
+  // kLanes QPs from every host to every other (qp[i][j][l]: i's, toward j):
+  // a flow takes the lane with the fewest flows queued, so a short flow
+  // rarely waits behind a long one in the same send queue (as an
+  // application with a QP per flow, or per thread, would see).
+  constexpr int kLanes = 4;
+  using Lanes = std::array<Qp*, kLanes>;
+  std::vector<std::vector<Lanes>> qp(n, std::vector<Lanes>(n, Lanes{}));
+  for (int i = 0; i < n; ++i)
+    for (int j = i + 1; j < n; ++j)
+      for (int l = 0; l < kLanes; ++l) {
+        auto [a, b] = connect(*h[i], *h[j], c);
+        qp[i][j][l] = a;
+        qp[j][i][l] = b;
+      }
+  fab.finish();
+
+  struct Flow {
+    std::uint64_t start, bytes;
+  };
+  using Queues = std::array<std::deque<Flow>, kLanes>;
+  std::vector<std::vector<Queues>> open(n, std::vector<Queues>(n));
+  std::mt19937_64 rng(m.seed);
+  std::uniform_real_distribution<double> uni(0, 1);
+  // Mean of the distribution, by sampling its CDF finely: the arrival rate for the load.
+  double mean = 0;
+  for (int k = 0; k < 10000; ++k) mean += static_cast<double>(web_search_size((k + 0.5) / 10000));
+  mean /= 10000;
+  const double rate_per_ns = m.load * static_cast<double>(m.link_bps) / 8 / mean / 1e9;
+  const std::uint64_t t0 = fab.now(), stop_new = t0 + m.duration_ns * 8 / 10;
+  std::vector<std::uint64_t> next_start(n);
+  for (int i = 0; i < n; ++i) next_start[i] = t0 + static_cast<std::uint64_t>(-std::log(1 - uni(rng)) / rate_per_ns);
+  MixResult r;
+  std::vector<std::uint64_t> short_mct, all_mct;
+  std::vector<double> short_slow;
+  const double frame_ns = (1024.0 + 78) * 8e9 / static_cast<double>(m.link_bps);
+  auto ideal = [&](std::uint64_t bytes) {  // an empty fabric: serialisation plus one round trip
+    const double pkts = std::ceil(static_cast<double>(bytes) / 1024);
+    return pkts * frame_ns + 4.0 * static_cast<double>(m.link_delay_ns) + 3 * frame_ns;
+  };
+  fab.on_sample(1'000, [&](std::uint64_t now) {
+    ibv_wc wc[64];
+    for (int i = 0; i < n; ++i) {
+      for (; now < stop_new && next_start[i] <= now;
+           next_start[i] += std::max<std::uint64_t>(1, static_cast<std::uint64_t>(-std::log(1 - uni(rng)) / rate_per_ns))) {
+        int j = static_cast<int>(uni(rng) * (n - 1));
+        if (j >= i) ++j;
+        const std::uint64_t bytes = std::min(web_search_size(uni(rng)), m.max_flow);
+        Sge sg{reinterpret_cast<std::uint64_t>(buffer.data()), static_cast<std::uint32_t>(bytes), h[i]->mr->lkey};
+        SendWr w;
+        w.opcode = IBV_WR_RDMA_WRITE;
+        w.send_flags = IBV_SEND_SIGNALED;
+        w.sg_list = {&sg, 1};
+        w.remote_addr = reinterpret_cast<std::uint64_t>(buffer.data());
+        w.rkey = h[j]->mr->rkey;
+        int lane = 0;
+        for (int l = 1; l < kLanes; ++l)
+          if (open[i][j][l].size() < open[i][j][lane].size()) lane = l;
+        w.wr_id = static_cast<std::uint64_t>(j * kLanes + lane);
+        if (h[i]->eng->post_send(qp[i][j][lane], w) != 0) continue;  // its SQ is full: the flow is not started
+        open[i][j][lane].push_back(Flow{next_start[i], bytes});
+        ++r.flows;
+      }
+      for (int k; (k = h[i]->eng->poll_cq(h[i]->cq, wc)) > 0;)
+        for (int x = 0; x < k; ++x) {
+          if (wc[x].opcode != IBV_WC_RDMA_WRITE) continue;  // the receive side sees none (WRITEs)
+          const int j = static_cast<int>(wc[x].wr_id) / kLanes, lane = static_cast<int>(wc[x].wr_id) % kLanes;
+          if (open[i][j][lane].empty()) continue;
+          const Flow f = open[i][j][lane].front();
+          open[i][j][lane].pop_front();
+          if (wc[x].status != IBV_WC_SUCCESS) continue;
+          ++r.finished;
+          const std::uint64_t mct = now - f.start;
+          all_mct.push_back(mct);
+          if (f.bytes < m.short_bytes) {
+            short_mct.push_back(mct);
+            short_slow.push_back(static_cast<double>(mct) / ideal(f.bytes));
+          }
+        }
+    }
+  });
+  fab.run_until([] { return false; }, m.duration_ns);
+  auto pct = [](std::vector<std::uint64_t>& v, double q) -> std::uint64_t {
+    if (v.empty()) return 0;
+    std::sort(v.begin(), v.end());
+    return v[std::min(v.size() - 1, static_cast<std::size_t>(q * static_cast<double>(v.size())))];
+  };
+  r.short_flows = short_mct.size();
+  r.short_p50_ns = pct(short_mct, 0.5);
+  r.short_p99_ns = pct(short_mct, 0.99);
+  r.all_p50_ns = pct(all_mct, 0.5);
+  r.all_p99_ns = pct(all_mct, 0.99);
+  std::sort(short_slow.begin(), short_slow.end());
+  if (!short_slow.empty()) {
+    r.short_slowdown_p50 = short_slow[short_slow.size() / 2];
+    r.short_slowdown_p99 = short_slow[std::min(short_slow.size() - 1, short_slow.size() * 99 / 100)];
+  }
+  for (int i = 0; i < n; ++i) {
+    r.drops += fab.host_port_stats(i).dropped;
+    for (int j = 0; j < n; ++j)
+      for (Qp* q : qp[i][j])
+        if (q) {
+          r.retransmitted_pkts += q->ctr[QpCounter::retransmitted_pkts];
+          r.timeouts += q->ctr[QpCounter::timeouts];
+        }
+  }
+  for (int i = 0; i < n; ++i) r.drops += fab.port_stats(s, fab.port_toward(s, i)).dropped;
   r.events = fab.stats().events;
   return r;
 }

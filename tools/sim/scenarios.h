@@ -67,6 +67,37 @@ struct IncastResult {
 IncastResult run_incast(const IncastConfig& c, const std::function<void(const FlowSample&)>& flow = {},
                         const std::function<void(const QueueSample&)>& queue = {});
 
+/// A flow-size mix: `hosts` hosts on one switch, each starting flows (one
+/// WRITE each) at Poisson times to a random other host, sizes drawn from
+/// the web-search distribution of DCTCP (Alizadeh et al., SIGCOMM 2010),
+/// at `load` of each host's link.
+struct MixConfig {
+  int hosts = 16;
+  double load = 0.5;
+  std::string cc = "none";
+  bool selective_repeat = false;
+  std::uint64_t link_bps = 10'000'000'000;
+  std::uint64_t link_delay_ns = 1'000;
+  sim::SwitchSpec sw{};
+  std::uint64_t duration_ns = 50'000'000;  // flows start in the first 80%; the rest drains
+  std::uint64_t short_bytes = 100'000;     // "short": below this
+  std::uint64_t max_flow = 30'000'000;     // the distribution's largest
+  std::uint64_t seed = 1;
+};
+
+struct MixResult {
+  std::uint64_t flows = 0, finished = 0, short_flows = 0;
+  std::uint64_t short_p50_ns = 0, short_p99_ns = 0, all_p50_ns = 0, all_p99_ns = 0;
+  double short_slowdown_p50 = 0, short_slowdown_p99 = 0;  // completion time over an empty fabric's
+  std::uint64_t drops = 0, retransmitted_pkts = 0, timeouts = 0;
+  std::uint64_t events = 0;
+};
+
+MixResult run_mix(const MixConfig& c);
+
+/// A size from the web-search distribution's CDF (linear between its points), for u in [0, 1).
+std::uint64_t web_search_size(double u);
+
 /// Jain's fairness index: (sum x)^2 / (n sum x^2); 1 is perfectly fair.
 double jain_index(const std::vector<double>& x);
 

@@ -6,8 +6,12 @@
 //       (per-flow goodput, Jain's index, queue, drops, retransmissions) and,
 //       with --series, writes JSON lines: one per flow per sample, and one
 //       per sample for the switch queue.
-//   uroce-sim loss --loss 0.01 [--delay-us 1] ...
-//       one flow through a lossy switch port: goodput and retransmissions.
+//   uroce-sim loss --loss 0.01 [--delay-us 1] [--sr] ...
+//       one flow through a lossy switch port: goodput, retransmissions and
+//       message completion times, go-back-N or selective repeat.
+//   uroce-sim mix --hosts 16 --load 0.5 --cc dcqcn ...
+//       flows of the web-search size distribution between random hosts:
+//       completion times of the short ones, median and p99.
 //
 // tools/sim/experiments.sh runs the matrices of docs/research.md and plots them.
 #include <boost/program_options.hpp>
@@ -30,9 +34,11 @@ int main(int argc, char** argv) {
   double ms = 10, delay_us = 1, link_gbps = 10, buffer_kb = 512, kmin_kb = 5, kmax_kb = 200;
   unsigned mtu = 1024, timeout = c.timeout;
   bool pfc = false, no_ecn = false;
+  uroce::simx::MixConfig mix;
   po::options_description opts("uroce-sim options");
   opts.add_options()("help,h", "show this help")("mode", po::value(&mode), "incast or loss")
       ("senders", po::value(&c.senders), "incast: senders (default 8)")
+      ("hosts", po::value(&mix.hosts), "mix: hosts (default 16)")("load", po::value(&mix.load), "mix: load of each host's link (default 0.5)")
       ("cc", po::value(&cc), "congestion control of every QP: none, dcqcn or swift (default none)")
       ("ms", po::value(&ms), "simulated milliseconds (default 10)")
       ("link-gbps", po::value(&link_gbps), "every link's rate (default 10)")
@@ -61,14 +67,15 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (vm.count("help") || mode.empty()) {
-    std::cout << "usage: uroce-sim incast|loss [options]\n" << opts;
+    std::cout << "usage: uroce-sim incast|loss|mix [options]\n" << opts;
     return mode.empty() && !vm.count("help") ? 2 : 0;
   }
   const auto bad = [](const std::string& why) {
     std::fprintf(stderr, "uroce-sim: %s\n", why.c_str());
     return 2;
   };
-  if (mode != "incast" && mode != "loss") return bad("mode must be incast or loss");
+  if (mode != "incast" && mode != "loss" && mode != "mix") return bad("mode must be incast, loss or mix");
+  if (mix.hosts < 2 || mix.hosts > 64 || !(mix.load > 0 && mix.load < 1)) return bad("--hosts must be 2..64, --load in (0, 1)");
   if (uroce::cc::find(cc) == nullptr) return bad("--cc must be none, dcqcn or swift");
   if (c.senders < 1 || c.senders > 1000) return bad("--senders must be 1..1000");
   if (!(ms > 0 && ms <= 10'000)) return bad("--ms must be in (0, 10000]");
@@ -98,6 +105,41 @@ int main(int argc, char** argv) {
   c.sample_ns = static_cast<std::uint64_t>(vm["sample-us"].as<double>() * 1e3);
   if (c.sample_ns == 0) return bad("--sample-us must be positive");
 
+  if (mode == "mix") {
+    mix.cc = cc;
+    mix.selective_repeat = c.selective_repeat;
+    mix.link_bps = c.link_bps;
+    mix.link_delay_ns = c.link_delay_ns;
+    mix.sw = c.sw;
+    mix.duration_ns = c.duration_ns;
+    mix.seed = c.seed;
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto m = uroce::simx::run_mix(mix);
+    const double cpu = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    json o = {{"mode", mode},
+              {"hosts", mix.hosts},
+              {"load", mix.load},
+              {"cc", cc},
+              {"recovery", c.selective_repeat ? "selective-repeat" : "go-back-N"},
+              {"pfc", pfc},
+              {"simulated_ms", ms},
+              {"flows", m.flows},
+              {"finished", m.finished},
+              {"short_flows", m.short_flows},
+              {"short_p50_us", static_cast<double>(m.short_p50_ns) / 1e3},
+              {"short_p99_us", static_cast<double>(m.short_p99_ns) / 1e3},
+              {"short_slowdown_p50", m.short_slowdown_p50},
+              {"short_slowdown_p99", m.short_slowdown_p99},
+              {"all_p50_us", static_cast<double>(m.all_p50_ns) / 1e3},
+              {"all_p99_us", static_cast<double>(m.all_p99_ns) / 1e3},
+              {"drops", m.drops},
+              {"retransmitted_pkts", m.retransmitted_pkts},
+              {"timeouts", m.timeouts},
+              {"events", m.events},
+              {"cpu_s", cpu}};
+    std::printf("%s\n", o.dump().c_str());
+    return 0;
+  }
   std::ofstream out;
   if (!series.empty()) {
     out.open(series);
