@@ -1,5 +1,7 @@
 #include "control/node/sessions.h"
 
+#include "stack/cc/cc.h"
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -627,6 +629,30 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
         return;
       }
       return send_reply(sock, h, res.err, res.err ? res.why : "", nullptr, 0);
+    }
+    case UROCE_MSG_SET_QP_OPT: {
+      uroce_qp_opt_msg m;
+      if (!take(m)) return;
+      auto q = s.qps.find(m.qp);
+      if (q == s.qps.end()) return fail(EINVAL, "no such QP in this session");
+      if (m.opt == UROCE_QP_OPT_CC) {
+        const std::string name(m.name, strnlen(m.name, sizeof m.name));
+        if (cc::find(name) == nullptr) return fail(EINVAL, "no such congestion control");
+        const int rc = eng_.set_cc(q->second.qp, name);
+        return send_reply(sock, h, rc, rc == EOPNOTSUPP ? "congestion control is for RC and UC QPs" : rc ? "refused" : "",
+                          nullptr, 0);
+      }
+      if (m.opt == UROCE_QP_OPT_SR) {
+        if (m.value > 1) return fail(EINVAL, "selective repeat is 0 or 1");
+        const int rc = eng_.set_selective_repeat(q->second.qp, m.value == 1);
+        return send_reply(sock, h, rc,
+                          rc == EBUSY       ? "selective repeat is set before RTR"
+                          : rc == EOPNOTSUPP ? "selective repeat is for RC QPs without an SRQ"
+                          : rc               ? "refused"
+                                             : "",
+                          nullptr, 0);
+      }
+      return fail(EINVAL, "unknown QP option");
     }
     case UROCE_MSG_RESOLVE: {
       // A UD address handle's MAC, as the kernel resolves one at

@@ -65,33 +65,21 @@ int Fabric::add_host(transport::Engine* e, int sw, const LinkSpec& l) {
   n.eng = e;
   nodes_.push_back(std::move(n));
   const int h = static_cast<int>(nodes_.size() - 1);
-  Port a, b;
-  a.node = h;
-  a.peer = sw;
-  a.link = l;
-  a.peer_port = static_cast<int>(nodes_[sw].ports.size());
-  b.node = sw;
-  b.peer = h;
-  b.link = l;
-  b.peer_port = 0;
-  nodes_[h].ports.push_back(a);
-  nodes_[sw].ports.push_back(b);
+  connect(h, sw, l);  // the host's port 0
   hosts_.push_back(h);
   return static_cast<int>(hosts_.size() - 1);
 }
 
-void Fabric::connect(int sa, int sb, const LinkSpec& l) {
+void Fabric::connect(int na, int nb, const LinkSpec& l) {
+  // A port on each node, each naming the other's, so a pause can travel back.
   Port a, b;
-  a.node = sa;
-  a.peer = sb;
-  a.link = l;
-  a.peer_port = static_cast<int>(nodes_[sb].ports.size());
-  b.node = sb;
-  b.peer = sa;
-  b.link = l;
-  b.peer_port = static_cast<int>(nodes_[sa].ports.size());
-  nodes_[sa].ports.push_back(a);
-  nodes_[sb].ports.push_back(b);
+  a.node = b.peer = na;
+  a.peer = b.node = nb;
+  a.link = b.link = l;
+  a.peer_port = static_cast<int>(nodes_[nb].ports.size());
+  b.peer_port = static_cast<int>(nodes_[na].ports.size());
+  nodes_[na].ports.push_back(a);
+  nodes_[nb].ports.push_back(b);
 }
 
 void Fabric::finish() {

@@ -67,8 +67,8 @@ class Fabric {
   /// Attaches an engine to switch `sw` over a link; returns the host id.
   /// The engine's tx_ring should be small (a few frames): it is the NIC's queue.
   int add_host(transport::Engine* e, int sw, const LinkSpec& l = {});
-  /// A link between two switches.
-  void connect(int sw_a, int sw_b, const LinkSpec& l = {});
+  /// A link between two nodes (switches; add_host links a host).
+  void connect(int node_a, int node_b, const LinkSpec& l = {});
   /// Computes the routes (shortest paths by hops; call after the last add).
   void finish();
   /// Random loss on a switch's output port: each frame is dropped with

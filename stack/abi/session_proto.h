@@ -64,6 +64,9 @@ enum uroce_msg_type {
    * frees it. Windows count against the session's MR limit. */
   UROCE_MSG_ALLOC_MW = 21,      /* body: alloc_mw;   reply: alloc_mw_reply */
   UROCE_MSG_CM_ESTABLISH = 22,  /* body: cm (id);    reply: status; the RTU of a UROCE_CM_APP_QP connect (minor 9) */
+  /* Minor 10: uroce's own QP attributes: its congestion control (any
+   * time), and selective repeat (before RTR, on both ends). */
+  UROCE_MSG_SET_QP_OPT = 23,    /* body: qp_opt;     reply: status */
 };
 
 struct uroce_msg_hdr {
@@ -124,6 +127,17 @@ struct uroce_alloc_mw_msg {
 };
 struct uroce_alloc_mw_reply {
   uint32_t handle, rkey;
+};
+
+enum uroce_qp_opt {
+  UROCE_QP_OPT_CC = 1, /* name: a congestion control ("none", "dcqcn", "swift", ...) */
+  UROCE_QP_OPT_SR = 2  /* value: 1 selective repeat (IRN-style, uroce peers only), 0 go-back-N */
+};
+struct uroce_qp_opt_msg {
+  uint32_t qp;    /* the QP's handle */
+  uint32_t opt;   /* enum uroce_qp_opt */
+  uint32_t value;
+  char name[20];  /* NUL-terminated */
 };
 
 struct uroce_create_cq_msg {
@@ -266,6 +280,7 @@ UROCE_STATIC_ASSERT(sizeof(struct uroce_cm_event_msg) == 116, "cm_event is 116 b
 UROCE_STATIC_ASSERT(sizeof(struct uroce_create_srq_msg) == 12, "create_srq is 12 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_alloc_mw_msg) == 8 && sizeof(struct uroce_alloc_mw_reply) == 8, "alloc_mw is 8 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_create_qp_reply) == 24, "create_qp reply is 24 bytes");
+UROCE_STATIC_ASSERT(sizeof(struct uroce_qp_opt_msg) == 32, "qp_opt is 32 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_resolve_msg) == 16, "resolve is 16 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_resolve_reply) == 8, "resolve reply is 8 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_modify_qp_msg) == 72, "modify_qp is 72 bytes (64 before minor 5)");

@@ -43,14 +43,15 @@ extern "C" {
 
 #define UROCE_ABI_MAGIC 0x45524f55u /* "UORE" read little-endian */
 #define UROCE_ABI_MAJOR 1
-#define UROCE_ABI_MINOR 9 /* 1: CQ notification words (arm, notified); 2: SRQs; 3: RDMA CM; 4: session page and doorbell;
+#define UROCE_ABI_MINOR 10 /* 1: CQ notification words (arm, notified); 2: SRQs; 3: RDMA CM; 4: session page and doorbell;
                             5: one queue per verbs queue (the daemon consumes a send entry when it completes), inline
                             data, the UD address vector, the posts word, async events; 6: UD QPs for applications,
                             address resolution (UROCE_MSG_RESOLVE); 7: CM event channel (UROCE_MSG_CM_CHANNEL);
                             8: memory windows (UROCE_MSG_ALLOC_MW, IBV_WR_BIND_MW and IBV_WR_LOCAL_INV entries);
                             9: CM connections whose application brings its QP up (UROCE_CM_APP_QP,
                             UROCE_MSG_CM_ESTABLISH, the QP attributes in cm_event); UD through the CM
-                            (SIDR: UROCE_CM_UD listens, UD QPs in CONNECT and ACCEPT) */
+                            (SIDR: UROCE_CM_UD listens, UD QPs in CONNECT and ACCEPT); 10: uroce's QP attributes
+                            (UROCE_MSG_SET_QP_OPT: congestion control, selective repeat) */
 #define UROCE_ABI_CACHELINE 64
 #define UROCE_ABI_MAX_SGE 4
 #define UROCE_ABI_MAX_INLINE 64 /* inline bytes a send entry carries, in place of its SGEs */

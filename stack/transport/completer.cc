@@ -238,16 +238,19 @@ void Engine::on_response(Qp& qp, const wire::Packet& pkt, std::uint64_t now) {
       retire_local(qp);
     }
   }
-  if (progress) {
-    on_acked(qp, una_before, now);
-    // Forward progress resets the retry budget and restarts the timer.
-    r.retry_pending = false;
-    r.retry_left = qp.retry_cnt;
-    r.rnr_left = qp.rnr_retry;
-    r.retry_deadline = 0;
-    if (r.una != r.sent_hi) arm_retry(qp, now);
-    activate(qp);
-  }
+  if (progress) on_progress(qp, una_before, now);
+}
+
+void Engine::on_progress(Qp& qp, Psn una_before, std::uint64_t now) {
+  Requester& r = qp.req;
+  on_acked(qp, una_before, now);
+  // Forward progress resets the retry budget and restarts the timer.
+  r.retry_pending = false;
+  r.retry_left = qp.retry_cnt;
+  r.rnr_left = qp.rnr_retry;
+  r.retry_deadline = 0;
+  if (r.una != r.sent_hi) arm_retry(qp, now);
+  activate(qp);
 }
 
 /// Starts go-back-N from `from` (default: the oldest unacknowledged PSN), or

@@ -358,6 +358,9 @@ class Engine {
   /// una moved on from `una_before`: the round-trip sample, if the probe
   /// is now acknowledged, and the congestion control's ACK hook.
   void on_acked(Qp& qp, wire::Psn una_before, std::uint64_t now);
+  /// Forward progress from `una_before`: on_acked, the retry budget reset,
+  /// the timer restarted.
+  void on_progress(Qp& qp, wire::Psn una_before, std::uint64_t now);
 
   EngineConfig cfg_;
   MrTable mrs_;

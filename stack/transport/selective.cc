@@ -115,15 +115,8 @@ void Engine::on_sr_ack(Qp& qp, const wire::Packet& pkt, std::uint64_t now) {
     found = true;
   }
   if (found) cc_event(qp, [now](cc::Algorithm& a) { a.on_nak(now); });
-  if (progress) {
-    on_acked(qp, una0, now);
-    r.retry_pending = false;
-    r.retry_left = qp.retry_cnt;
-    r.rnr_left = qp.rnr_retry;
-    r.retry_deadline = 0;
-    if (r.una != r.sent_hi) arm_retry(qp, now);
-  }
-  if (progress || found) activate(qp);
+  if (progress) on_progress(qp, una0, now);
+  if (found) activate(qp);
 }
 
 // ------------------------------------------------------------- responder

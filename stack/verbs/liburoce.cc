@@ -1287,6 +1287,31 @@ int uroce_modify_qp(uroce_qp* qp, ibv_qp_attr* a, int mask) {
   return call(qp->ctx, UROCE_MSG_MODIFY_QP, &m, sizeof m, -1, nullptr, 0);
 }
 
+namespace {
+int set_qp_opt(uroce_qp* qp, std::uint32_t opt, std::uint32_t value, const char* name) {
+  if (!qp) return set_error(EINVAL, "no QP");
+  if (qp->ctx->minor < 10) return set_error(ENOTSUP, "the daemon predates uroce's QP attributes (ABI minor 10)");
+  uroce_qp_opt_msg m{};
+  m.qp = qp->handle;
+  m.opt = opt;
+  m.value = value;
+  if (name) {
+    if (std::strlen(name) >= sizeof m.name) return set_error(EINVAL, "congestion control name too long");
+    std::memcpy(m.name, name, std::strlen(name));
+  }
+  return call(qp->ctx, UROCE_MSG_SET_QP_OPT, &m, sizeof m, -1, nullptr, 0);
+}
+}  // namespace
+
+int uroce_qp_set_cc(uroce_qp* qp, const char* name) {
+  if (!name) return set_error(EINVAL, "no congestion control name");
+  return set_qp_opt(qp, UROCE_QP_OPT_CC, 0, name);
+}
+
+int uroce_qp_set_selective_repeat(uroce_qp* qp, int on) {
+  return set_qp_opt(qp, UROCE_QP_OPT_SR, on ? 1 : 0, nullptr);
+}
+
 int uroce_connect_qp(uroce_qp* qp, const uroce_rc_conn* c) {
   if (!qp || !c) return set_error(EINVAL, "connect_qp: no QP or no connection parameters");
   const auto pick = [](std::uint8_t v, std::uint8_t dflt) { return v != 0 ? v : dflt; };

@@ -179,6 +179,14 @@ uint32_t uroce_qp_num(const struct uroce_qp* qp);
 struct ibv_ah* uroce_create_ah(struct uroce_pd* pd, struct ibv_ah_attr* attr);
 int uroce_destroy_ah(struct ibv_ah* ah);
 int uroce_modify_qp(struct uroce_qp* qp, struct ibv_qp_attr* attr, int attr_mask);
+/* uroce's own QP attributes (ABI minor 10; ENOTSUP from an older daemon):
+ * - its congestion control, by name ("none", "dcqcn", "swift"; RC and UC),
+ *   at any time (docs/research.md);
+ * - selective repeat (IRN-style; RC without an SRQ), set before RTR on both
+ *   ends, and only between uroce peers: it carries SENDs and WRITEs, and
+ *   READs and atomics on such a QP complete with LOC_QP_OP_ERR. */
+int uroce_qp_set_cc(struct uroce_qp* qp, const char* name);
+int uroce_qp_set_selective_repeat(struct uroce_qp* qp, int on);
 int uroce_destroy_qp(struct uroce_qp* qp);
 /* The QP's current attributes from the daemon (all of them, whatever attr_mask says). */
 int uroce_query_qp(struct uroce_qp* qp, struct ibv_qp_attr* attr, int attr_mask, struct uroce_qp_init_attr* init_attr);

@@ -846,6 +846,63 @@ int ud(const char* sa, const char* sb) {
 
 /// Two QPs on B share one SRQ; A sends on both; every receive is consumed
 /// from the SRQ and names the QP it arrived on.
+/// uroce's QP attributes through the library (ABI minor 10): congestion
+/// control by name, and selective repeat on both ends before RTR; then
+/// SENDs and a WRITE, every byte checked, over selective repeat.
+int qpopt(const char* sa, const char* sb) {
+  End a, b;
+  check(open_end(a, sa, false) && open_end(b, sb, false), "both applications open");
+  if (g_fail) return 1;
+  check(uroce_qp_set_cc(a.qp, "cubic") == EINVAL, "an unknown congestion control: EINVAL");
+  check(uroce_qp_set_cc(a.qp, "dcqcn") == 0, "A's QP: dcqcn");
+  check(uroce_qp_set_cc(b.qp, "swift") == 0, "B's QP: swift");
+  check(uroce_qp_set_selective_repeat(a.qp, 1) == 0 && uroce_qp_set_selective_repeat(b.qp, 1) == 0,
+        "selective repeat on both QPs, before RTR");
+  check(connect(a, b) && connect(b, a), "connected");
+  check(uroce_qp_set_selective_repeat(a.qp, 0) == EBUSY, "selective repeat after RTR: EBUSY");
+  check(uroce_qp_set_cc(a.qp, "none") == 0 && uroce_qp_set_cc(a.qp, "dcqcn") == 0, "the algorithm changes at RTS too");
+  constexpr int kMsgs = 16;
+  constexpr std::uint32_t kLen = 4096 + 77;  // five packets, the last short
+  for (int i = 0; i < kMsgs; ++i) {
+    ibv_sge rs{reinterpret_cast<std::uint64_t>(b.buf) + 8192 * i, 8192, uroce_mr_lkey(b.mr)};
+    ibv_recv_wr rw{};
+    rw.wr_id = 500 + i;
+    rw.sg_list = &rs;
+    rw.num_sge = 1;
+    ibv_recv_wr* bad = nullptr;
+    uroce_post_recv(b.qp, &rw, &bad);
+  }
+  int sent = 0, got = 0, right = 0;
+  for (int i = 0; i < kMsgs; ++i) {
+    for (std::uint32_t j = 0; j < kLen; ++j) a.buf[8192 * i + j] = static_cast<std::uint8_t>(i * 7 + j * 13);
+    ibv_sge s{reinterpret_cast<std::uint64_t>(a.buf) + 8192 * i, kLen, uroce_mr_lkey(a.mr)};
+    ibv_send_wr w = wr_to(b, i, IBV_WR_SEND, &s, 0);
+    ibv_send_wr* bw = nullptr;
+    ibv_wc wc{};
+    if (uroce_post_send(a.qp, &w, &bw) == 0 && wait_wc(a, wc) && wc.status == IBV_WC_SUCCESS) ++sent;
+    ibv_wc rc{};
+    if (wait_wc(b, rc) && rc.status == IBV_WC_SUCCESS && rc.byte_len == kLen && rc.wr_id == 500u + i) {
+      ++got;
+      right += std::memcmp(a.buf + 8192 * i, b.buf + 8192 * i, kLen) == 0;
+    }
+  }
+  check(sent == kMsgs && got == kMsgs && right == kMsgs, "16 SENDs of 4173 bytes, in order, every byte right");
+  for (std::uint32_t j = 0; j < 65536; ++j) a.buf[262144 + j] = static_cast<std::uint8_t>(j * 31 + 5);
+  ibv_sge s{reinterpret_cast<std::uint64_t>(a.buf) + 262144, 65536, uroce_mr_lkey(a.mr)};
+  ibv_send_wr w = wr_to(b, 99, IBV_WR_RDMA_WRITE, &s, 262144);
+  ibv_send_wr* bw = nullptr;
+  ibv_wc wc{};
+  check(uroce_post_send(a.qp, &w, &bw) == 0 && wait_wc(a, wc) && wc.status == IBV_WC_SUCCESS &&
+            std::memcmp(a.buf + 262144, b.buf + 262144, 65536) == 0,
+        "a 64 KiB WRITE over selective repeat, every byte right");
+  ibv_sge rd{reinterpret_cast<std::uint64_t>(a.buf) + 524288, 64, uroce_mr_lkey(a.mr)};
+  ibv_send_wr r = wr_to(b, 100, IBV_WR_RDMA_READ, &rd, 262144);
+  check(uroce_post_send(a.qp, &r, &bw) == 0 && wait_wc(a, wc) && wc.status == IBV_WC_LOC_QP_OP_ERR,
+        "a READ on a selective-repeat QP completes with LOC_QP_OP_ERR");
+  std::printf("%d passed, %d failed\n", g_pass, g_fail);
+  return g_fail ? 1 : 0;
+}
+
 int srq(const char* sa, const char* sb) {
   End a, b;
   check(open_end(a, sa, false) && open_end(b, sb, false), "both applications open");
@@ -1640,6 +1697,7 @@ int main(int argc, char** argv) {
   if (argc >= 4 && std::string(argv[1]) == "events") return events(argv[2], argv[3]);
   if (argc >= 3 && std::string(argv[1]) == "port") return port_events(argv[2]);
   if (argc >= 4 && std::string(argv[1]) == "srq") return srq(argv[2], argv[3]);
+  if (argc >= 4 && std::string(argv[1]) == "qpopt") return qpopt(argv[2], argv[3]);
   if (argc >= 4 && std::string(argv[1]) == "ud") return ud(argv[2], argv[3]);
   if (argc >= 4 && std::string(argv[1]) == "cm") return cm(argv[2], argv[3]);
   if (argc >= 3 && std::string(argv[1]) == "fork") return forked(argv[2]);

@@ -42,6 +42,11 @@ echo "== a shared receive queue feeding two QPs"
 tail -3 "$TMP/srq.out" | sed 's/^/  /'
 check "srq: all checks passed" "[ $rc -eq 0 ] && grep -qE '^[1-9][0-9]* passed, 0 failed' '$TMP/srq.out'"
 
+echo "== uroce's QP attributes through the library: congestion control, selective repeat"
+"$APP" qpopt "$TMP/a.app" "$TMP/b.app" > "$TMP/qpopt.out" 2>&1; rc=$?
+tail -3 "$TMP/qpopt.out" | sed 's/^/  /'
+check "qpopt: all checks passed" "[ $rc -eq 0 ] && grep -qE '^[1-9][0-9]* passed, 0 failed' '$TMP/qpopt.out'"
+
 echo "== UD through the library: address handles resolved by the daemons, datagrams both ways"
 "$APP" ud "$TMP/a.app" "$TMP/b.app" > "$TMP/ud.out" 2>&1; rc=$?
 grep FAIL "$TMP/ud.out" | sed 's/^/  /'; tail -1 "$TMP/ud.out" | sed 's/^/  /'

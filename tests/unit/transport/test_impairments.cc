@@ -4,22 +4,11 @@
 #include <gtest/gtest.h>
 
 #include "tests/support/gbn_checker.h"
+#include "tests/support/impairment_case.h"
 #include "tests/support/traffic.h"
 
 namespace uroce::testing {
 namespace {
-
-enum class Kind { kLoss, kDup, kReorder, kCorrupt };
-
-struct Case {
-  Kind kind;
-  int percent;
-};
-
-std::string name(const ::testing::TestParamInfo<Case>& i) {
-  const char* k[] = {"loss", "dup", "reorder", "corrupt"};
-  return std::string(k[static_cast<int>(i.param.kind)]) + "_" + std::to_string(i.param.percent);
-}
 
 class Impaired : public ::testing::TestWithParam<Case> {};
 
@@ -27,15 +16,7 @@ TEST_P(Impaired, TenThousandMixedMessagesArriveExactlyOnce) {
   const Case c = GetParam();
   Pair p(static_cast<std::uint64_t>(c.percent) * 10 + static_cast<std::uint64_t>(c.kind) + 1);
   const QpPair q = p.connect();
-  sim::Impairments imp;
-  const double pr = c.percent / 100.0;
-  switch (c.kind) {
-    case Kind::kLoss: imp.loss = pr; break;
-    case Kind::kDup: imp.dup = pr; break;
-    case Kind::kReorder: imp.reorder = pr; break;
-    case Kind::kCorrupt: imp.corrupt = pr; break;
-  }
-  p.wire.set_impairments(imp);
+  p.wire.set_impairments(c.impairments());
   GbnChecker gbn(&p.B(), q.b->qpn, q.b->resp.epsn, q.b->mtu);
   gbn.attach(p.wire);
   TrafficOptions o;

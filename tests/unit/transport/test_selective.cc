@@ -5,6 +5,7 @@
 // stays go-back-N on the wire.
 #include <gtest/gtest.h>
 
+#include "tests/support/impairment_case.h"
 #include "tests/support/traffic.h"
 
 namespace uroce::testing {
@@ -12,16 +13,6 @@ namespace {
 
 const std::vector<ibv_wr_opcode> kSrOps = {IBV_WR_SEND, IBV_WR_SEND_WITH_IMM, IBV_WR_RDMA_WRITE,
                                            IBV_WR_RDMA_WRITE_WITH_IMM};
-
-enum class Kind { kLoss, kDup, kReorder, kCorrupt };
-struct Case {
-  Kind kind;
-  int percent;
-};
-std::string name(const ::testing::TestParamInfo<Case>& i) {
-  const char* k[] = {"loss", "dup", "reorder", "corrupt"};
-  return std::string(k[static_cast<int>(i.param.kind)]) + "_" + std::to_string(i.param.percent);
-}
 
 class SrImpaired : public ::testing::TestWithParam<Case> {};
 
@@ -31,15 +22,7 @@ TEST_P(SrImpaired, MixedMessagesArriveExactlyOnceByteForByte) {
   PairOptions po;
   po.selective_repeat = true;
   const QpPair q = p.connect(po);
-  sim::Impairments imp;
-  const double pr = c.percent / 100.0;
-  switch (c.kind) {
-    case Kind::kLoss: imp.loss = pr; break;
-    case Kind::kDup: imp.dup = pr; break;
-    case Kind::kReorder: imp.reorder = pr; break;
-    case Kind::kCorrupt: imp.corrupt = pr; break;
-  }
-  p.wire.set_impairments(imp);
+  p.wire.set_impairments(c.impairments());
   std::uint64_t go_back_n = 0;  // standard request opcodes on the wire: there must be none
   p.wire.tap = [&](wire::ConstBytes f, std::uint64_t) {
     wire::Packet pkt;
