@@ -1,6 +1,6 @@
 #include "stack/wire/icrc.h"
 
-#include <zlib.h>
+#include <isa-l/crc.h>
 
 #include <cstring>
 
@@ -8,8 +8,11 @@
 
 namespace uroce::wire {
 
+// ISA-L's reflected CRC-32 (the gzip/zlib CRC: same polynomial, same
+// inversions, so it chains like zlib's crc32); it picks its fastest kernel
+// (PCLMULQDQ folding where the CPU has it) at run time.
 std::uint32_t crc32_raw(std::uint32_t crc, ConstBytes data) noexcept {
-  return static_cast<std::uint32_t>(crc32_z(crc, data.data(), data.size()));
+  return crc32_gzip_refl(crc, data.data(), data.size());
 }
 
 std::optional<std::uint32_t> icrc_compute(std::span<const ConstBytes> segs) noexcept {
@@ -48,10 +51,10 @@ std::optional<std::uint32_t> icrc_compute(std::span<const ConstBytes> segs) noex
   udp[6] = udp[7] = 0xff;        // UDP checksum
   udp[sizeof(UdpHdr) + 4] = 0xff;  // BTH resv8a: FECN, BECN, reserved
 
-  uLong crc = crc32_z(0, buf, 8 + masked_len);
-  crc = crc32_z(crc, first.data() + masked_len, first.size() - masked_len);
-  for (std::size_t i = 1; i < segs.size(); ++i) crc = crc32_z(crc, segs[i].data(), segs[i].size());
-  return static_cast<std::uint32_t>(crc);
+  std::uint32_t crc = crc32_gzip_refl(0, buf, 8 + masked_len);
+  crc = crc32_gzip_refl(crc, first.data() + masked_len, first.size() - masked_len);
+  for (std::size_t i = 1; i < segs.size(); ++i) crc = crc32_gzip_refl(crc, segs[i].data(), segs[i].size());
+  return crc;
 }
 
 std::optional<std::uint32_t> icrc_compute(ConstBytes l3_to_icrc) noexcept {
