@@ -386,7 +386,8 @@ class Node::ControlServer {
         if (rc == EOPNOTSUPP) return error("congestion control is for RC and UC QPs");
         if (rc != 0) return error(std::strerror(rc));
         log(1, "congestion control changed", "qpn=" + std::to_string(qpn) + " cc=" + name);
-        return ok();
+        // The QP's algorithm as the engine now has it: the caller's proof.
+        return nlohmann::ordered_json{{"ok", true}, {"qpn", qpn}, {"cc", std::string(eng.cc_report(*qp).algorithm)}}.dump();
       }
       // The command is echoed back, cut short: escaped by the JSON library
       // (quotes, backslashes, control bytes, invalid UTF-8 replaced).

@@ -85,7 +85,7 @@ start_traffic "" srv-dcqcn --port net_memif0 --vdev "net_memif0,role=server,sock
   --role server --size 4096 --timeout 16 --fault-rx ecn=0.2 --ctl-socket "$TMP/srv-dcqcn.ctl"
 sleep 1
 start_traffic "" cli-dcqcn --port net_memif0 --vdev "net_memif0,role=client,socket=$SOCK" --ip 10.91.0.2 --lcore 1 \
-  --role client --peer 127.0.0.1 --messages 40000 --size 4096 --timeout 16 --cc dcqcn --line-rate-mbps 10000 \
+  --role client --peer 127.0.0.1 --messages 100000 --size 4096 --timeout 16 --cc dcqcn --line-rate-mbps 10000 \
   --ctl-socket "$TMP/cli-dcqcn.ctl"
 for i in $(seq 1 50); do [ -S "$TMP/cli-dcqcn.ctl" ] && break; sleep 0.1; done
 "$UROCE_CTL" --socket "$TMP/cli-dcqcn.ctl" telemetry --interval 20 --count 400 > "$TMP/dcqcn.jsonl" 2>/dev/null &
@@ -98,8 +98,8 @@ qp0() { /usr/bin/python3 -c 'import json,sys; q=json.loads(sys.argv[1])["qp_list
 qpn=$(qp0 "$(ctl "$TMP/cli-dcqcn.ctl" status)" qpn)
 r_bad=$(ctl "$TMP/cli-dcqcn.ctl" "cc $qpn cubic")
 r_noqp=$(ctl "$TMP/cli-dcqcn.ctl" "cc 0xfffff0 swift")
-r_ok=$(ctl "$TMP/cli-dcqcn.ctl" "cc $qpn none")
-now_cc=$(qp0 "$(ctl "$TMP/cli-dcqcn.ctl" status)" cc)
+r_ok=$(ctl "$TMP/cli-dcqcn.ctl" "cc $qpn none")  # the reply names the QP's algorithm after the change
+now_cc=$(/usr/bin/python3 -c 'import json,sys; print(json.loads(sys.argv[1]).get("cc", ""))' "$r_ok" 2>/dev/null)
 check "cc: an unknown algorithm is refused by name" "echo '$r_bad' | grep -q 'no congestion control named'"
 check "cc: a QP that is not there is refused" "echo '$r_noqp' | grep -q 'no such QP'"
 check "cc: uroce-ctl's cc changes a live QP's algorithm (now $now_cc)" "echo '$r_ok' | grep -q '\"ok\": true' && [ '$now_cc' = none ]"

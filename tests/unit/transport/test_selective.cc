@@ -5,6 +5,8 @@
 // stays go-back-N on the wire.
 #include <gtest/gtest.h>
 
+#include <random>
+
 #include "tests/support/impairment_case.h"
 #include "tests/support/traffic.h"
 
@@ -164,6 +166,71 @@ TEST(SelectiveRepeat, ItsFramesAreDroppedByAGoBackNQp) {
   const auto before = p.B().counters()[PortCounter::rx_wrong_transport];
   EXPECT_EQ(p.B().rx(frames[0], p.wire.now()), RxVerdict::kMalformed);
   EXPECT_EQ(p.B().counters()[PortCounter::rx_wrong_transport], before + 1);
+}
+
+/// Frames a hostile peer could send a selective-repeat QP: every SRH and
+/// SACK field random (message numbers far ahead and behind, offsets past
+/// the message, lengths that do not add up, PSNs anywhere around the window),
+/// with valid ICRCs so they reach the QP. Nothing may crash (ASan runs
+/// this), nothing outside the registered memory changes, and what is not
+/// refused leaves the QP either working or in ERR with everything flushed.
+TEST(SelectiveRepeat, SurvivesHostileFrames) {
+  for (std::uint64_t seed = 1; seed <= 4; ++seed) {
+    Pair p(seed, 1u << 20);
+    PairOptions po;
+    po.selective_repeat = true;
+    const QpPair q = p.connect(po);
+    for (int i = 0; i < 32; ++i) {
+      Sge r = p.sge(1, std::uint64_t{4096} * i, 4096);
+      ASSERT_EQ(p.B().post_recv(q.b, RecvWr{static_cast<std::uint64_t>(i), {&r, 1}}), 0);
+    }
+    std::mt19937_64 rng(seed);
+    std::vector<std::uint8_t> frame(9000), payload(2048);
+    for (auto& b : payload) b = static_cast<std::uint8_t>(rng());
+    const std::uint8_t ops[] = {wire::op::kSrSend, wire::op::kSrWrite, wire::op::kSrAck};
+    for (int i = 0; i < 5000; ++i) {
+      const bool to_b = rng() % 2;  // requests at B's responder, SACKs at A's completer too
+      wire::FrameSpec s;
+      s.eth_src = p.node[to_b ? 0 : 1].eng->config().mac;
+      s.eth_dst = p.node[to_b ? 1 : 0].eng->config().mac;
+      s.src = p.node[to_b ? 0 : 1].eng->config().ip;
+      s.dst = p.node[to_b ? 1 : 0].eng->config().ip;
+      s.opcode = ops[rng() % 3];
+      s.destqp = to_b ? q.b->qpn : q.a->qpn;
+      const wire::Psn base = to_b ? q.b->resp.epsn : q.a->req.una;
+      s.psn = base + static_cast<std::uint32_t>(rng() % 600) - 300;
+      s.ackreq = rng() % 2;
+      s.ext.reth_va = p.addr(to_b ? 1 : 0, rng() % (1u << 20)) - (rng() % 2 ? 0 : rng() % 4096);
+      s.ext.reth_rkey = rng() % 4 ? p.rkey(to_b ? 1 : 0) : static_cast<std::uint32_t>(rng());
+      const std::uint32_t len = static_cast<std::uint32_t>(rng() % 1100);
+      s.ext.reth_len = rng() % 4 ? len : static_cast<std::uint32_t>(rng());
+      s.ext.srh_msn = rng() % 4 ? static_cast<std::uint32_t>(rng() % 80) : static_cast<std::uint32_t>(rng());
+      s.ext.srh_offset = rng() % 2 ? static_cast<std::uint32_t>(rng() % 8192) : static_cast<std::uint32_t>(rng());
+      s.ext.srh_total = rng() % 2 ? static_cast<std::uint32_t>(rng() % 8192) : static_cast<std::uint32_t>(rng());
+      s.ext.srh_flags = static_cast<std::uint8_t>(rng());
+      s.ext.imm = static_cast<std::uint32_t>(rng());
+      s.ext.aeth_syndrome = rng() % 4 ? 0x1f : static_cast<std::uint8_t>(rng());
+      s.ext.sack_base = (base + static_cast<std::uint32_t>(rng() % 600) - 300).value();
+      for (auto& w : s.ext.sack_bits) w = rng();
+      const std::size_t n = wire::build_frame(
+          frame, s, s.opcode == wire::op::kSrAck ? wire::ConstBytes{} : wire::ConstBytes(payload.data(), len));
+      ASSERT_GT(n, 0u);
+      p.node[to_b ? 1 : 0].eng->rx(wire::ConstBytes(frame.data(), n), p.wire.now());
+      if (i % 50 == 0) p.wire.run_until([] { return false; }, 20'000);
+    }
+    p.wire.run_until([] { return false; }, 50'000'000);
+    // Whatever state they are in, ERR flushes everything: every receive
+    // completes exactly once.
+    ibv_qp_attr err{};
+    err.qp_state = IBV_QPS_ERR;
+    p.B().modify_qp(q.b, err, IBV_QP_STATE);
+    std::vector<ibv_wc> wc;
+    for (int k = 0; k < 10; ++k) p.poll(1, wc);
+    std::vector<int> seen(32, 0);
+    for (const ibv_wc& c : wc)
+      if (c.wr_id < 32) ++seen[c.wr_id];
+    for (int i = 0; i < 32; ++i) EXPECT_EQ(seen[i], 1) << "receive " << i << ", seed " << seed;
+  }
 }
 
 }  // namespace
