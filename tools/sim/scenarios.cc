@@ -45,11 +45,11 @@ std::unique_ptr<Host> make_host(int i, const IncastConfig& c, std::size_t mem, s
   e.line_rate_bps = c.link_bps;
   e.cc = c.cc;
   // The unloaded round trip: four link delays and four full frames' serialisation (two hops each way).
-  e.base_rtt_ns = 4 * c.link_delay_ns + 4 * ((128ull << c.mtu) + 78) * 8'000'000'000 / c.link_bps;
+  const std::uint64_t frame_bits = (std::uint64_t{mtu_bytes(c.mtu)} + 78) * 8;  // a full packet's frame
+  e.base_rtt_ns = 4 * c.link_delay_ns + 4 * frame_bits * 1'000'000'000 / c.link_bps;
   e.seed = c.seed * 1000 + static_cast<std::uint64_t>(i);
   // Selective repeat's cap on packets in flight: about one bandwidth-delay
   // product (IRN's BDP-FC), with room for the host queue.
-  const std::uint64_t frame_bits = ((128ull << c.mtu) + 78) * 8;
   e.sr_window = static_cast<std::uint32_t>(std::min<std::uint64_t>(
       256, 16 + (e.base_rtt_ns * c.link_bps / 1'000'000'000 + frame_bits - 1) / frame_bits));
   h->eng = std::make_unique<Engine>(e);
@@ -124,7 +124,7 @@ IncastResult run_incast(const IncastConfig& c, const std::function<void(const Fl
   const std::uint64_t t0 = fab.now(), half = t0 + c.duration_ns / 2;
   double queue_sum = 0;
   std::uint64_t queue_n = 0;
-  const std::uint32_t mtu_bytes = 128u << c.mtu;
+  const std::uint32_t mtu = mtu_bytes(c.mtu);
   auto post = [&](int i) {
     Host& h = *tx[i];
     Sge sg{reinterpret_cast<std::uint64_t>(h.mem.data()), c.message, h.mr->lkey};
@@ -156,7 +156,7 @@ IncastResult run_incast(const IncastConfig& c, const std::function<void(const Fl
       }
       if (qa[i]->state == IBV_QPS_RTS) post(i);
       const wire::Psn u = qa[i]->req.una;
-      const double bytes = static_cast<double>(distance(una[i], u)) * mtu_bytes;
+      const double bytes = static_cast<double>(distance(una[i], u)) * mtu;
       una[i] = u;
       if (now > half) acked_2nd[i] += bytes;
       if (on_flow) {
