@@ -266,7 +266,7 @@ void Engine::retry_or_fail(Qp& qp, std::uint64_t now, bool from_timeout, std::op
   // IBTA C9-141: retry_cnt counts retries; unlike rxe, 7 is not infinite.
   --r.retry_left;
   if (!from_timeout) qp.ctr.inc(QpCounter::completer_retry_err);
-  if (qp.sr) {
+  if (qp.sr && !sr_fenced(qp)) {
     sr_timeout(qp, now);  // only what is missing goes again
     return;
   }

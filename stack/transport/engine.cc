@@ -1066,6 +1066,12 @@ RxVerdict Engine::rx(wire::ConstBytes frame, std::uint64_t now) {
   qp->ctr.inc(QpCounter::rcvd_pkts);
   if (pkt.ecn == 3 && qp->type != IBV_QPT_UD) notify_congestion(*qp, now);
   if (pkt.info->has(wire::kOpRequest)) {
+    if (qp->sr && !sr_quiet(*qp)) {
+      // On a selective-repeat QP an IBTA request is fenced (sr.h): one
+      // amid selective repeat's own is not its peer's, and is not taken.
+      qp->ctr.inc(QpCounter::out_of_sequence);
+      return RxVerdict::kToQp;
+    }
     on_request(*qp, pkt, now);
   } else {
     on_response(*qp, pkt, now);

@@ -342,12 +342,17 @@ class Engine {
   void responder_error(Qp& qp, const wire::Packet& pkt, Exec e);
 
   // selective.cc
+  static bool sr_carries(const SendWqe& w);
+  bool sr_may_start(Qp& qp, const SendWqe& w);
+  void sr_fence(Qp& qp, const SendWqe& w);
+  static bool sr_fenced(const Qp& qp);
   void sr_resend(Qp& qp, std::uint64_t now);
   void sr_timeout(Qp& qp, std::uint64_t now);
   void on_sr_ack(Qp& qp, const wire::Packet& pkt, std::uint64_t now);
   bool sr_take_rwqe(Qp& qp, std::uint32_t msn);
   Exec sr_place(Qp& qp, const wire::Packet& pkt);
   void on_sr_request(Qp& qp, const wire::Packet& pkt);
+  static bool sr_quiet(const Qp& qp);
   bool send_sr_ack(Qp& qp);
 
   // completer.cc

@@ -120,15 +120,7 @@ bool Engine::send_next_packet(Qp& qp, std::uint64_t now) {
     // Local checks happen when the WQE starts (IBTA 10.7.2: reported as a completion).
     bool ok = w.length <= kMaxMessage && (qp.type != IBV_QPT_UD || w.length <= qp.mtu);
     ibv_wc_status bad = IBV_WC_LOC_LEN_ERR;
-    if (ok && qp.sr) {
-      // Selective repeat carries SENDs and WRITEs (with or without immediate).
-      const bool carried = w.opcode == IBV_WR_SEND || w.opcode == IBV_WR_SEND_WITH_IMM ||
-                           w.opcode == IBV_WR_RDMA_WRITE || w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
-      if (!carried) {
-        ok = false;
-        bad = IBV_WC_LOC_QP_OP_ERR;
-      }
-    }
+    if (qp.sr && !sr_may_start(qp, w)) return false;  // fenced: see sr_may_start
     if (ok && !translate_sges(qp, w)) {
       ok = false;
       bad = IBV_WC_LOC_PROT_ERR;
@@ -142,12 +134,14 @@ bool Engine::send_next_packet(Qp& qp, std::uint64_t now) {
       set_error(qp);
       return false;
     }
-    if (qp.sr && (w.kind == WqeKind::kSend || w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM)) w.rmsn = qp.sr->next_msn++;
+    if (qp.sr && sr_carries(w) && (w.kind == WqeKind::kSend || w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM))
+      w.rmsn = qp.sr->next_msn++;
     w.npkts = (w.kind == WqeKind::kAtomic) ? 1 : packets_for(w.length, qp.mtu);
     w.first_psn = r.next_psn;
     r.next_psn += w.npkts;
     w.started = true;
     if (rd_atomic) ++r.rd_atomic_inflight;
+    if (qp.sr && !sr_carries(w)) sr_fence(qp, w);
   }
 
   const Psn psn = w.first_psn + r.cursor_pkt;
@@ -168,8 +162,9 @@ bool Engine::send_next_packet(Qp& qp, std::uint64_t now) {
 
   const bool first = r.cursor_pkt == 0;
   const bool last = one_packet || r.cursor_pkt + 1 == w.npkts;
+  const bool sr = qp.sr && sr_carries(w);  // in selective repeat's own opcodes
   const std::uint8_t opcode =
-      qp.sr ? (w.kind == WqeKind::kSend ? op::kSrSend : op::kSrWrite) : pick_opcode(w, first, last, qp.type);
+      sr ? (w.kind == WqeKind::kSend ? op::kSrSend : op::kSrWrite) : pick_opcode(w, first, last, qp.type);
   wire::FrameSpec spec = spec_for(qp, opcode, psn);
   if (qp.type == IBV_QPT_UD) {
     spec.dst = w.ah.dgid;
@@ -229,7 +224,7 @@ bool Engine::send_next_packet(Qp& qp, std::uint64_t now) {
       }
     }
   }
-  if (qp.sr) {
+  if (sr) {
     // Self-describing (wire::Srh): where this packet goes, in which message.
     if (w.kind == WqeKind::kWrite) {
       spec.ext.reth_va = w.remote_addr + off;
@@ -286,7 +281,8 @@ bool Engine::send_next_packet(Qp& qp, std::uint64_t now) {
     r.probes[(r.probe_head + r.probe_count++) % Requester::kProbes] = {psn, now};
   }
   cc_event(qp, [now, f](cc::Algorithm& a) { a.on_tx(now, static_cast<std::uint32_t>(f->size())); });
-  const Psn end = psn + (one_packet ? w.npkts : 1);
+  // One past what it occupies: a READ restarted part-way still ends at its last response.
+  const Psn end = one_packet ? w.first_psn + w.npkts : psn + 1;
   if (!is_before(end, r.sent_hi)) r.sent_hi = end;
 
   if (one_packet || last) {

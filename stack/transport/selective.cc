@@ -31,6 +31,37 @@ int Engine::set_selective_repeat(Qp* qp, bool on) {
 
 // ------------------------------------------------------------- requester
 
+bool Engine::sr_carries(const SendWqe& w) {
+  return w.opcode == IBV_WR_SEND || w.opcode == IBV_WR_SEND_WITH_IMM || w.opcode == IBV_WR_RDMA_WRITE ||
+         w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
+}
+
+bool Engine::sr_may_start(Qp& qp, const SendWqe& w) {
+  SrState& s = *qp.sr;
+  if (s.fenced) {
+    if (is_before(qp.req.una, s.fence_end)) return false;  // the fenced operation is not done yet
+    s.fenced = false;
+  }
+  // One selective repeat does not carry waits until all before it is acknowledged.
+  return sr_carries(w) || qp.req.una == qp.req.sent_hi;
+}
+
+void Engine::sr_fence(Qp& qp, const SendWqe& w) {
+  // A READ's responses, an atomic's ACK and the others' ACKs are IBTA's,
+  // and so are their recovery (go-back-N) and the responder's replay of
+  // them: nothing of selective repeat's is in flight meanwhile.
+  SrState& s = *qp.sr;
+  s.fenced = true;
+  s.fence_end = w.first_psn + w.npkts;
+  s.sacked.reset();
+  s.lost.reset();
+  s.resent.reset();
+}
+
+bool Engine::sr_fenced(const Qp& qp) {
+  return qp.sr && qp.sr->fenced && is_before(qp.req.una, qp.sr->fence_end);
+}
+
 void Engine::sr_resend(Qp& qp, std::uint64_t now) {
   SrState& s = *qp.sr;
   Requester& r = qp.req;
@@ -90,6 +121,12 @@ void Engine::on_sr_ack(Qp& qp, const wire::Packet& pkt, std::uint64_t now) {
   s.sacked.shift(shifted);
   s.lost.shift(shifted);
   s.resent.shift(shifted);
+  if (sr_fenced(qp)) {
+    // A late answer to what went before the fence: nothing is missing but
+    // the fenced operation, which recovers as IBTA's do.
+    if (progress) on_progress(qp, una0, now);
+    return;
+  }
   // The SACK, from its base (the responder's expected PSN) on, as far as we sent.
   const std::int32_t off = distance(r.una, Psn(pkt.sack()->base.get()));
   const auto limit = static_cast<std::uint32_t>(std::min<std::int32_t>(distance(r.una, r.sent_hi), kBits));
@@ -182,8 +219,10 @@ void Engine::on_sr_request(Qp& qp, const wire::Packet& pkt) {
     send_sr_ack(qp);
     return;
   }
-  if (d >= static_cast<std::int32_t>(kBits)) {
-    qp.ctr.inc(QpCounter::out_of_sequence);  // beyond what the bitmap holds: it comes again
+  if (d >= static_cast<std::int32_t>(kBits) || rs.in_msg != Responder::InMsg::kNone) {
+    // Beyond what the bitmap holds, or inside a fenced IBTA message (which
+    // the requester never does): it comes again.
+    qp.ctr.inc(QpCounter::out_of_sequence);
     return;
   }
   const Exec e = sr_place(qp, pkt);
@@ -218,6 +257,13 @@ void Engine::on_sr_request(Qp& qp, const wire::Packet& pkt) {
   // A packet ahead of a hole is answered at once (IRN's NACK: the sender
   // learns of the loss now); others when they ask.
   if (d > 0 || pkt.ackreq) send_sr_ack(qp);
+}
+
+bool Engine::sr_quiet(const Qp& qp) {
+  // Nothing placed ahead of its turn and no receive WQE taken ahead: an
+  // IBTA request (a fenced operation) may be taken at epsn.
+  const SrState& s = *qp.sr;
+  return s.got.end() == 0 && s.rwqe_taken == s.rmsn;
 }
 
 bool Engine::send_sr_ack(Qp& qp) {

@@ -6,6 +6,8 @@
 // however it arrives and acknowledges with what it has (wire::Sack); the
 // requester resends only what the acknowledgements show missing, and keeps
 // at most a bandwidth-delay product of packets in flight (IRN's BDP-FC).
+// SENDs and WRITEs (with or without immediate) go in selective repeat's own
+// opcodes; every other operation is fenced and goes in IBTA's (sr_fence).
 #pragma once
 
 #include <array>
@@ -66,6 +68,11 @@ struct SrState {
   /// is set): a resend that is itself lost shows as a hole a round trip later.
   std::array<std::uint64_t, Bitmap256::kBits> resent_at{};
   std::uint32_t next_msn = 0;  // receive sequence number of the next SEND or WRITE with immediate
+  // An operation selective repeat does not carry (a READ, an atomic, ...)
+  // goes alone, as IBTA go-back-N: it starts once everything before it is
+  // acknowledged, and nothing starts after it until it is (Engine::sr_fence).
+  bool fenced = false;
+  wire::Psn fence_end{0};  // one past its last PSN
   // Responder: from epsn on, what has arrived; where each message that
   // ends in the window ends (its record at psn % 256); and the receive
   // WQEs taken ahead of their turn, by msn % kRwqes.

@@ -183,8 +183,8 @@ int uroce_modify_qp(struct uroce_qp* qp, struct ibv_qp_attr* attr, int attr_mask
  * - its congestion control, by name ("none", "dcqcn", "swift"; RC and UC),
  *   at any time (docs/research.md);
  * - selective repeat (IRN-style; RC without an SRQ), set before RTR on both
- *   ends, and only between uroce peers: it carries SENDs and WRITEs, and
- *   READs and atomics on such a QP complete with LOC_QP_OP_ERR. */
+ *   ends, and only between uroce peers: it carries SENDs and WRITEs; READs,
+ *   atomics and the rest go one at a time, fenced, as IBTA go-back-N. */
 int uroce_qp_set_cc(struct uroce_qp* qp, const char* name);
 int uroce_qp_set_selective_repeat(struct uroce_qp* qp, int on);
 int uroce_destroy_qp(struct uroce_qp* qp);

@@ -1234,6 +1234,30 @@ TEST_F(Errors, SendWithInvalidateMultiPacket) {
   EXPECT_EQ(wa[1].status, IBV_WC_REM_ACCESS_ERR) << to_string(wa[1].status);
 }
 
+TEST_F(Errors, AReadRestartedPartWayLeavesNothingOutstanding) {
+  // A READ's middle response is lost: the READ is asked again from there.
+  // Once it completes nothing is outstanding, so an idle QP neither times
+  // out nor, its retries spent on nothing, goes to ERR.
+  const QpPair q = p.connect();
+  int middles = 0;
+  sim::Impairments imp;
+  imp.loss = 1.0;
+  imp.filter = [&middles](const TxFrame& f) { return f.opcode == op::kRcReadRespMiddle && middles++ == 0; };
+  p.wire.set_impairments(imp);
+  Sge rd = p.sge(0, 0, 4 * 1024);
+  ASSERT_EQ(p.A().post_send(q.a, rdma_wr(1, IBV_WR_RDMA_READ, &rd, p.addr(1, 65536), p.rkey(1))), 0);
+  ASSERT_TRUE(wait(0, wa, 1, 20 * timeout_ns(PairOptions{}.timeout)));
+  EXPECT_EQ(wa[0].status, IBV_WC_SUCCESS) << to_string(wa[0].status);
+  EXPECT_EQ(p.wire.stats().dropped, 1u);
+  EXPECT_EQ(0, std::memcmp(p.node[0].mem.data(), p.node[1].mem.data() + 65536, 4 * 1024));
+  EXPECT_EQ(q.a->req.una, q.a->req.sent_hi) << "nothing beyond the READ's last response";
+  const std::uint64_t timeouts = q.a->ctr[QpCounter::timeouts];
+  p.wire.run_until([] { return false; }, 20 * timeout_ns(PairOptions{}.timeout));
+  EXPECT_EQ(q.a->ctr[QpCounter::timeouts], timeouts);
+  EXPECT_EQ(q.a->state, IBV_QPS_RTS);
+  EXPECT_EQ(q.a->ctr[QpCounter::retry_exceeded_err], 0u);
+}
+
 // ------------------------------------------- 15. an atomic never runs twice
 
 TEST_F(Errors, DuplicateAtomicNeverExecutesTwice) {

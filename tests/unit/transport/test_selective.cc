@@ -1,5 +1,6 @@
 // Selective repeat (IRN-style, uroce peers only): exactly-once delivery of
-// every byte under loss, duplication, reordering and corruption; packets
+// every byte of every operation (READs and atomics fenced, in IBTA's
+// opcodes) under loss, duplication, reordering and corruption; packets
 // placed out of order; only the lost packets resent (fewer than go-back-N
 // on the same trace); the window capped; refusals; and a QP without it
 // stays go-back-N on the wire.
@@ -13,8 +14,12 @@
 namespace uroce::testing {
 namespace {
 
-const std::vector<ibv_wr_opcode> kSrOps = {IBV_WR_SEND, IBV_WR_SEND_WITH_IMM, IBV_WR_RDMA_WRITE,
-                                           IBV_WR_RDMA_WRITE_WITH_IMM};
+/// What selective repeat carries in its own opcodes; the others (READ,
+/// atomics) go fenced, in IBTA's.
+bool carried(std::uint8_t opcode) {
+  namespace op = wire::op;
+  return opcode != op::kRcReadRequest && opcode != op::kRcCmpSwap && opcode != op::kRcFetchAdd;
+}
 
 class SrImpaired : public ::testing::TestWithParam<Case> {};
 
@@ -25,23 +30,26 @@ TEST_P(SrImpaired, MixedMessagesArriveExactlyOnceByteForByte) {
   po.selective_repeat = true;
   const QpPair q = p.connect(po);
   p.wire.set_impairments(c.impairments());
-  std::uint64_t go_back_n = 0;  // standard request opcodes on the wire: there must be none
+  // Request opcodes on the wire: SENDs and WRITEs only as selective
+  // repeat's, READs and atomics only as IBTA's (fenced).
+  std::uint64_t go_back_n = 0, fenced = 0;
   p.wire.tap = [&](wire::ConstBytes f, std::uint64_t) {
     wire::Packet pkt;
     wire::ParseOptions o;
     o.verify_icrc = false;
-    if (wire::parse_frame(f, o, pkt).ok() && pkt.info->has(wire::kOpRequest) && !wire::is_sr_opcode(pkt.opcode))
-      ++go_back_n;
+    if (!wire::parse_frame(f, o, pkt).ok() || !pkt.info->has(wire::kOpRequest) || wire::is_sr_opcode(pkt.opcode))
+      return;
+    ++(carried(pkt.opcode) ? go_back_n : fenced);
   };
-  TrafficOptions o;
+  TrafficOptions o;  // every operation: SEND and WRITE (+-imm), READ, fetch-add, compare-swap
   o.messages = 3000;
-  o.ops = kSrOps;
   o.seed = 11 + static_cast<std::uint64_t>(c.percent);
   Traffic t(p, q, o);
   const TrafficResult r = t.run();
   EXPECT_EQ(r.errors, 0u) << r.first_error;
   EXPECT_EQ(r.completed, 3000u);
-  EXPECT_EQ(go_back_n, 0u) << "every request went as selective repeat";
+  EXPECT_EQ(go_back_n, 0u) << "every SEND and WRITE went as selective repeat";
+  EXPECT_GT(fenced, 500u) << "READs and atomics went, in IBTA's opcodes";
   if (c.percent > 0 && c.kind == Kind::kLoss) {
     EXPECT_GT(q.a->ctr[QpCounter::retransmitted_pkts], 0u);
     EXPECT_GT(q.b->sr->ooo, 0u) << "packets after a loss were placed before it was repaired";
@@ -136,14 +144,42 @@ TEST(SelectiveRepeat, RefusesWhatItCannotDo) {
   ud.type = IBV_QPT_UD;
   const QpPair u = p.connect(ud);
   EXPECT_EQ(p.A().set_selective_repeat(u.a, true), EOPNOTSUPP);
-  // A READ on a selective-repeat QP completes in error, in order.
-  Sge s = p.sge(0, 0, 64);
-  SendWr w = p.write_to(1, s, 4096);
-  w.opcode = IBV_WR_RDMA_READ;
-  ASSERT_EQ(p.A().post_send(q.a, w), 0);
+}
+
+TEST(SelectiveRepeat, AReadGoesAfterTheWritesBeforeItAndBeforeTheOnesAfter) {
+  // WRITE x, READ x, WRITE y over x, READ x, in one burst at 10% loss: each
+  // READ sees exactly the WRITE before it (the fence keeps IBTA's order),
+  // and the QP keeps selective repeat for the WRITEs.
+  Pair p(9, 4u << 20);
+  PairOptions po;
+  po.selective_repeat = true;
+  const QpPair q = p.connect(po);
+  sim::Impairments imp;
+  imp.loss = 0.10;
+  p.wire.set_impairments(imp);
+  constexpr std::uint32_t kLen = 256 * 1024;
+  auto& a = p.node[0].mem;
+  for (std::uint32_t i = 0; i < kLen; ++i) {
+    a[i] = static_cast<std::uint8_t>(i * 7 + 1);
+    a[kLen + i] = static_cast<std::uint8_t>(i * 13 + 5);
+  }
+  const std::uint64_t x = 1u << 20;  // on B
+  Sge w1 = p.sge(0, 0, kLen), w2 = p.sge(0, kLen, kLen);
+  Sge r1 = p.sge(0, 2 * kLen, kLen), r2 = p.sge(0, 3 * kLen, kLen);
+  SendWr read1 = p.write_to(1, r1, x), read2 = p.write_to(1, r2, x);
+  read1.opcode = read2.opcode = IBV_WR_RDMA_READ;
+  for (const SendWr& w : {p.write_to(1, w1, x), read1, p.write_to(1, w2, x), read2})
+    ASSERT_EQ(p.A().post_send(q.a, w), 0);
   std::vector<ibv_wc> wc;
-  ASSERT_TRUE(p.wire.run_until([&] { return p.poll(0, wc) > 0 || !wc.empty(); }, 10'000'000));
-  EXPECT_EQ(wc[0].status, IBV_WC_LOC_QP_OP_ERR);
+  ASSERT_TRUE(p.wire.run_until([&] { return p.poll(0, wc) >= 0 && wc.size() >= 4; }, 5'000'000'000));
+  ASSERT_EQ(wc.size(), 4u);
+  for (const ibv_wc& c : wc) EXPECT_EQ(c.status, IBV_WC_SUCCESS) << c.status;
+  EXPECT_EQ(wc[1].opcode, IBV_WC_RDMA_READ);
+  EXPECT_EQ(0, std::memcmp(a.data() + 2 * kLen, a.data(), kLen)) << "the first READ saw the first WRITE";
+  EXPECT_EQ(0, std::memcmp(a.data() + 3 * kLen, a.data() + kLen, kLen)) << "the second, the second";
+  EXPECT_GT(q.a->ctr[QpCounter::retransmitted_pkts], 0u);
+  EXPECT_GT(q.b->sr->ooo, 0u) << "the WRITEs still went as selective repeat";
+  EXPECT_FALSE(q.a->sr->fenced && is_before(q.a->req.una, q.a->sr->fence_end));
 }
 
 TEST(SelectiveRepeat, ItsFramesAreDroppedByAGoBackNQp) {
