@@ -80,6 +80,7 @@ struct Entry {
   std::string_view name;
   std::string_view about;
   Factory make;  // nullptr for "none"
+  bool ud = false;  // it needs only CNPs (no ACKs), so it serves a UD QP too
 };
 
 /// Every algorithm there is, "none" first.

@@ -13,28 +13,35 @@
 
 namespace uroce::cc {
 
-/// Each default names where it comes from.
+/// Each default names where it comes from. "The paper" is Zhu et al. 2015;
+/// its parameter set (g, K, T, B, F, R_AI) is the one its fluid model and
+/// its first author's ns-3 simulator (github.com/bobzhuyb/ns3-rdma,
+/// mix/config.txt) use. "mlx5" is the firmware default that ConnectX-4 and
+/// later NICs report (NVIDIA's "DCQCN CC Parameters" page, and `mlxconfig
+/// query` on a ConnectX-5, firmware 16.27). Where the two differ, the other
+/// value is named too, so a researcher can set it.
 struct DcqcnParams {
-  /// g, alpha's gain: 1/256 (the paper's recommended value, section 5).
+  /// g, alpha's gain: 1/256 (the paper). mlx5's dce_tcp_g (1019 of 1024) is
+  /// not the same quantity, so it is not used.
   double g = 1.0 / 256;
   /// Alpha's initial value: 1 (the paper; mlx5's initial_alpha_value 1023 of 1023).
   double initial_alpha = 1.0;
-  /// K, the alpha update period: 55 us (the paper, section 3.1).
+  /// K, the alpha update period: 55 us (the paper; mlx5's dce_tcp_rtt is 1 us).
   std::uint64_t alpha_period_ns = 55'000;
-  /// T, the rate-increase timer: 55 us (the paper's timer, section 3.1).
+  /// T, the rate-increase timer: 55 us (the paper; mlx5's rpg_time_reset is 300 us).
   std::uint64_t increase_period_ns = 55'000;
-  /// B, the byte counter: 10 MB (the paper, section 3.1).
+  /// B, the byte counter: 10 MB (the paper; mlx5's rpg_byte_reset is 32,767 bytes).
   std::uint64_t byte_counter = 10'000'000;
-  /// F, the fast recovery stages: 5 (the paper, section 3.1).
+  /// F, the fast recovery stages: 5 (the paper; mlx5's rpg_threshold is 1).
   std::uint32_t fast_recovery = 5;
-  /// R_AI: 40 Mb/s (the paper, section 3.1).
+  /// R_AI: 40 Mb/s (the paper; mlx5's rpg_ai_rate is 5 Mb/s).
   double ai_bps = 40e6;
-  /// R_HAI: 100 Mb/s. The paper gives no figure; this is the default of the
-  /// HPCC ns-3 code base's DCQCN (its RateHAI), which researchers compare against.
-  double hai_bps = 100e6;
-  /// At most one cut per 4 us (mlx5's rate_reduce_monitor_period default).
+  /// R_HAI: 50 Mb/s (mlx5's rpg_hai_rate). The paper defines hyper increase
+  /// but gives no figure for it; its first author's simulator config uses 200 Mb/s.
+  double hai_bps = 50e6;
+  /// At most one cut per 4 us (mlx5's rate_reduce_monitor_period).
   std::uint64_t reduce_period_ns = 4'000;
-  /// The rate never falls below 1 Mb/s (mlx5's rpg_min_rate default).
+  /// The rate never falls below 1 Mb/s (mlx5's rpg_min_rate).
   double min_rate_bps = 1e6;
 };
 

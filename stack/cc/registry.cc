@@ -18,7 +18,7 @@ std::unique_ptr<Algorithm> make(const Path& p) {
 constexpr Entry kAlgorithms[] = {
     {"none", "no congestion control: the engine's fixed window, unpaced (or set_rate's rate)", nullptr},
     {"dcqcn", "DCQCN's reaction point: rate cut by alpha/2 on a CNP, fast recovery, additive and hyper increase",
-     &make<Dcqcn>},
+     &make<Dcqcn>, true},
     {"swift", "a Swift-style delay-target window from the requester's RTT samples", &make<Swift>},
 };
 }  // namespace

@@ -976,18 +976,38 @@ void Engine::notify_congestion(Qp& qp, std::uint64_t now) {
   qp.ctr.inc(QpCounter::ce_marked);
   cc_event(qp, [now](cc::Algorithm& a) { a.on_ce(now); });
   if (cfg_.cnp_interval_ns == 0 || now < qp.cnp_next) return;
+  if (send_cnp(qp, spec_for(qp, wire::op::kCnp, wire::Psn{}))) qp.cnp_next = now + cfg_.cnp_interval_ns;
+}
+
+bool Engine::send_cnp(Qp& qp, wire::FrameSpec spec) {
   TxFrame* f = tx_slot();
-  if (f == nullptr) return;  // counted as tx_ring_full; the next CE mark tries again
-  qp.cnp_next = now + cfg_.cnp_interval_ns;
+  if (f == nullptr) return false;  // counted as tx_ring_full; the next CE mark tries again
   // As a ConnectX-4 Lx sends one: BECN, PSN 0, ECT(0), the CNP DSCP, UDP
   // source port 0, no AckReq, 16 reserved bytes (the builder's CnpBody).
-  wire::FrameSpec spec = spec_for(qp, wire::op::kCnp, wire::Psn{});
   spec.becn = true;
   spec.dscp = cfg_.cnp_dscp;
   spec.ecn = 2;
   spec.udp_sport = 0;
   finish_frame(*f, qp, spec, 0);
   qp.ctr.inc(QpCounter::cnp_sent);
+  return true;
+}
+
+void Engine::notify_congestion_ud(Qp& qp, const wire::Packet& pkt, std::uint64_t now) {
+  qp.ctr.inc(QpCounter::ce_marked);
+  if (cfg_.cnp_interval_ns == 0 || pkt.deth() == nullptr) return;
+  const std::uint32_t src_qp = pkt.deth()->src_qp.get() & 0xffffff;
+  std::uint32_t h = src_qp * 0x9e3779b1u ^ qp.qpn * 0x85ebca6bu;
+  for (const std::uint8_t b : pkt.src.b) h = (h ^ b) * 0x01000193u;
+  UdCnpSlot& slot = ud_cnp_[h % ud_cnp_.size()];
+  const bool same = slot.src == pkt.src && slot.src_qp == src_qp && slot.qpn == qp.qpn;
+  if (same && now < slot.next) return;
+  wire::FrameSpec spec = spec_for(qp, wire::op::kCnp, wire::Psn{});
+  spec.dst = pkt.src;
+  spec.eth_dst = pkt.eth_src;  // back the way the datagram came
+  spec.ipver = pkt.src.is_v4_mapped() ? wire::IpVersion::kV4 : wire::IpVersion::kV6;
+  spec.destqp = src_qp;
+  if (send_cnp(qp, spec)) slot = UdCnpSlot{pkt.src, src_qp, qp.qpn, now + cfg_.cnp_interval_ns};
 }
 
 // --------------------------------------------------------------- receive
@@ -1015,10 +1035,10 @@ RxVerdict Engine::rx(wire::ConstBytes frame, std::uint64_t now) {
   last_now_ = now;
   Qp* qp = slot_qp(pkt.destqp);
   if (pkt.info->has(wire::kOpCnp)) {
-    // A reaction point's input (IBTA A17.9.3): for our live connected QP,
-    // from its peer. Counted; the rate does not react yet.
-    if (qp == nullptr || qp->quarantine_until || (qp->type != IBV_QPT_RC && qp->type != IBV_QPT_UC) ||
-        !(pkt.src == qp->remote_ip))
+    // A reaction point's input (IBTA A17.9.3): for our live QP, from its
+    // peer (a UD QP has none: from anyone), to its congestion control.
+    if (qp == nullptr || qp->quarantine_until || qp == gsi_.get() ||
+        (qp->type != IBV_QPT_UD && !(pkt.src == qp->remote_ip)))
       return drop(PortCounter::rx_cnp_dropped, RxVerdict::kCnp);
     port_ctr_.inc(PortCounter::rx_cnp);
     qp->ctr.inc(QpCounter::cnp_received);
@@ -1064,7 +1084,13 @@ RxVerdict Engine::rx(wire::ConstBytes frame, std::uint64_t now) {
   // (ARP-style gleaning), so the REP and the QP's RTR need no resolution.
   if (qp == gsi_.get() && !neighbors_.contains(pkt.src)) neighbors_.learn(pkt.src, pkt.eth_src);
   qp->ctr.inc(QpCounter::rcvd_pkts);
-  if (pkt.ecn == 3 && qp->type != IBV_QPT_UD) notify_congestion(*qp, now);
+  if (pkt.ecn == 3) {
+    if (qp->type == IBV_QPT_UD) {
+      notify_congestion_ud(*qp, pkt, now);
+    } else {
+      notify_congestion(*qp, now);
+    }
+  }
   if (pkt.info->has(wire::kOpRequest)) {
     if (qp->sr && !sr_quiet(*qp)) {
       // On a selective-repeat QP an IBTA request is fenced (sr.h): one
@@ -1136,7 +1162,7 @@ int Engine::set_cc(Qp* qp, std::string_view name) {
   if (qp == nullptr || qp->quarantine_until) return EINVAL;
   const cc::Entry* e = cc::find(name);
   if (e == nullptr) return EINVAL;
-  if (qp->type == IBV_QPT_UD && e->make) return EOPNOTSUPP;  // no CNPs or ACKs to react to
+  if (qp->type == IBV_QPT_UD && e->make && !e->ud) return EOPNOTSUPP;  // it needs ACKs, which UD has none of
   qp->cc = e->make ? e->make(cc::Path{cfg_.line_rate_bps, qp->mtu, cfg_.send_window, cfg_.base_rtt_ns}) : nullptr;
   apply_cc(*qp);
   if (qp->cc && qp->cc->next_timer()) activate(*qp);

@@ -291,6 +291,11 @@ class Engine {
   /// A CE-marked packet arrived for `qp`: count it, and send the peer QP a
   /// CNP unless one went less than cnp_interval_ns ago.
   void notify_congestion(Qp& qp, std::uint64_t now);
+  /// The same for a UD QP: the CNP goes to the datagram's source QP (its
+  /// DETH) at its source address, at most once an interval per such flow.
+  void notify_congestion_ud(Qp& qp, const wire::Packet& pkt, std::uint64_t now);
+  /// Sends a CNP with `spec`'s addresses; false if the TX ring is full.
+  bool send_cnp(Qp& qp, wire::FrameSpec spec);
   /// Translates a WQE's SGEs through their MRs into w.local, checking keys,
   /// bounds and access: when the WQE starts, and again before later packets
   /// and READ responses touch the memory. False if any check fails.
@@ -380,6 +385,14 @@ class Engine {
   std::vector<Qp*> active_;       // QPs with work or timers; fixed capacity
   std::vector<Qp*> ack_waiters_;  // QPs with a coalesced ACK pending
   NeighborTable neighbors_;
+  // When each UD flow (source address and QP, to our QP) may next be sent a
+  // CNP. Direct-mapped: two flows that share a slot may each get one more.
+  struct UdCnpSlot {
+    wire::IpAddr src{};
+    std::uint32_t src_qp = 0, qpn = 0;
+    std::uint64_t next = 0;
+  };
+  std::array<UdCnpSlot, 256> ud_cnp_{};
   Fifo<TxFrame> tx_;
   PortCounters port_ctr_;
   QpCounters dead_qp_ctr_;  // counters of destroyed QPs, kept for totals

@@ -25,7 +25,7 @@ void expect_state(const Dcqcn& d, double alpha, double rc, double rt, const char
 TEST(Dcqcn, FollowsAHandComputedTrace) {
   // Small F and B so that one short trace passes through fast recovery,
   // additive increase and hyper increase; the other parameters are the
-  // defaults (g = 1/256, K = T = 55 us, R_AI = 40 Mb/s, R_HAI = 100 Mb/s).
+  // defaults (g = 1/256, K = T = 55 us, R_AI = 40 Mb/s, R_HAI = 50 Mb/s).
   DcqcnParams p;
   p.fast_recovery = 2;
   p.byte_counter = 4000;
@@ -60,13 +60,13 @@ TEST(Dcqcn, FollowsAHandComputedTrace) {
   expect_state(d, 0.9883421066, 7316540527.34375, 7.58e9, "additive 2");
   d.on_tx(t0 + 171'000, 4000);  // (2, 3): additive
   expect_state(d, 0.9883421066, 7468270263.671875, 7.62e9, "additive 3");
-  d.on_timer(t0 + 225'000);  // (3, 3): both past F: hyper, Rt + 1 x 100 M
-  expect_state(d, 0.9844813952, 7594135131.8359375, 7.72e9, "hyper 1");
+  d.on_timer(t0 + 225'000);  // (3, 3): both past F: hyper, Rt + 1 x 50 M
+  expect_state(d, 0.9844813952, 7569135131.8359375, 7.67e9, "hyper 1");
   d.on_tx(t0 + 226'000, 4000);  // (3, 4): hyper, min - F = 1
-  expect_state(d, 0.9844813952, 7707067565.91796875, 7.82e9, "hyper 2");
-  d.on_timer(t0 + 280'000);  // (4, 4): hyper, 2 x 100 M
-  expect_state(d, 0.9806357648, 7863533782.958984375, 8.02e9, "hyper 3");
-  EXPECT_EQ(d.limits.rate_bps, static_cast<std::uint64_t>(7863533782.958984375));
+  expect_state(d, 0.9844813952, 7644567565.91796875, 7.72e9, "hyper 2");
+  d.on_timer(t0 + 280'000);  // (4, 4): hyper, 2 x 50 M
+  expect_state(d, 0.9806357648, 7732283782.958984375, 7.82e9, "hyper 3");
+  EXPECT_EQ(d.limits.rate_bps, static_cast<std::uint64_t>(7732283782.958984375));
 }
 
 TEST(Dcqcn, RecoversToLineRateAndStopsItsTimers) {

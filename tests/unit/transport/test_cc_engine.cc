@@ -165,7 +165,8 @@ TEST(CcEngine, TheChoiceIsPerQpAndBadChoicesAreRefused) {
   ud.type = IBV_QPT_UD;
   const QpPair u = p.connect(ud);
   EXPECT_EQ(p.A().cc_report(*u.a).algorithm, "none") << "UD QPs start without";
-  EXPECT_EQ(p.A().set_cc(u.a, "dcqcn"), EOPNOTSUPP);
+  EXPECT_EQ(p.A().set_cc(u.a, "swift"), EOPNOTSUPP) << "it needs ACKs, which UD has none of";
+  EXPECT_EQ(p.A().set_cc(u.a, "dcqcn"), 0) << "CNPs alone drive it";
   EXPECT_EQ(p.A().set_cc(u.a, "none"), 0);
   // set_rate and the algorithm: the lower rate wins.
   ASSERT_EQ(p.A().set_cc(q.a, "dcqcn"), 0);

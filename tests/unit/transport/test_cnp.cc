@@ -2,6 +2,7 @@
 // makes the receiving QP send its peer QP a CNP, at most one per QP per
 // interval, in the format of the real ConnectX-4 Lx CNP in the shared
 // captures (read in place); a CNP received is counted for the QP it names.
+// A UD QP's CNP goes to the datagram's source QP, once an interval per flow.
 #include <gtest/gtest.h>
 
 #include "drivers/pcap/pcap_io.h"
@@ -196,6 +197,73 @@ TEST(Cnp, ReceivedOnlyFromTheQpsPeer) {
   EXPECT_EQ(q.a->ctr[QpCounter::cnp_received], 1u);
   EXPECT_EQ(p.A().counters()[PortCounter::rx_cnp], 1u);
   EXPECT_EQ(p.A().counters()[PortCounter::rx_cnp_dropped], 2u);
+}
+
+TEST(Cnp, AUdQpNotifiesEachDatagramFlowsSource) {
+  // Two UD QPs on A send datagrams to one on B, every one CE-marked: each
+  // of A's QPs hears CNPs from B once an interval; then, with DCQCN, one of
+  // them slows down.
+  Pair p(1, 4u << 20, 64, false, [](int, EngineConfig& c) { c.line_rate_bps = 10'000'000'000ull; });
+  PairOptions o;
+  o.type = IBV_QPT_UD;
+  const QpPair q = p.connect(o);
+  const QpPair q2 = p.connect(o);
+  std::unique_ptr<std::vector<Seen>> cnps(watch_cnps(p));
+  sim::Impairments imp;
+  imp.ce = 1.0;
+  imp.filter = [&](const TxFrame& f) { return from_a(p, f) && f.opcode != wire::op::kCnp; };
+  p.wire.set_impairments(imp);
+  Ah ah;
+  ah.dgid = p.B().config().ip;
+  ah.dmac = p.B().config().mac;
+  const auto send = [&](Qp* from, int i) {
+      Sge r = p.sge(1, 8192, 1024 + 40);
+      ASSERT_EQ(p.B().post_recv(q.b, RecvWr{static_cast<std::uint64_t>(i), {&r, 1}}), 0);
+      Sge s = p.sge(0, 0, 256);
+      SendWr wr;
+      wr.opcode = IBV_WR_SEND;  // unsignaled: A's CQ is not polled
+      wr.sg_list = {&s, 1};
+      wr.ah = &ah;
+      wr.remote_qpn = q.b->qpn;
+      wr.remote_qkey = o.qkey;
+      ASSERT_EQ(p.A().post_send(from, wr), 0);
+      std::vector<ibv_wc> wb;
+      ASSERT_TRUE(p.wire.run_until([&] { return p.poll(1, wb) > 0 || !wb.empty(); }, 100'000'000));
+      ASSERT_EQ(wb[0].status, IBV_WC_SUCCESS);
+  };
+  const std::uint64_t t0 = p.wire.now();
+  constexpr int kEach = 300;
+  for (int i = 0; i < kEach; ++i) {
+    send(q.a, i);
+    send(q2.a, i);
+  }
+  const std::uint64_t span = p.wire.now() - t0, iv = p.B().config().cnp_interval_ns;
+  ASSERT_GT(span, 10 * iv) << "the run spans many intervals";
+  std::uint64_t total = 0;
+  for (Qp* a : {q.a, q2.a}) {
+    std::vector<std::uint64_t> at;
+    for (const Seen& s : *cnps) {
+      wire::Packet pkt;
+      ASSERT_TRUE(wire::parse_frame(s.bytes, wire::ParseOptions{}, pkt).ok());
+      EXPECT_EQ(pkt.dst, p.A().config().ip) << "back to the datagrams' source";
+      if (pkt.destqp == a->qpn) at.push_back(s.t);
+    }
+    ASSERT_GE(at.size(), span / iv - 1) << "a CNP each interval, for each flow";
+    ASSERT_LE(at.size(), span / iv + 1);
+    for (std::size_t i = 1; i < at.size(); ++i) EXPECT_GE(at[i] - at[i - 1], iv) << "never two within an interval";
+    EXPECT_EQ(a->ctr[QpCounter::cnp_received], at.size());
+    total += at.size();
+  }
+  EXPECT_EQ(q.b->ctr[QpCounter::cnp_sent], total);
+  EXPECT_EQ(q.b->ctr[QpCounter::ce_marked], 2u * kEach);
+  EXPECT_EQ(cnps->size(), total) << "no CNP to anyone else";
+  EXPECT_EQ(q.a->state, IBV_QPS_RTS);
+  ASSERT_EQ(p.A().set_cc(q.a, "dcqcn"), 0);
+  const auto before = q.a->ctr[QpCounter::cnp_received];
+  for (int i = 0; i < 200; ++i) send(q.a, i);  // a few intervals more
+  EXPECT_GT(q.a->ctr[QpCounter::cnp_received], before);
+  EXPECT_LT(q.a->cc->state().rate_bps, 0.5e10) << "A's DCQCN cut its rate on B's CNP";
+  EXPECT_NE(q.a->rate_bps, 0u) << "and the QP is paced";
 }
 
 }  // namespace
