@@ -461,6 +461,9 @@ ModifyResult Engine::modify_qp(Qp* qp, const ibv_qp_attr& a, int mask) {
   // state, whether or not a kick came first: they never run.
   if (to == IBV_QPS_RTS && !can_post_send(from)) kick(qp);
   qp->state = to;
+  // The headers of its packets, from what this modify set (spec_for's fields).
+  if (qp->type == IBV_QPT_UD || to == IBV_QPS_RESET || to == IBV_QPS_INIT || !qp->tmpl.build(spec_for(*qp, 0, Psn{})))
+    qp->tmpl.clear();
   if (to == IBV_QPS_ERR && from != IBV_QPS_ERR) flush(*qp);
   if (to == IBV_QPS_RTS) activate(*qp);
   return {};
@@ -964,6 +967,31 @@ void Engine::finish_frame(TxFrame& f, Qp& qp, const wire::FrameSpec& spec, std::
   if (pad) segs[n++] = wire::ConstBytes(f.trailer, pad);
   const auto icrc = wire::icrc_compute(std::span<const wire::ConstBytes>(segs, n));
   wire::icrc_store(f.trailer + pad, icrc.value_or(0));
+  f.trailer_len = static_cast<std::uint8_t>(pad + wire::kIcrcLen);
+  f.qpn = qp.qpn;
+  f.psn = spec.psn;
+  f.opcode = spec.opcode;
+  qp.ctr.inc(QpCounter::sent_pkts);
+  port_ctr_.inc(PortCounter::tx_frames);
+}
+
+wire::FrameSpec Engine::packet_spec(const Qp& qp, std::uint8_t opcode, Psn psn) const {
+  if (!qp.tmpl.valid()) return spec_for(qp, opcode, psn);
+  wire::FrameSpec s;
+  s.opcode = opcode;
+  s.psn = psn;
+  return s;
+}
+
+void Engine::finish_packet(TxFrame& f, Qp& qp, const wire::FrameSpec& spec, std::uint32_t payload_len) {
+  if (!qp.tmpl.valid()) return finish_frame(f, qp, spec, payload_len);
+  f.hdr_len = static_cast<std::uint16_t>(
+      qp.tmpl.emit(f.hdr, wire::PacketFields{spec.opcode, spec.se, spec.ackreq, spec.psn}, spec.ext, payload_len));
+  const std::uint8_t pad = wire::pad_for(payload_len);
+  std::memset(f.trailer, 0, pad);
+  wire::ConstBytes segs[kMaxSge + 1];
+  for (std::uint8_t i = 0; i < f.nseg; ++i) segs[i] = wire::ConstBytes(f.seg[i].p, f.seg[i].len);
+  wire::icrc_store(f.trailer + pad, qp.tmpl.icrc(f.hdr, f.hdr_len, std::span<const wire::ConstBytes>(segs, f.nseg), pad));
   f.trailer_len = static_cast<std::uint8_t>(pad + wire::kIcrcLen);
   f.qpn = qp.qpn;
   f.psn = spec.psn;

@@ -273,6 +273,13 @@ class Engine {
   TxFrame* tx_slot();
   wire::FrameSpec spec_for(const Qp& qp, std::uint8_t opcode, wire::Psn psn) const;
   void finish_frame(TxFrame& f, Qp& qp, const wire::FrameSpec& spec, std::uint32_t payload_len);
+  /// A packet of the QP's connection (a request, ACK or READ response):
+  /// packet_spec gives the spec to fill in, finish_packet the frame. With
+  /// the QP's header template only the spec's opcode, SE, AckReq, PSN and
+  /// extension fields are used; without one (UD), these are spec_for and
+  /// finish_frame.
+  wire::FrameSpec packet_spec(const Qp& qp, std::uint8_t opcode, wire::Psn psn) const;
+  void finish_packet(TxFrame& f, Qp& qp, const wire::FrameSpec& spec, std::uint32_t payload_len);
   bool take_recv(Qp& qp, RecvWqe& out);
   /// Takes what the producer published in the QP's send ring into the shadow.
   std::size_t fetch_sends(Qp& qp);

@@ -15,6 +15,7 @@
 #include "stack/transport/sr.h"
 #include "stack/transport/verbs.h"
 #include "stack/wire/addr.h"
+#include "stack/wire/header_template.h"
 #include "stack/wire/psn.h"
 
 namespace uroce::transport {
@@ -214,6 +215,10 @@ class Qp {
   std::unique_ptr<SrState> sr;
   // Notification point: when this QP may send its next CNP (ns; 0: at once).
   std::uint64_t cnp_next = 0;
+  /// Its packets' headers, built at each modify for a connected QP past
+  /// INIT (the fields spec_for takes from it); invalid for UD, whose
+  /// every datagram has its own destination.
+  wire::HeaderTemplate tmpl;
 
   // Engine bookkeeping: on the active list when it may have work or timers.
   bool active = false;

@@ -165,7 +165,7 @@ bool Engine::send_next_packet(Qp& qp, std::uint64_t now) {
   const bool sr = qp.sr && sr_carries(w);  // in selective repeat's own opcodes
   const std::uint8_t opcode =
       sr ? (w.kind == WqeKind::kSend ? op::kSrSend : op::kSrWrite) : pick_opcode(w, first, last, qp.type);
-  wire::FrameSpec spec = spec_for(qp, opcode, psn);
+  wire::FrameSpec spec = packet_spec(qp, opcode, psn);
   if (qp.type == IBV_QPT_UD) {
     spec.dst = w.ah.dgid;
     spec.eth_dst = w.ah.dmac;
@@ -248,7 +248,7 @@ bool Engine::send_next_packet(Qp& qp, std::uint64_t now) {
     spec.ackreq = true;
     r.pkts_since_ackreq = 0;
   }
-  finish_frame(*f, qp, spec, payload);
+  finish_packet(*f, qp, spec, payload);
   bool twice = false;
   if (r.restart_ackreq) {
     r.restart_ackreq = false;

@@ -269,12 +269,12 @@ bool Engine::sr_quiet(const Qp& qp) {
 bool Engine::send_sr_ack(Qp& qp) {
   TxFrame* f = tx_slot();
   if (f == nullptr) return false;
-  wire::FrameSpec spec = spec_for(qp, op::kSrAck, qp.resp.epsn - 1);
+  wire::FrameSpec spec = packet_spec(qp, op::kSrAck, qp.resp.epsn - 1);
   spec.ext.aeth_syndrome = kAckSyndrome;
   spec.ext.aeth_msn = qp.resp.msn;
   spec.ext.sack_base = qp.resp.epsn.value();
   spec.ext.sack_bits = qp.sr->got.words();
-  finish_frame(*f, qp, spec, 0);
+  finish_packet(*f, qp, spec, 0);
   return true;
 }
 

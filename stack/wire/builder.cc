@@ -95,8 +95,11 @@ std::size_t build_headers(Bytes out, const FrameSpec& spec, std::size_t payload_
   bth->destqp.set(spec.destqp);
   bth->ackreq = spec.ackreq ? 0x80 : 0;
   bth->psn.set(spec.psn.value());
+  build_ext(b, info, spec.ext);
+  return hlen;
+}
 
-  const ExtFields& e = spec.ext;
+void build_ext(std::uint8_t* b, const OpcodeInfo& info, const ExtFields& e) noexcept {
   if (info.off_deth) {
     auto* h = put<Deth>(b, info.off_deth);
     h->qkey.set(e.deth_qkey);
@@ -138,7 +141,6 @@ std::size_t build_headers(Bytes out, const FrameSpec& spec, std::size_t payload_
     for (int i = 0; i < 4; ++i) h->bits[i].set(e.sack_bits[i]);
   }
   // The CNP body is 16 reserved zero bytes, already cleared.
-  return hlen;
 }
 
 std::size_t build_frame(Bytes out, const FrameSpec& spec, ConstBytes payload) noexcept {

@@ -88,6 +88,9 @@ struct FrameSpec {
 /// in the table, or the opcode carries no payload but `payload_len` != 0.
 [[nodiscard]] std::size_t build_headers(Bytes out, const FrameSpec& spec, std::size_t payload_len) noexcept;
 
+/// Writes the extension headers `info` names after the BTH at `bth`, into
+/// bytes the caller zeroed (build_headers and HeaderTemplate::emit).
+void build_ext(std::uint8_t* bth, const OpcodeInfo& info, const ExtFields& e) noexcept;
 /// Writes a complete frame (headers, payload, pad, ICRC). Returns its length,
 /// or 0 on the same errors as build_headers().
 [[nodiscard]] std::size_t build_frame(Bytes out, const FrameSpec& spec, ConstBytes payload) noexcept;

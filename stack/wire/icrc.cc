@@ -15,28 +15,23 @@ std::uint32_t crc32_raw(std::uint32_t crc, ConstBytes data) noexcept {
   return crc32_gzip_refl(crc, data.data(), data.size());
 }
 
-std::optional<std::uint32_t> icrc_compute(std::span<const ConstBytes> segs) noexcept {
-  if (segs.empty()) return std::nullopt;
-  const ConstBytes first = segs[0];
-  if (first.empty()) return std::nullopt;
-
+std::size_t icrc_masked(ConstBytes l3, std::uint8_t* buf) noexcept {
+  if (l3.empty()) return 0;
   std::size_t ip_len = 0;
-  const unsigned version = first[0] >> 4;
+  const unsigned version = l3[0] >> 4;
   if (version == 4) {
-    ip_len = static_cast<std::size_t>(first[0] & 0x0f) * 4;
-    if (ip_len < sizeof(Ipv4Hdr)) return std::nullopt;
+    ip_len = static_cast<std::size_t>(l3[0] & 0x0f) * 4;
+    if (ip_len < sizeof(Ipv4Hdr)) return 0;
   } else if (version == 6) {
     ip_len = sizeof(Ipv6Hdr);
   } else {
-    return std::nullopt;
+    return 0;
   }
   const std::size_t masked_len = ip_len + sizeof(UdpHdr) + sizeof(Bth);
-  if (first.size() < masked_len) return std::nullopt;
-
-  // The masked copy: 8 bytes of 0xFF for the LRH, then IP, UDP and BTH.
-  std::uint8_t buf[8 + 60 + sizeof(UdpHdr) + sizeof(Bth)];
+  if (l3.size() < masked_len) return 0;
+  // 8 bytes of 0xFF for the LRH, then IP, UDP and BTH with the variant fields set to 1s.
   std::memset(buf, 0xff, 8);
-  std::memcpy(buf + 8, first.data(), masked_len);
+  std::memcpy(buf + 8, l3.data(), masked_len);
   std::uint8_t* ip = buf + 8;
   if (version == 4) {
     ip[1] = 0xff;                // TOS: DSCP and ECN
@@ -50,8 +45,17 @@ std::optional<std::uint32_t> icrc_compute(std::span<const ConstBytes> segs) noex
   std::uint8_t* udp = ip + ip_len;
   udp[6] = udp[7] = 0xff;        // UDP checksum
   udp[sizeof(UdpHdr) + 4] = 0xff;  // BTH resv8a: FECN, BECN, reserved
+  return 8 + masked_len;
+}
 
-  std::uint32_t crc = crc32_gzip_refl(0, buf, 8 + masked_len);
+std::optional<std::uint32_t> icrc_compute(std::span<const ConstBytes> segs) noexcept {
+  if (segs.empty()) return std::nullopt;
+  const ConstBytes first = segs[0];
+  std::uint8_t buf[kIcrcMaskedMax];
+  const std::size_t n = icrc_masked(first, buf);
+  if (n == 0) return std::nullopt;
+  const std::size_t masked_len = n - 8;
+  std::uint32_t crc = crc32_gzip_refl(0, buf, n);
   crc = crc32_gzip_refl(crc, first.data() + masked_len, first.size() - masked_len);
   for (std::size_t i = 1; i < segs.size(); ++i) crc = crc32_gzip_refl(crc, segs[i].data(), segs[i].size());
   return crc;

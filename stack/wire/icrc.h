@@ -23,6 +23,14 @@ namespace uroce::wire {
 /// Returns nullopt when the first segment is too short or not IPv4/IPv6.
 [[nodiscard]] std::optional<std::uint32_t> icrc_compute(std::span<const ConstBytes> segs) noexcept;
 
+/// The ICRC's view of the headers: writes into `buf` (kIcrcMaskedMax bytes)
+/// the 8 bytes of 0xFF, then the IP, UDP and BTH headers at the start of
+/// `l3` with their variant fields masked. Returns the bytes written, or 0
+/// when `l3` is too short or not IPv4/IPv6. The CRC of these, then of the
+/// rest of the packet, is the ICRC.
+inline constexpr std::size_t kIcrcMaskedMax = 8 + 60 + 8 + 12;
+std::size_t icrc_masked(ConstBytes l3, std::uint8_t* buf) noexcept;
+
 /// The same over one contiguous buffer.
 [[nodiscard]] std::optional<std::uint32_t> icrc_compute(ConstBytes l3_to_icrc) noexcept;
 

@@ -28,7 +28,9 @@ cmp=$(cost 'Engine::on_response\(')
 rx=$(cost 'Engine::rx\(')
 parse=$(cost 'parse_frame')
 echo "messages: $((2 * n)) (8-byte WRITE and SEND), request packets: $pkts"
+icrc=$(cost 'HeaderTemplate::icrc')
 echo "requester (send_next_packet, incl. build + ICRC): $((req / pkts)) instructions/packet"
+echo "requester without the ICRC (HeaderTemplate::icrc): $(((req - ${icrc:-0}) / pkts)) instructions/packet (the ICRC: $((${icrc:-0} / pkts)))"
 echo "requester, paced (the pacer's cost):              $((req_paced / pkts)) instructions/packet (+$(((req_paced - req) / pkts)))"
 for cc in dcqcn swift; do
   r=$(cost 'Engine::send_next_packet' "$out/ann.$cc"); c=$(cost 'Engine::on_response\(' "$out/ann.$cc")
