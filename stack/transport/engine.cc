@@ -222,6 +222,7 @@ int Engine::destroy_qp(Qp* qp) {
   for (std::size_t i = 0; i < dead_qp_ctr_.v.size(); ++i) dead_qp_ctr_.v[i] += qp->ctr.v[i];
   std::erase(active_, qp);
   std::erase(ack_waiters_, qp);
+  wheel_.cancel(*qp);
   qp->active = false;
   qp->resp.ack_listed = false;
   mrs_.unbind_qp(qp->handle);  // its type 2 windows serve nobody now
@@ -267,6 +268,7 @@ void Engine::release(Qp& qp) {
   for (std::size_t i = 0; i < dead_qp_ctr_.v.size(); ++i) dead_qp_ctr_.v[i] += qp.ctr.v[i];
   std::erase(active_, &qp);
   std::erase(ack_waiters_, &qp);
+  wheel_.cancel(qp);
   qps_[(qp.qpn - kFirstQpn - cfg_.qpn_offset) / cfg_.qpn_stride].reset();
 }
 
@@ -430,6 +432,7 @@ ModifyResult Engine::modify_qp(Qp* qp, const ibv_qp_attr& a, int mask) {
     // Back to a clean slate: queues emptied without completions (IBTA 10.3.1).
     std::erase(active_, qp);
     std::erase(ack_waiters_, qp);
+    wheel_.cancel(*qp);
     qp->active = false;
     // What was posted is dropped: the shadow, and whatever is still in the rings.
     // At most one ring's worth each: a producer refilling as fast as this
@@ -925,6 +928,7 @@ void Engine::activate(Qp& qp) {
 TxFrame* Engine::tx_slot() {
   TxFrame* f = tx_.emplace();
   if (f == nullptr) {
+    tx_full_ = true;
     port_ctr_.inc(PortCounter::tx_ring_full);
     return nullptr;
   }
@@ -1148,27 +1152,49 @@ void Engine::poll(std::uint64_t now) {
       if (q && q->quarantine_until && q->quarantine_until <= now) release(*q);
     }
   }
+  // QPs whose time has come join those with work.
+  wheel_.expire(now, [this](Qp& qp) { activate(qp); });
   for (std::size_t i = 0; i < active_.size();) {
     Qp& qp = *active_[i];
     const bool live = qp.quarantine_until == 0;  // a quarantined QP only sends its re-ACKs
+    tx_full_ = false;
     if (live) on_timers(qp, now);
     if (live && (qp.state == IBV_QPS_RTS || qp.state == IBV_QPS_SQD)) run_requester(qp, now);
     run_responses(qp);
-    const bool idle = qp.resp.out.empty() && (!live || (qp.sq.empty() && qp.req.retry_deadline == 0 &&
-                                                         qp.req.rnr_until == 0 && !(qp.cc && qp.cc->next_timer())));
-    if (idle || qp.state == IBV_QPS_ERR || qp.state == IBV_QPS_RESET) {
-      qp.active = false;
-      active_[i] = active_.back();
-      active_.pop_back();
-    } else {
+    // It stays only while it could do more now: responses not yet sent, or
+    // requests the TX ring had no room for. Anything else it waits for
+    // comes as an event that activates it again (a post, an ACK or
+    // response, a CNP, a modify) or as a deadline, which the wheel keeps.
+    const bool dead = qp.state == IBV_QPS_ERR || qp.state == IBV_QPS_RESET;
+    if (!dead && (!qp.resp.out.empty() || (live && tx_full_))) {
       ++i;
+      continue;
+    }
+    qp.active = false;
+    active_[i] = active_.back();
+    active_.pop_back();
+    const std::uint64_t at = dead || !live ? 0 : deadline_of(qp, now);
+    if (at != 0) {
+      wheel_.schedule(qp, at);
+    } else {
+      wheel_.cancel(qp);
     }
   }
   cq_events();
 }
 
-std::uint64_t Engine::next_deadline() const {
+std::uint64_t Engine::deadline_of(const Qp& qp, std::uint64_t now) const {
   std::uint64_t best = 0;
+  // The pacer's next slot, while something could be sent in it.
+  const std::uint64_t pace = qp.rate_bps != 0 && qp.req.pace_next > now ? qp.req.pace_next : 0;
+  const std::uint64_t cct = qp.cc ? qp.cc->next_timer() : 0;
+  for (std::uint64_t d : {qp.req.retry_deadline, qp.req.rnr_until, pace, cct})
+    if (d != 0 && (best == 0 || d < best)) best = d;
+  return best;
+}
+
+std::uint64_t Engine::next_deadline() const {
+  std::uint64_t best = wheel_.next_at();
   for (const Qp* qp : active_) {
     // A paced QP with packets to send wakes at its next packet's time.
     const std::uint64_t pace = qp->rate_bps != 0 && qp->req.cursor != qp->sq.tail() ? qp->req.pace_next : 0;

@@ -255,6 +255,10 @@ class Engine {
       if (q && !q->quarantine_until) fn(static_cast<const Qp&>(*q));
   }
   [[nodiscard]] std::size_t qp_count() const { return qps_live_; }
+  /// QPs poll() will visit (they may have work now), and QPs waiting only
+  /// on a deadline, in the timer wheel.
+  [[nodiscard]] std::size_t active_count() const { return active_.size(); }
+  [[nodiscard]] std::size_t timers_pending() const { return wheel_.size(); }
   /// Numbers in quarantine (destroyed RC QPs still answering retries).
   [[nodiscard]] std::size_t quarantined_count() const { return quarantined_; }
   /// Sum of a counter over all QPs (live and destroyed).
@@ -267,6 +271,8 @@ class Engine {
   void set_error(Qp& qp);
   void flush(Qp& qp);
   void activate(Qp& qp);
+  /// The earliest time `qp` must be looked at again without an event (0: none).
+  [[nodiscard]] std::uint64_t deadline_of(const Qp& qp, std::uint64_t now) const;
   void complete_send(Qp& qp, ibv_wc_status status);
   void complete_recv(Qp& qp, const RecvWqe& w, ibv_wc_status status, ibv_wc_opcode op, std::uint32_t byte_len,
                      unsigned flags = 0, std::uint32_t imm_or_inv = 0, std::uint32_t src_qp = 0);
@@ -389,7 +395,9 @@ class Engine {
   std::size_t qps_live_ = 0;
   std::size_t quarantined_ = 0;  // QPs in quarantine; poll() frees the expired ones
   std::size_t reap_cursor_ = 0;  // where poll()'s sweep of quarantined slots goes on
-  std::vector<Qp*> active_;       // QPs with work or timers; fixed capacity
+  std::vector<Qp*> active_;       // QPs that may have work now; fixed capacity
+  TimerWheel<Qp, &Qp::wheel> wheel_;  // QPs that wait only on a deadline
+  bool tx_full_ = false;          // tx_slot() found the TX ring full (poll's per-QP note)
   std::vector<Qp*> ack_waiters_;  // QPs with a coalesced ACK pending
   NeighborTable neighbors_;
   // When each UD flow (source address and QP, to our QP) may next be sent a

@@ -13,6 +13,7 @@
 #include "stack/transport/objects.h"
 #include "stack/transport/fifo.h"
 #include "stack/transport/sr.h"
+#include "stack/transport/timer_wheel.h"
 #include "stack/transport/verbs.h"
 #include "stack/wire/addr.h"
 #include "stack/wire/header_template.h"
@@ -220,8 +221,10 @@ class Qp {
   /// every datagram has its own destination.
   wire::HeaderTemplate tmpl;
 
-  // Engine bookkeeping: on the active list when it may have work or timers.
+  // Engine bookkeeping: on the active list when it may have work now; in
+  // the timer wheel when it waits only on time (its earliest deadline).
   bool active = false;
+  WheelHook<Qp> wheel;
   std::uint64_t handle = 0;
 };
 
