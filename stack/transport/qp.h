@@ -139,13 +139,14 @@ struct Responder {
   std::uint32_t wkey = 0;
   std::uint64_t wva = 0;
   std::uint64_t wremain = 0;
-  std::array<ReplayEntry, kMaxRdAtomic> replay{};
-  std::uint32_t replay_next = 0;
   Fifo<RespTx> out{4 * kMaxRdAtomic};
   // A coalesced ACK waiting for the end of the receive burst.
   bool ack_pending = false;
   bool ack_listed = false;  // on the engine's ACK flush list
   wire::Psn ack_psn{};
+  // Last: only READs and atomics touch it.
+  std::uint32_t replay_next = 0;
+  std::array<ReplayEntry, kMaxRdAtomic> replay{};
 };
 
 class Qp {
@@ -211,7 +212,6 @@ class Qp {
   std::uint32_t window = 0;
   /// Congestion control (Engine::set_cc); null for "none".
   std::unique_ptr<cc::Algorithm> cc;
-  cc::RttStats rtt;
   /// Selective repeat (Engine::set_selective_repeat); null: go-back-N.
   std::unique_ptr<SrState> sr;
   // Notification point: when this QP may send its next CNP (ns; 0: at once).
@@ -226,6 +226,8 @@ class Qp {
   bool active = false;
   WheelHook<Qp> wheel;
   std::uint64_t handle = 0;
+  // Last, after everything a packet touches: its round trips (a kilobyte of histogram).
+  cc::RttStats rtt;
 };
 
 /// IBTA C9-140: the transport timer is 4.096 us * 2^timeout; 0 means infinite.
