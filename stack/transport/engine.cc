@@ -969,8 +969,11 @@ void Engine::finish_frame(TxFrame& f, Qp& qp, const wire::FrameSpec& spec, std::
   segs[n++] = wire::ConstBytes(f.hdr + l3, f.hdr_len - l3);
   for (std::uint8_t i = 0; i < f.nseg; ++i) segs[n++] = wire::ConstBytes(f.seg[i].p, f.seg[i].len);
   if (pad) segs[n++] = wire::ConstBytes(f.trailer, pad);
-  const auto icrc = wire::icrc_compute(std::span<const wire::ConstBytes>(segs, n));
-  wire::icrc_store(f.trailer + pad, icrc.value_or(0));
+  seal_frame(f, qp, spec, pad, wire::icrc_compute(std::span<const wire::ConstBytes>(segs, n)).value_or(0));
+}
+
+void Engine::seal_frame(TxFrame& f, Qp& qp, const wire::FrameSpec& spec, std::uint8_t pad, std::uint32_t icrc) {
+  wire::icrc_store(f.trailer + pad, icrc);
   f.trailer_len = static_cast<std::uint8_t>(pad + wire::kIcrcLen);
   f.qpn = qp.qpn;
   f.psn = spec.psn;
@@ -995,13 +998,7 @@ void Engine::finish_packet(TxFrame& f, Qp& qp, const wire::FrameSpec& spec, std:
   std::memset(f.trailer, 0, pad);
   wire::ConstBytes segs[kMaxSge + 1];
   for (std::uint8_t i = 0; i < f.nseg; ++i) segs[i] = wire::ConstBytes(f.seg[i].p, f.seg[i].len);
-  wire::icrc_store(f.trailer + pad, qp.tmpl.icrc(f.hdr, f.hdr_len, std::span<const wire::ConstBytes>(segs, f.nseg), pad));
-  f.trailer_len = static_cast<std::uint8_t>(pad + wire::kIcrcLen);
-  f.qpn = qp.qpn;
-  f.psn = spec.psn;
-  f.opcode = spec.opcode;
-  qp.ctr.inc(QpCounter::sent_pkts);
-  port_ctr_.inc(PortCounter::tx_frames);
+  seal_frame(f, qp, spec, pad, qp.tmpl.icrc(f.hdr, f.hdr_len, std::span<const wire::ConstBytes>(segs, f.nseg), pad));
 }
 
 void Engine::notify_congestion(Qp& qp, std::uint64_t now) {

@@ -285,6 +285,8 @@ class Engine {
   /// extension fields are used; without one (UD), these are spec_for and
   /// finish_frame.
   wire::FrameSpec packet_spec(const Qp& qp, std::uint8_t opcode, wire::Psn psn) const;
+  /// The ICRC, the trailer's length and the frame's notes, and the counters: both finishes end here.
+  void seal_frame(TxFrame& f, Qp& qp, const wire::FrameSpec& spec, std::uint8_t pad, std::uint32_t icrc);
   void finish_packet(TxFrame& f, Qp& qp, const wire::FrameSpec& spec, std::uint32_t payload_len);
   bool take_recv(Qp& qp, RecvWqe& out);
   /// Takes what the producer published in the QP's send ring into the shadow.
