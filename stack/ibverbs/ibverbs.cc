@@ -165,7 +165,10 @@ UQp* uqp(ibv_qp* q) { return reinterpret_cast<UQp*>(q); }
 USrq* usrq(ibv_srq* q) { return USrq::of(q); }
 
 std::mutex g_mu;
-std::vector<std::unique_ptr<UDevice>> g_devices;  // every device ever listed
+// Never destroyed (every device ever listed): an application may exit()
+// from one thread while another still uses a device (rping's CM thread
+// does), and a static destructor would free it under that thread.
+std::vector<std::unique_ptr<UDevice>>& g_devices = *new std::vector<std::unique_ptr<UDevice>>;
 
 UContext* ucontext(ibv_context* c) {
   return reinterpret_cast<UContext*>(reinterpret_cast<char*>(c) - offsetof(UContext, v) -

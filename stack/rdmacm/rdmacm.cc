@@ -113,14 +113,18 @@ struct Channel {
   std::deque<Event*> queue;
 };
 
+// The library's state is never destroyed: an application may call exit()
+// from one thread while another is still in rdma_destroy_id (rping's CM
+// thread does, on ADDR_ERROR or REJECTED), and static destructors running
+// under it would free what it is using. The process's end frees it.
 std::mutex g_mu;
 bool g_init = false;
 int g_init_err = 0;
-std::vector<Dev*> g_devs;
-std::vector<Channel*> g_chans;
-std::map<std::pair<Dev*, std::uint32_t>, Id*> g_conns;
+std::vector<Dev*>& g_devs = *new std::vector<Dev*>;
+std::vector<Channel*>& g_chans = *new std::vector<Channel*>;
+std::map<std::pair<Dev*, std::uint32_t>, Id*>& g_conns = *new std::map<std::pair<Dev*, std::uint32_t>, Id*>;
 /// Listens by device and port (| 1 << 16 in RDMA_PS_UDP's port space).
-std::map<std::pair<Dev*, std::uint32_t>, Id*> g_listens;
+std::map<std::pair<Dev*, std::uint32_t>, Id*>& g_listens = *new std::map<std::pair<Dev*, std::uint32_t>, Id*>;
 std::uint32_t listen_key(std::uint16_t port, bool ud) { return port | (ud ? 1u << 16 : 0u); }
 bool is_ud(const rdma_cm_id* id) { return id->ps == RDMA_PS_UDP; }
 

@@ -68,7 +68,9 @@ struct Segment {
   std::uint32_t refs;
 };
 std::mutex g_seg_mu;
-std::map<std::uintptr_t, Segment> g_segs;  // by start address; never overlapping
+// By start address, never overlapping; never destroyed, so a thread still
+// in the library while another calls exit() finds it intact.
+std::map<std::uintptr_t, Segment>& g_segs = *new std::map<std::uintptr_t, Segment>;
 
 /// Loads the embedded-mode plugin. When this process's libibverbs.so.1 is
 /// uroce's drop-in (stack/ibverbs, put first by uroce-run), DPDK's EAL
