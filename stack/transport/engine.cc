@@ -969,36 +969,53 @@ void Engine::finish_frame(TxFrame& f, Qp& qp, const wire::FrameSpec& spec, std::
   segs[n++] = wire::ConstBytes(f.hdr + l3, f.hdr_len - l3);
   for (std::uint8_t i = 0; i < f.nseg; ++i) segs[n++] = wire::ConstBytes(f.seg[i].p, f.seg[i].len);
   if (pad) segs[n++] = wire::ConstBytes(f.trailer, pad);
-  seal_frame(f, qp, spec, pad, wire::icrc_compute(std::span<const wire::ConstBytes>(segs, n)).value_or(0));
+  seal_frame(f, qp, spec.opcode, spec.psn, pad, wire::icrc_compute(std::span<const wire::ConstBytes>(segs, n)).value_or(0));
 }
 
-void Engine::seal_frame(TxFrame& f, Qp& qp, const wire::FrameSpec& spec, std::uint8_t pad, std::uint32_t icrc) {
+void Engine::seal_frame(TxFrame& f, Qp& qp, std::uint8_t opcode, Psn psn, std::uint8_t pad, std::uint32_t icrc) {
   wire::icrc_store(f.trailer + pad, icrc);
   f.trailer_len = static_cast<std::uint8_t>(pad + wire::kIcrcLen);
   f.qpn = qp.qpn;
-  f.psn = spec.psn;
-  f.opcode = spec.opcode;
+  f.psn = psn;
+  f.opcode = opcode;
   qp.ctr.inc(QpCounter::sent_pkts);
   port_ctr_.inc(PortCounter::tx_frames);
 }
 
-wire::FrameSpec Engine::packet_spec(const Qp& qp, std::uint8_t opcode, Psn psn) const {
-  if (!qp.tmpl.valid()) return spec_for(qp, opcode, psn);
-  wire::FrameSpec s;
-  s.opcode = opcode;
-  s.psn = psn;
+wire::FrameSpec Engine::full_spec(const Qp& qp, const wire::PacketFields& p, const wire::ExtFields& ext) const {
+  wire::FrameSpec s = spec_for(qp, p.opcode, p.psn);
+  s.se = p.se;
+  s.ackreq = p.ackreq;
+  s.ext = ext;
   return s;
 }
 
-void Engine::finish_packet(TxFrame& f, Qp& qp, const wire::FrameSpec& spec, std::uint32_t payload_len) {
-  if (!qp.tmpl.valid()) return finish_frame(f, qp, spec, payload_len);
-  f.hdr_len = static_cast<std::uint16_t>(
-      qp.tmpl.emit(f.hdr, wire::PacketFields{spec.opcode, spec.se, spec.ackreq, spec.psn}, spec.ext, payload_len));
+void Engine::finish_packet(TxFrame& f, Qp& qp, const wire::PacketFields& p, const wire::ExtFields& ext,
+                           std::uint32_t payload_len) {
+  if (!qp.tmpl.valid()) return finish_frame(f, qp, full_spec(qp, p, ext), payload_len);
+  const std::size_t hlen = qp.tmpl.emit(f.hdr, p, ext, payload_len);
   const std::uint8_t pad = wire::pad_for(payload_len);
+  if (hlen + payload_len + 4 <= sizeof f.hdr) {
+    // Small enough to copy after the headers: one buffer, one CRC, and
+    // no segment for the driver to chain (its bytes are read now, as a NIC
+    // would read them on the way out).
+    std::uint8_t* b = f.hdr + hlen;
+    for (std::uint8_t i = 0; i < f.nseg; ++i) {
+      std::memcpy(b, f.seg[i].p, f.seg[i].len);
+      b += f.seg[i].len;
+    }
+    std::memset(b, 0, 4);  // the pad (writing 4 is cheaper than 0..3)
+    f.nseg = 0;
+    f.hdr_len = static_cast<std::uint16_t>(hlen + payload_len + pad);
+    seal_frame(f, qp, p.opcode, p.psn, 0, qp.tmpl.icrc(f.hdr, f.hdr_len, {}, 0));
+    return;
+  }
+  f.hdr_len = static_cast<std::uint16_t>(hlen);
   std::memset(f.trailer, 0, pad);
   wire::ConstBytes segs[kMaxSge + 1];
   for (std::uint8_t i = 0; i < f.nseg; ++i) segs[i] = wire::ConstBytes(f.seg[i].p, f.seg[i].len);
-  seal_frame(f, qp, spec, pad, qp.tmpl.icrc(f.hdr, f.hdr_len, std::span<const wire::ConstBytes>(segs, f.nseg), pad));
+  seal_frame(f, qp, p.opcode, p.psn, pad,
+             qp.tmpl.icrc(f.hdr, f.hdr_len, std::span<const wire::ConstBytes>(segs, f.nseg), pad));
 }
 
 void Engine::notify_congestion(Qp& qp, std::uint64_t now) {

@@ -279,15 +279,17 @@ class Engine {
   TxFrame* tx_slot();
   wire::FrameSpec spec_for(const Qp& qp, std::uint8_t opcode, wire::Psn psn) const;
   void finish_frame(TxFrame& f, Qp& qp, const wire::FrameSpec& spec, std::uint32_t payload_len);
-  /// A packet of the QP's connection (a request, ACK or READ response):
-  /// packet_spec gives the spec to fill in, finish_packet the frame. With
-  /// the QP's header template only the spec's opcode, SE, AckReq, PSN and
-  /// extension fields are used; without one (UD), these are spec_for and
-  /// finish_frame.
-  wire::FrameSpec packet_spec(const Qp& qp, std::uint8_t opcode, wire::Psn psn) const;
+  /// A packet of the QP's connection (a request, ACK or READ response),
+  /// given by its BTH fields and extension headers: the frame from the QP's
+  /// header template (a payload that fits is copied in after the headers,
+  /// so that small packets are one contiguous buffer and one CRC), or,
+  /// without a template, from spec_for through finish_frame.
+  void finish_packet(TxFrame& f, Qp& qp, const wire::PacketFields& p, const wire::ExtFields& ext,
+                     std::uint32_t payload_len);
+  /// spec_for's spec with a packet's BTH fields and extension headers.
+  wire::FrameSpec full_spec(const Qp& qp, const wire::PacketFields& p, const wire::ExtFields& ext) const;
   /// The ICRC, the trailer's length and the frame's notes, and the counters: both finishes end here.
-  void seal_frame(TxFrame& f, Qp& qp, const wire::FrameSpec& spec, std::uint8_t pad, std::uint32_t icrc);
-  void finish_packet(TxFrame& f, Qp& qp, const wire::FrameSpec& spec, std::uint32_t payload_len);
+  void seal_frame(TxFrame& f, Qp& qp, std::uint8_t opcode, wire::Psn psn, std::uint8_t pad, std::uint32_t icrc);
   bool take_recv(Qp& qp, RecvWqe& out);
   /// Takes what the producer published in the QP's send ring into the shadow.
   std::size_t fetch_sends(Qp& qp);

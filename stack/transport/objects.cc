@@ -103,33 +103,6 @@ ibv_wc_status MrTable::bind(const MwBind& b, const Pd* pd, std::uint64_t qp_hand
   return IBV_WC_SUCCESS;
 }
 
-Mr* MrTable::find(std::uint32_t key) const {
-  const std::uint32_t idx = key >> 8;
-  if (idx == 0 || idx >= slots_.size()) return nullptr;
-  const Mr& m = slots_[idx];
-  if (!m.valid || m.lkey != key) return nullptr;
-  return const_cast<Mr*>(&m);
-}
-
-KeyCheck MrTable::check(std::uint32_t key, bool remote, const Pd* pd, std::uint64_t qp_handle, std::uint64_t va,
-                        std::uint64_t len, unsigned need, std::uint8_t** out) const {
-  const Mr* m = find(key);
-  if (m == nullptr || (remote && !m->remote_ok)) return KeyCheck::kBadKey;
-  if (m->mw_type != 0 && (!remote || (m->mw_type == IBV_MW_TYPE_2 && m->bound_qp != qp_handle)))
-    return KeyCheck::kBadKey;  // a window has no L_Key; a type 2 one serves the QP it was bound through
-  if (m->pd != pd) return KeyCheck::kWrongPd;
-  if (va < m->iova || len > m->length || va - m->iova > m->length - len) return KeyCheck::kOutOfBounds;
-  if ((m->access & need) != need) return KeyCheck::kNoPermission;
-  if (m->mw_type != 0) {
-    // Through the window to its MR, whose bounds hold the window's.
-    const Mr* r = m->parent;
-    *out = r->addr + (m->window_base + (va - m->iova) - r->iova);
-    return KeyCheck::kOk;
-  }
-  *out = m->addr + (va - m->iova);
-  return KeyCheck::kOk;
-}
-
 void MrTable::unbind_qp(std::uint64_t qp_handle) {
   for (Mr& m : slots_)
     if (m.valid && m.mw_type == IBV_MW_TYPE_2 && m.parent != nullptr && m.bound_qp == qp_handle) {

@@ -101,6 +101,35 @@ class MrTable {
   std::size_t in_use_ = 0;
 };
 
+// On every packet that touches memory (the requester's SGEs, the
+// responder's RETH): inline, where the data path can see through it.
+inline Mr* MrTable::find(std::uint32_t key) const {
+  const std::uint32_t idx = key >> 8;
+  if (idx == 0 || idx >= slots_.size()) return nullptr;
+  const Mr& m = slots_[idx];
+  if (!m.valid || m.lkey != key) return nullptr;
+  return const_cast<Mr*>(&m);
+}
+
+inline KeyCheck MrTable::check(std::uint32_t key, bool remote, const Pd* pd, std::uint64_t qp_handle, std::uint64_t va,
+                        std::uint64_t len, unsigned need, std::uint8_t** out) const {
+  const Mr* m = find(key);
+  if (m == nullptr || (remote && !m->remote_ok)) return KeyCheck::kBadKey;
+  if (m->mw_type != 0 && (!remote || (m->mw_type == IBV_MW_TYPE_2 && m->bound_qp != qp_handle)))
+    return KeyCheck::kBadKey;  // a window has no L_Key; a type 2 one serves the QP it was bound through
+  if (m->pd != pd) return KeyCheck::kWrongPd;
+  if (va < m->iova || len > m->length || va - m->iova > m->length - len) return KeyCheck::kOutOfBounds;
+  if ((m->access & need) != need) return KeyCheck::kNoPermission;
+  if (m->mw_type != 0) {
+    // Through the window to its MR, whose bounds hold the window's.
+    const Mr* r = m->parent;
+    *out = r->addr + (m->window_base + (va - m->iova) - r->iova);
+    return KeyCheck::kOk;
+  }
+  *out = m->addr + (va - m->iova);
+  return KeyCheck::kOk;
+}
+
 /// A completion queue: an abi::Ring of uroce_cq_entry that the engine alone
 /// produces into. One queue with two placements: the ring an application
 /// shares (it consumes there), or one in the engine's heap (poll() consumes).

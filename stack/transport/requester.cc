@@ -165,19 +165,11 @@ bool Engine::send_next_packet(Qp& qp, std::uint64_t now) {
   const bool sr = qp.sr && sr_carries(w);  // in selective repeat's own opcodes
   const std::uint8_t opcode =
       sr ? (w.kind == WqeKind::kSend ? op::kSrSend : op::kSrWrite) : pick_opcode(w, first, last, qp.type);
-  wire::FrameSpec spec = packet_spec(qp, opcode, psn);
-  if (qp.type == IBV_QPT_UD) {
-    spec.dst = w.ah.dgid;
-    spec.eth_dst = w.ah.dmac;
-    spec.ipver = w.ah.dgid.is_v4_mapped() ? wire::IpVersion::kV4 : wire::IpVersion::kV6;
-    spec.destqp = w.remote_qpn;
-    // IBTA 10.2.5: a Q_Key with the high bit set means "use the QP's own".
-    spec.ext.deth_qkey = (w.remote_qkey & 0x80000000u) ? qp.qkey : w.remote_qkey;
-    spec.ext.deth_src_qp = qp.qpn;
-  }
-  spec.se = last && (w.flags & IBV_SEND_SOLICITED);
-  spec.ext.imm = w.imm;
-  spec.ext.ieth_rkey = w.invalidate_rkey;
+  wire::PacketFields pf{opcode, false, false, psn};
+  wire::ExtFields ext;
+  pf.se = last && (w.flags & IBV_SEND_SOLICITED);
+  ext.imm = w.imm;
+  ext.ieth_rkey = w.invalidate_rkey;
 
   std::uint32_t payload = 0;
   const std::uint64_t off = std::uint64_t{r.cursor_pkt} * qp.mtu;
@@ -185,23 +177,23 @@ bool Engine::send_next_packet(Qp& qp, std::uint64_t now) {
     // A READ restarted by go-back-N asks only for the bytes not yet received,
     // and its answer is a new response stream (FIRST or ONLY first).
     w.read_stream_open = false;
-    spec.ext.reth_va = w.remote_addr + off;
-    spec.ext.reth_rkey = w.rkey;
-    spec.ext.reth_len = static_cast<std::uint32_t>(w.length - off);
+    ext.reth_va = w.remote_addr + off;
+    ext.reth_rkey = w.rkey;
+    ext.reth_len = static_cast<std::uint32_t>(w.length - off);
   } else if (w.kind == WqeKind::kAtomic) {
-    spec.ext.atomic_va = w.remote_addr;
-    spec.ext.atomic_rkey = w.rkey;
-    spec.ext.atomic_swap_add = w.opcode == IBV_WR_ATOMIC_CMP_AND_SWP ? w.swap : w.compare_add;
-    spec.ext.atomic_compare = w.opcode == IBV_WR_ATOMIC_CMP_AND_SWP ? w.compare_add : 0;
+    ext.atomic_va = w.remote_addr;
+    ext.atomic_rkey = w.rkey;
+    ext.atomic_swap_add = w.opcode == IBV_WR_ATOMIC_CMP_AND_SWP ? w.swap : w.compare_add;
+    ext.atomic_compare = w.opcode == IBV_WR_ATOMIC_CMP_AND_SWP ? w.compare_add : 0;
   } else {
     payload = static_cast<std::uint32_t>(std::min<std::uint64_t>(qp.mtu, w.length - off));
     if (w.kind == WqeKind::kWrite && first) {
-      spec.ext.reth_va = w.remote_addr;
-      spec.ext.reth_rkey = w.rkey;
-      spec.ext.reth_len = static_cast<std::uint32_t>(w.length);
+      ext.reth_va = w.remote_addr;
+      ext.reth_rkey = w.rkey;
+      ext.reth_len = static_cast<std::uint32_t>(w.length);
       if (w.opcode == UROCE_WR_FLUSH) {
-        spec.ext.reth_len = static_cast<std::uint32_t>(w.compare_add);  // the range, not a payload
-        spec.ext.feth = w.imm;
+        ext.reth_len = static_cast<std::uint32_t>(w.compare_add);  // the range, not a payload
+        ext.feth = w.imm;
       }
     }
     // Payload segments: straight from registered memory, or the inline copy.
@@ -227,16 +219,16 @@ bool Engine::send_next_packet(Qp& qp, std::uint64_t now) {
   if (sr) {
     // Self-describing (wire::Srh): where this packet goes, in which message.
     if (w.kind == WqeKind::kWrite) {
-      spec.ext.reth_va = w.remote_addr + off;
-      spec.ext.reth_rkey = w.rkey;
-      spec.ext.reth_len = payload;
+      ext.reth_va = w.remote_addr + off;
+      ext.reth_rkey = w.rkey;
+      ext.reth_len = payload;
     }
-    spec.ext.srh_msn = w.rmsn;
-    spec.ext.srh_offset = static_cast<std::uint32_t>(off);
-    spec.ext.srh_total = static_cast<std::uint32_t>(w.length);
+    ext.srh_msn = w.rmsn;
+    ext.srh_offset = static_cast<std::uint32_t>(off);
+    ext.srh_total = static_cast<std::uint32_t>(w.length);
     const bool imm = w.opcode == IBV_WR_SEND_WITH_IMM || w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
-    spec.ext.srh_flags = static_cast<std::uint8_t>((last ? wire::kSrhLast : 0) | (imm ? wire::kSrhImm : 0) |
-                                                   (spec.se ? wire::kSrhSolicit : 0));
+    ext.srh_flags = static_cast<std::uint8_t>((last ? wire::kSrhLast : 0) | (imm ? wire::kSrhImm : 0) |
+                                                   (pf.se ? wire::kSrhSolicit : 0));
   }
   // AckReq on the last packet of a message, at least every N packets, and
   // on every packet that fills the window or leaves paced: a small window
@@ -245,10 +237,23 @@ bool Engine::send_next_packet(Qp& qp, std::uint64_t now) {
   ++r.pkts_since_ackreq;
   if (rc && (last || r.pkts_since_ackreq >= cfg_.ackreq_every || r.restart_ackreq || qp.rate_bps != 0 ||
              distance(r.una, psn) + 1 >= static_cast<std::int32_t>(qp.window))) {
-    spec.ackreq = true;
+    pf.ackreq = true;
     r.pkts_since_ackreq = 0;
   }
-  finish_packet(*f, qp, spec, payload);
+  if (qp.type == IBV_QPT_UD) {
+    // Each datagram goes where its WQE says: no template, the full builder.
+    wire::FrameSpec spec = full_spec(qp, pf, ext);
+    spec.dst = w.ah.dgid;
+    spec.eth_dst = w.ah.dmac;
+    spec.ipver = w.ah.dgid.is_v4_mapped() ? wire::IpVersion::kV4 : wire::IpVersion::kV6;
+    spec.destqp = w.remote_qpn;
+    // IBTA 10.2.5: a Q_Key with the high bit set means "use the QP's own".
+    spec.ext.deth_qkey = (w.remote_qkey & 0x80000000u) ? qp.qkey : w.remote_qkey;
+    spec.ext.deth_src_qp = qp.qpn;
+    finish_frame(*f, qp, spec, payload);
+  } else {
+    finish_packet(*f, qp, pf, ext, payload);
+  }
   bool twice = false;
   if (r.restart_ackreq) {
     r.restart_ackreq = false;
@@ -276,7 +281,7 @@ bool Engine::send_next_packet(Qp& qp, std::uint64_t now) {
   if (resent) {
     qp.ctr.inc(QpCounter::retransmitted_pkts);
     qp.ctr.inc(QpCounter::retransmitted_bytes, f->size());
-  } else if (rc && spec.ackreq && r.probe_count < Requester::kProbes) {
+  } else if (rc && pf.ackreq && r.probe_count < Requester::kProbes) {
     // A round-trip probe: a packet sent for the first time that asks for an ACK.
     r.probes[(r.probe_head + r.probe_count++) % Requester::kProbes] = {psn, now};
   }

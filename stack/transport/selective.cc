@@ -269,12 +269,12 @@ bool Engine::sr_quiet(const Qp& qp) {
 bool Engine::send_sr_ack(Qp& qp) {
   TxFrame* f = tx_slot();
   if (f == nullptr) return false;
-  wire::FrameSpec spec = packet_spec(qp, op::kSrAck, qp.resp.epsn - 1);
-  spec.ext.aeth_syndrome = kAckSyndrome;
-  spec.ext.aeth_msn = qp.resp.msn;
-  spec.ext.sack_base = qp.resp.epsn.value();
-  spec.ext.sack_bits = qp.sr->got.words();
-  finish_packet(*f, qp, spec, 0);
+  wire::ExtFields ext;
+  ext.aeth_syndrome = kAckSyndrome;
+  ext.aeth_msn = qp.resp.msn;
+  ext.sack_base = qp.resp.epsn.value();
+  ext.sack_bits = qp.sr->got.words();
+  finish_packet(*f, qp, {op::kSrAck, false, false, qp.resp.epsn - 1}, ext, 0);
   return true;
 }
 

@@ -2,6 +2,7 @@
 
 #include <isa-l/crc.h>
 
+#include <bit>
 #include <cstring>
 
 namespace uroce::wire {
@@ -34,9 +35,18 @@ bool HeaderTemplate::build(const FrameSpec& base) noexcept {
     const std::uint32_t c = (std::uint32_t{hdr_[l3_ + 10]} << 8) | hdr_[l3_ + 11];
     csum_base_ = (~c & 0xffff) + (~std::uint32_t{len_base_} & 0xffff);
   }
-  const std::size_t m = icrc_masked(ConstBytes(hdr_ + l3_, n - l3_), masked_);
-  if (m == 0) return false;
-  masked_len_ = static_cast<std::uint8_t>(m);
+  // Which bits the ICRC masks: the masking of a copy whose bytes are all 0
+  // but the first (the IP version, which it reads) sets exactly those. The
+  // first byte never changes from packet to packet, so a bit of it already
+  // set needs no mask.
+  std::uint8_t z[sizeof hdr_] = {};
+  z[l3_] = hdr_[l3_];
+  std::uint8_t m0[kIcrcMaskedMax];
+  const std::size_t m = icrc_masked(ConstBytes(z + l3_, n - l3_), m0);
+  if (m != (v4_ ? kMaskedV4 : kMaskedV6)) return false;
+  std::uint8_t bytes[kMaskWords * 8] = {};
+  for (std::size_t i = 0; i < m; ++i) bytes[i] = static_cast<std::uint8_t>(m0[i] & ~(i < 8 ? 0 : z[l3_ + i - 8]));
+  std::memcpy(mask_, bytes, sizeof mask_);
   base_len_ = static_cast<std::uint8_t>(n);
   return true;
 }
@@ -80,22 +90,43 @@ std::size_t HeaderTemplate::emit(std::uint8_t* out, const PacketFields& p, const
   return hlen;
 }
 
-std::uint32_t HeaderTemplate::icrc(const std::uint8_t* hdr, std::size_t hdr_len, std::span<const ConstBytes> payload,
+namespace {
+// The ICRC's view of the headers, `kLen` bytes at `v`, with `mask` ORed in
+// for one CRC, then put back: a fixed length per IP version, so that the
+// word loops unroll.
+template <std::size_t kLen>
+std::uint32_t crc_masked_in_place(std::uint8_t* v, std::size_t len, const std::uint64_t* mask) noexcept {
+  constexpr std::size_t kWords = kLen / 8, kTail = kLen % 8;
+  static_assert(kTail == 0 || kTail == 4);
+  std::uint64_t save[kWords];
+  for (std::size_t i = 0; i < kWords; ++i) {
+    std::memcpy(&save[i], v + 8 * i, 8);
+    const std::uint64_t w = save[i] | mask[i];
+    std::memcpy(v + 8 * i, &w, 8);
+  }
+  std::uint32_t tail = 0;
+  if constexpr (kTail == 4) {
+    std::memcpy(&tail, v + 8 * kWords, 4);
+    const auto w = static_cast<std::uint32_t>(tail | mask[kWords]);  // the mask's low bytes: little-endian
+    std::memcpy(v + 8 * kWords, &w, 4);
+  }
+  const std::uint32_t crc = crc32_gzip_refl(0, v, len);
+  for (std::size_t i = 0; i < kWords; ++i) std::memcpy(v + 8 * i, &save[i], 8);
+  if constexpr (kTail == 4) std::memcpy(v + 8 * kWords, &tail, 4);
+  return crc;
+}
+}  // namespace
+
+std::uint32_t HeaderTemplate::icrc(std::uint8_t* frame, std::size_t len, std::span<const ConstBytes> more,
                                    std::uint8_t pad) const noexcept {
-  // The masked template, with this packet's lengths and BTH fields (none of
-  // them masked), then its extension headers as they are.
-  std::uint8_t m[kIcrcMaskedMax + 64];
-  std::memcpy(m, masked_, sizeof masked_);
-  const auto copy = [&](std::size_t off, std::size_t n) { std::memcpy(m + 8 + (off - l3_), hdr + off, n); };
-  copy(l3_ + (v4_ ? 2 : 4), 2);  // the IP length
-  copy(udp_ + 4, 2);             // the UDP length
-  copy(bth_, 2);                 // opcode, SE, PadCnt
-  copy(bth_ + 8, 4);             // AckReq and PSN
-  const std::uint8_t* h = hdr + bth_;
-  const std::size_t ext = hdr_len - bth_ - sizeof(Bth);
-  std::memcpy(m + masked_len_, h + sizeof(Bth), ext);
-  std::uint32_t crc = crc32_gzip_refl(0, m, masked_len_ + ext);
-  for (const ConstBytes& s : payload) crc = crc32_gzip_refl(crc, s.data(), s.size());
+  // The ICRC's view starts 8 bytes before L3 (the LRH's stand-in, all 1s):
+  // mask in place, one CRC over the headers and whatever was copied after
+  // them, then the bytes as they were.
+  static_assert(std::endian::native == std::endian::little, "the mask words are little-endian byte strings");
+  std::uint8_t* v = frame + l3_ - 8;
+  const std::size_t n = len - (l3_ - 8);
+  std::uint32_t crc = v4_ ? crc_masked_in_place<kMaskedV4>(v, n, mask_) : crc_masked_in_place<kMaskedV6>(v, n, mask_);
+  for (const ConstBytes& s : more) crc = crc32_gzip_refl(crc, s.data(), s.size());
   if (pad != 0) {
     static constexpr std::uint8_t kZeros[4] = {};
     crc = crc32_gzip_refl(crc, kZeros, pad);

@@ -3,11 +3,13 @@
 // P_Key and DestQP; only the opcode, SE, PadCnt, AckReq, PSN, the lengths
 // (and so the IPv4 checksum) and the extension headers change.
 //
-// build() makes the template through build_headers (one builder), and the
-// ICRC's masked view of it through icrc_masked (one masking). emit() then
-// copies the template and patches what changes, the IPv4 checksum
-// incrementally (RFC 1624); icrc() continues from the masked template
-// rather than masking the headers again. Both give what build_headers and
+// build() makes the template through build_headers (one builder), and
+// learns from icrc_masked (one masking) which bits of it the ICRC masks.
+// emit() then copies the template and patches what changes, the IPv4
+// checksum incrementally (RFC 1624). icrc() masks those bits in the frame
+// itself, a few word ORs, runs one CRC from the LRH's stand-in through the
+// headers (and any payload copied after them), and puts the bytes back: no
+// masked copy of the headers. Both give what build_headers and
 // icrc_compute give for the same packet, byte for byte (test_template.cc).
 #pragma once
 
@@ -47,16 +49,23 @@ class HeaderTemplate {
   std::size_t emit(std::uint8_t* out, const PacketFields& p, const ExtFields& ext,
                    std::size_t payload_len) const noexcept;
 
-  /// The ICRC of a packet whose headers emit() wrote (`hdr`, `hdr_len`
-  /// bytes), followed by `payload` and `pad` zero bytes.
-  [[nodiscard]] std::uint32_t icrc(const std::uint8_t* hdr, std::size_t hdr_len, std::span<const ConstBytes> payload,
+  /// The ICRC of a packet whose headers emit() wrote at `frame` (`len`
+  /// bytes: the headers, and any payload and pad copied after them),
+  /// followed by `more` (payload elsewhere) and `pad` zero bytes. The
+  /// masked bits are set in `frame` for the CRC and put back: `frame` is
+  /// as it was when icrc() returns.
+  [[nodiscard]] std::uint32_t icrc(std::uint8_t* frame, std::size_t len, std::span<const ConstBytes> more,
                                    std::uint8_t pad) const noexcept;
 
  private:
   std::uint8_t hdr_[14 + 4 + 40 + 8 + 12]{};  // L2 to the end of the BTH
-  std::uint8_t masked_[kIcrcMaskedMax]{};      // the ICRC's view of L3 to the end of the BTH
+  // The ICRC's mask over its view (the LRH's 8 bytes, then L3 to the end of
+  // the BTH), as words ORed into the frame: a 1 is a bit the ICRC masks.
+  static constexpr std::size_t kMaskWords = (kIcrcMaskedMax + 7) / 8;
+  // That view's length: 8, then IPv4 (no options) or IPv6, UDP and the BTH.
+  static constexpr std::size_t kMaskedV4 = 8 + 20 + 8 + 12, kMaskedV6 = 8 + 40 + 8 + 12;
+  std::uint64_t mask_[kMaskWords]{};
   std::uint8_t base_len_ = 0;                  // bytes of hdr_ (0: no template)
-  std::uint8_t masked_len_ = 0;
   std::uint8_t l3_ = 0, udp_ = 0, bth_ = 0;    // offsets in hdr_
   std::uint8_t flags_ = 0;                     // the BTH flags byte but SE and PadCnt (MigReq, TVer)
   bool v4_ = true;

@@ -79,7 +79,8 @@ TEST(HeaderTemplate, EmitsWhatTheBuilderBuildsAndTheIcrcOfTheWholeFrame) {
     if (opcode_info(static_cast<std::uint8_t>(op)).valid()) valid.push_back(static_cast<std::uint8_t>(op));
   ASSERT_GT(valid.size(), 40u);
   std::vector<std::uint8_t> payload(9000);
-  int checked = 0, payloads = 0;
+  int checked = 0, payloads = 0, contiguous = 0;
+  std::uint8_t whole_frame[256];
   for (int q = 0; q < 200; ++q) {
     const FrameSpec qp = random_qp(rng);
     HeaderTemplate t;
@@ -114,12 +115,25 @@ TEST(HeaderTemplate, EmitsWhatTheBuilderBuildsAndTheIcrcOfTheWholeFrame) {
       const std::size_t cut1 = len ? rng() % (len + 1) : 0, cut2 = cut1 + (len - cut1 ? rng() % (len - cut1 + 1) : 0);
       const ConstBytes segs[3] = {ConstBytes(payload.data(), cut1), ConstBytes(payload.data() + cut1, cut2 - cut1),
                                   ConstBytes(payload.data() + cut2, len - cut2)};
+      std::uint8_t before[HeaderTemplate::kMaxLen];
+      std::memcpy(before, got, gn);
       ASSERT_EQ(t.icrc(got, gn, segs, pad), *whole) << "opcode " << int(s.opcode) << " payload " << len;
+      ASSERT_EQ(0, std::memcmp(before, got, gn)) << "icrc() leaves the frame as it was";
+      // The payload and pad copied after the headers (the engine's small
+      // packets): one buffer, the same ICRC.
+      if (gn + len + pad <= sizeof whole_frame) {
+        std::memcpy(whole_frame, got, gn);
+        std::memcpy(whole_frame + gn, payload.data(), len);
+        std::memset(whole_frame + gn + len, 0, pad);
+        ASSERT_EQ(t.icrc(whole_frame, gn + len + pad, {}, 0), *whole) << "opcode " << int(s.opcode) << " in one buffer";
+        ++contiguous;
+      }
       ++checked;
     }
   }
   EXPECT_EQ(checked, 20000);
   EXPECT_GT(payloads, 5000);
+  EXPECT_GT(contiguous, 500);
 }
 
 TEST(HeaderTemplate, RefusesWhatTheBuilderRefuses) {
