@@ -7,6 +7,7 @@
 #pragma once
 
 #include <array>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -18,17 +19,43 @@ namespace uroce::wire {
 using Bytes = std::span<std::uint8_t>;
 using ConstBytes = std::span<const std::uint8_t>;
 
+/// Host order to big-endian and back (the same swap both ways).
+template <typename T>
+[[nodiscard]] constexpr T to_from_host(T v) noexcept {
+  if constexpr (std::endian::native == std::endian::big || sizeof(T) == 1) {
+    return v;
+  } else if constexpr (sizeof(T) == 2) {
+    return static_cast<T>(__builtin_bswap16(v));
+  } else if constexpr (sizeof(T) == 4) {
+    return static_cast<T>(__builtin_bswap32(v));
+  } else {
+    return static_cast<T>(__builtin_bswap64(v));
+  }
+}
+
 template <typename T>
   requires std::is_unsigned_v<T>
 struct be {
   std::uint8_t b[sizeof(T)];
 
   [[nodiscard]] constexpr T get() const noexcept {
+    if (!std::is_constant_evaluated()) {
+      // One load and one byte swap (the loop below is not always
+      // recognised as one: 8 loads and shifts a 64-bit field).
+      T v;
+      std::memcpy(&v, b, sizeof(T));
+      return to_from_host(v);
+    }
     T v = 0;
     for (std::size_t i = 0; i < sizeof(T); ++i) v = static_cast<T>((v << 8) | b[i]);
     return v;
   }
   constexpr void set(T v) noexcept {
+    if (!std::is_constant_evaluated()) {
+      const T w = to_from_host(v);
+      std::memcpy(b, &w, sizeof(T));
+      return;
+    }
     for (std::size_t i = sizeof(T); i-- > 0;) {
       b[i] = static_cast<std::uint8_t>(v & 0xff);
       if constexpr (sizeof(T) > 1) v = static_cast<T>(v >> 8);
