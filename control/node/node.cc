@@ -383,7 +383,8 @@ class Node::ControlServer {
         if (qp == nullptr) return error("no such QP");
         if (cc::find(name) == nullptr) return error("no congestion control named '" + name.substr(0, 32) + "'");
         const int rc = eng.set_cc(qp, name);
-        if (rc == EOPNOTSUPP) return error("congestion control is for RC and UC QPs");
+        // The engine's one refusal of a known name: an algorithm that needs ACKs, on UD.
+        if (rc == EOPNOTSUPP) return error(cc::ud_refusal(name));
         if (rc != 0) return error(std::strerror(rc));
         log(1, "congestion control changed", "qpn=" + std::to_string(qpn) + " cc=" + name);
         // The QP's algorithm as the engine now has it: the caller's proof.

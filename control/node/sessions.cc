@@ -639,8 +639,9 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
         const std::string name(m.name, strnlen(m.name, sizeof m.name));
         if (cc::find(name) == nullptr) return fail(EINVAL, "no such congestion control");
         const int rc = eng_.set_cc(q->second.qp, name);
-        return send_reply(sock, h, rc, rc == EOPNOTSUPP ? "congestion control is for RC and UC QPs" : rc ? "refused" : "",
-                          nullptr, 0);
+        // The engine's one refusal of a known name: an algorithm that needs ACKs, on UD.
+        if (rc == EOPNOTSUPP) return fail(rc, cc::ud_refusal(name));
+        return send_reply(sock, h, rc, rc ? "refused" : "", nullptr, 0);
       }
       if (m.opt == UROCE_QP_OPT_SR) {
         if (m.value > 1) return fail(EINVAL, "selective repeat is 0 or 1");

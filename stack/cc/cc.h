@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
 
 namespace uroce::cc {
@@ -87,6 +88,9 @@ struct Entry {
 std::span<const Entry> registry();
 /// The entry of that name, or nullptr.
 const Entry* find(std::string_view name);
+/// Why a UD QP refuses the algorithm `name` (one that needs ACKs), naming
+/// those it takes: the message for Engine::set_cc's EOPNOTSUPP.
+std::string ud_refusal(std::string_view name);
 
 /// Round-trip samples of one QP: min, mean and a log-linear histogram for
 /// the percentiles (4 buckets per power of two, so within 19%), in fixed

@@ -1,5 +1,6 @@
-// The algorithms there are. Adding one: write its class (one file), then a
-// line here with its name, a sentence, and a factory.
+// The algorithms there are. Adding one: write its class (a header and a
+// source file, the .cc added to meson.build's list), then its #include and a
+// line here with its name, a sentence, and a factory (docs/research.md).
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -29,6 +30,13 @@ const Entry* find(std::string_view name) {
   for (const Entry& e : kAlgorithms)
     if (e.name == name) return &e;
   return nullptr;
+}
+
+std::string ud_refusal(std::string_view name) {
+  std::string ok;
+  for (const Entry& e : kAlgorithms)
+    if (!e.make || e.ud) ok += (ok.empty() ? "" : ", ") + std::string(e.name);
+  return std::string(name) + " needs ACKs, which a UD QP does not get (a UD QP takes " + ok + ")";
 }
 
 // ------------------------------------------------------------------ RttStats

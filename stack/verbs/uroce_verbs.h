@@ -180,8 +180,9 @@ struct ibv_ah* uroce_create_ah(struct uroce_pd* pd, struct ibv_ah_attr* attr);
 int uroce_destroy_ah(struct ibv_ah* ah);
 int uroce_modify_qp(struct uroce_qp* qp, struct ibv_qp_attr* attr, int attr_mask);
 /* uroce's own QP attributes (ABI minor 10; ENOTSUP from an older daemon):
- * - its congestion control, by name ("none", "dcqcn", "swift"; RC and UC),
- *   at any time (docs/research.md);
+ * - its congestion control, by name ("none", "dcqcn", "swift"), at any
+ *   time (docs/research.md): any on an RC or UC QP; on a UD QP only one that
+ *   needs no ACKs ("none", "dcqcn"), else EOPNOTSUPP;
  * - selective repeat (IRN-style; RC without an SRQ), set before RTR on both
  *   ends, and only between uroce peers: it carries SENDs and WRITEs; READs,
  *   atomics and the rest go one at a time, fenced, as IBTA go-back-N. */

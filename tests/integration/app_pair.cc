@@ -844,11 +844,10 @@ int ud(const char* sa, const char* sb) {
   return g_fail == 0 ? 0 : 1;
 }
 
-/// Two QPs on B share one SRQ; A sends on both; every receive is consumed
-/// from the SRQ and names the QP it arrived on.
 /// uroce's QP attributes through the library (ABI minor 10): congestion
 /// control by name, and selective repeat on both ends before RTR; then
-/// SENDs and a WRITE, every byte checked, over selective repeat.
+/// SENDs and a WRITE, every byte checked, over selective repeat, and a READ
+/// (fenced, in IBTA's opcodes) that reads what the WRITE wrote.
 int qpopt(const char* sa, const char* sb) {
   End a, b;
   check(open_end(a, sa, false) && open_end(b, sb, false), "both applications open");
@@ -905,6 +904,8 @@ int qpopt(const char* sa, const char* sb) {
   return g_fail ? 1 : 0;
 }
 
+/// Two QPs on B share one SRQ; A sends on both; every receive is consumed
+/// from the SRQ and names the QP it arrived on.
 int srq(const char* sa, const char* sb) {
   End a, b;
   check(open_end(a, sa, false) && open_end(b, sb, false), "both applications open");

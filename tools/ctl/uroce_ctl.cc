@@ -127,16 +127,19 @@ void render(const json& st, const json* prev, double secs) {
                 num(st, "port" + pre + ".rx_malformed"), num(st, "port" + pre + ".rx_icrc_err"),
                 num(st, "port" + pre + ".rx_unknown_qp"), num(st, "dataplane" + pre + ".rx_other"),
                 num(st, "dataplane" + pre + ".rx_arp_nd"), num(st, "dataplane" + pre + ".idle_sleeps"));
-    std::printf("  %-8s %-4s %-5s %-8s %-16s %12s %12s %8s %8s %6s %6s %8s %7s %7s  %-6s %9s %6s %6s %8s %8s %8s\n",
-                "QPN", "type", "state", "dest", "peer", "sent", "rcvd", "retx", "timeout", "naks", "rnr", "ce", "cnp tx",
-                "cnp rx", "cc", "rate Mb/s", "window", "alpha", "rtt min", "rtt avg", "rtt p99");
+    // Two lines a QP: its counters, then (indented) its congestion control,
+    // each under its own header line.
+    std::printf("  %-8s %-4s %-5s %-8s %-16s %12s %12s %8s %12s %8s %6s %6s %8s %7s %7s\n", "QPN", "type", "state",
+                "dest", "peer", "sent", "rcvd", "retx", "retx bytes", "timeout", "naks", "rnr", "ce", "cnp tx", "cnp rx");
+    std::printf("  %57s %-6s %9s %6s %6s %8s %8s %8s\n", "", "cc", "rate Mb/s", "window", "alpha", "rtt min", "rtt avg",
+                "rtt p99");
     if (const json* qps = child(st, "qp_list" + pre); qps && qps->is_array()) {
       for (const json& q : *qps) {
-        std::printf("  0x%06lx %-4s %-5s 0x%06lx %-16s %12lu %12lu %8lu %8lu %6lu %6lu %8lu %7lu %7lu\n", num(q, "qpn"),
-                    str(q, "type").c_str(), str(q, "state").c_str(), num(q, "dest_qpn"), str(q, "peer").c_str(),
-                    num(q, "sent_pkts"),
-                    num(q, "rcvd_pkts"), num(q, "retransmitted_pkts"), num(q, "timeouts"), num(q, "sent_naks"),
-                    num(q, "send_rnr_err"), num(q, "ce_marked"), num(q, "cnp_sent"), num(q, "cnp_received"));
+        std::printf("  0x%06lx %-4s %-5s 0x%06lx %-16s %12lu %12lu %8lu %12lu %8lu %6lu %6lu %8lu %7lu %7lu\n",
+                    num(q, "qpn"), str(q, "type").c_str(), str(q, "state").c_str(), num(q, "dest_qpn"),
+                    str(q, "peer").c_str(), num(q, "sent_pkts"), num(q, "rcvd_pkts"), num(q, "retransmitted_pkts"),
+                    num(q, "retransmitted_bytes"), num(q, "timeouts"), num(q, "sent_naks"), num(q, "send_rnr_err"),
+                    num(q, "ce_marked"), num(q, "cnp_sent"), num(q, "cnp_received"));
         // Congestion control: the pacer's rate ("line" when unpaced), the
         // window, DCQCN's alpha, and the RTT in us.
         const json* c = child(q, "cc");

@@ -116,6 +116,21 @@ with open(sys.argv[4], "w") as f:
                 cols += [r["goodput_gbps"] for r in rows if r["loss"] == loss and r["delay_us"] == d and r["recovery"] == rec]
         f.write("%g %s\n" % (loss * 100, " ".join("%.3f" % x for x in cols)))
 PY
+# The mix: the short flows' completion p50 and p99, per congestion control
+# (and dcqcn with selective repeat), on each fabric.
+$py - "$out/mix.jsonl" "$tmp/mix.tsv" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+with open(sys.argv[2], "w") as f:
+    for cc, rec, label in (("none", "go-back-N", "none"), ("dcqcn", "go-back-N", "dcqcn"), ("swift", "go-back-N", "swift"),
+                           ("dcqcn", "selective-repeat", "dcqcn, selective repeat")):
+        cols = []
+        for fabric in (False, True):
+            for r in rows:
+                if r["cc"] == cc and r["recovery"] == rec and r["pfc"] == fabric:
+                    cols += [r["short_p50_us"], r["short_p99_us"]]
+        f.write('"%s" %s\n' % (label, " ".join("%.1f" % x for x in cols)))
+PY
 
 echo "== plots"
 for cc in none dcqcn swift; do
@@ -155,5 +170,14 @@ plot "$tmp/loss.tsv" using 1:2 with linespoints title "go-back-N, 1 us", \
      "" using 1:5 with linespoints title "selective repeat, 10 us", \
      "" using 1:6 with linespoints title "go-back-N, 50 us", \
      "" using 1:7 with linespoints title "selective repeat, 50 us"
+unset logscale x
+set output "$out/mix-short-fct.png"
+set title "Flow-size mix (web search, 16 hosts, 50% load): completion time of the short flows (< 100 KB)"
+unset xlabel; set ylabel "completion time (us)"; set logscale y; set yrange [10:*]; set key top right
+set style data histograms; set style histogram clustered gap 1; set style fill solid 0.8 border -1; set boxwidth 0.9
+plot "$tmp/mix.tsv" using 2:xticlabels(1) title "p50, tail drop", \
+     "" using 3 title "p99, tail drop", \
+     "" using 4 title "p50, PFC", \
+     "" using 5 title "p99, PFC"
 GP
 ls -la "$out"

@@ -38,7 +38,7 @@ struct AppOptions {
   std::uint8_t retry_cnt = 7;
   std::uint8_t rnr_retry = 7;
   bool forever = false;  // server: serve clients one after another
-  bool selective_repeat = false;  // IRN-style loss recovery (both ends must say so; SENDs only here)
+  bool selective_repeat = false;  // IRN-style loss recovery (both ends must say so; every op)
 };
 
 /// Parses "send,write,read,atomic" into opcodes; false on an unknown name.

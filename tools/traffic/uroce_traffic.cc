@@ -38,7 +38,7 @@ int main(int argc, char** argv) {
       ("timeout", po::value(&timeout), "QP timeout exponent 0..31: 4.096 us * 2^timeout (default 14)")
       ("retry-cnt", po::value(&retry_cnt), "QP retry count 0..7 (default 7)")
       ("selective-repeat", po::bool_switch(&ao.selective_repeat),
-       "IRN-style selective repeat on the QP (both ends must say so; --ops send)");
+       "IRN-style selective repeat on the QP (both ends must say so)");
   control::ExtraOptions extra;
   extra.desc = &mine;
   extra.check = [&](std::size_t pipelines) -> std::string {
@@ -56,10 +56,9 @@ int main(int argc, char** argv) {
     if (pipeline >= pipelines) return "--pipeline must be below the number of pipelines (" + std::to_string(pipelines) + ")";
     std::string err;
     if (!ops.empty() && !traffic::parse_ops(ops, ao.ops, err)) return "--ops: " + err;
-    // This app reads every WRITE back, and selective repeat carries no READs.
-    if (ao.selective_repeat)
-      for (ibv_wr_opcode op : ao.ops)
-        if (op != IBV_WR_SEND) return "--selective-repeat: give --ops send (WRITEs are verified by READs, which it does not carry)";
+    // Selective repeat carries every operation (READs and atomics go fenced),
+    // so --selective-repeat takes any --ops: the WRITEs' read-back READs are
+    // fenced by the app anyway, and fenced atomics keep their running value.
     ao.port = static_cast<std::uint16_t>(exchange_port);
     ao.mtu = static_cast<ibv_mtu>(__builtin_ctz(mtu) - 7);
     ao.timeout = static_cast<std::uint8_t>(timeout);

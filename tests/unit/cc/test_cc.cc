@@ -167,5 +167,12 @@ TEST(Registry, NamesEveryAlgorithmNoneFirst) {
   EXPECT_EQ(find("cubic"), nullptr);
 }
 
+TEST(Registry, SaysWhichAlgorithmsAUdQpTakes) {
+  // A UD QP gets no ACKs: only algorithms that need none serve it.
+  EXPECT_TRUE(find("dcqcn")->ud);
+  EXPECT_FALSE(find("swift")->ud);
+  EXPECT_EQ(ud_refusal("swift"), "swift needs ACKs, which a UD QP does not get (a UD QP takes none, dcqcn)");
+}
+
 }  // namespace
 }  // namespace uroce::cc
