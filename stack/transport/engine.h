@@ -164,9 +164,10 @@ class Engine {
   /// frame. No timer of its own: the requester waits while the next
   /// packet's time has not come, and next_deadline() says when it has.
   int set_rate(Qp* qp, std::uint64_t bits_per_s);
-  /// Gives an RC or UC QP the congestion control of that name (a fresh
-  /// one; "none" removes it): 0, EINVAL (no such QP or algorithm) or
-  /// EOPNOTSUPP (an algorithm for a UD QP). Control path: it allocates.
+  /// Gives a QP the congestion control of that name (a fresh one; "none"
+  /// removes it): 0, EINVAL (no such QP or algorithm) or EOPNOTSUPP (an
+  /// algorithm that needs ACKs, for a UD QP: cc::Entry::ud). Control path:
+  /// it allocates.
   /// The pacer then runs at the lower of set_rate's rate and the
   /// algorithm's, and the window is the lower of send_window and its.
   int set_cc(Qp* qp, std::string_view name);
@@ -174,8 +175,9 @@ class Engine {
   /// both ends before RTR: 0, EINVAL, EOPNOTSUPP (not RC, or with an SRQ)
   /// or EBUSY (past INIT). Such a QP sends SENDs and WRITEs (with or without
   /// immediate) as self-describing packets, placed however they arrive, and
-  /// resends only what selective acknowledgements show missing; other work
-  /// requests complete with LOC_QP_OP_ERR. Off (the default): IBTA go-back-N.
+  /// resends only what selective acknowledgements show missing; every other
+  /// operation (READs, atomics, ...) goes fenced in IBTA's opcodes, with
+  /// go-back-N recovery. Off (the default): IBTA go-back-N.
   int set_selective_repeat(Qp* qp, bool on);
   /// The QP's rate, window, algorithm state and round-trip statistics.
   [[nodiscard]] CcReport cc_report(const Qp& qp) const;
