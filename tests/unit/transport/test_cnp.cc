@@ -108,6 +108,24 @@ TEST(Cnp, MatchesTheConnectX4LxCnpFieldForField) {
   EXPECT_EQ(p.A().counters()[PortCounter::rx_cnp], 1u);
 }
 
+TEST(Cnp, DataPacketsLeaveEct0ByDefault) {
+  // IBTA A17.9: ECN-capable transport, so that a switch can mark CE
+  // rather than drop. Every frame of a connected QP (requests and ACKs,
+  // both ways) carries ECT(0), the IP header's ECN field 10.
+  Pair p;
+  const QpPair q = p.connect();
+  int frames = 0, ect0 = 0;
+  p.wire.tap = [&](wire::ConstBytes f, std::uint64_t) {
+    wire::Packet pkt;
+    if (!wire::parse_frame(f, wire::ParseOptions{}, pkt).ok()) return;
+    ++frames;
+    ect0 += pkt.ecn == 2;
+  };
+  writes(p, q, 20);
+  EXPECT_GE(frames, 40) << "20 WRITEs and their ACKs";
+  EXPECT_EQ(ect0, frames);
+}
+
 TEST(Cnp, AtMostOnePerQpPerInterval) {
   Pair p;
   const QpPair q = p.connect();
