@@ -12,12 +12,13 @@ namespace uroce::transport {
 #define UROCE_QP_COUNTERS(X)                                                   \
   X(sent_pkts, "packets sent, including retransmissions and ACKs")           \
   X(rcvd_pkts, "packets received and accepted for processing")               \
+  X(completions, "completions written")                                      \
+  X(ack_deferred, "ACKs coalesced into a later one")                         \
   X(duplicate_request, "requests received with a PSN already seen")          \
   X(out_of_sequence, "requests received ahead of the expected PSN")          \
   X(rcvd_rnr_err, "RNR NAKs received")                                       \
   X(send_rnr_err, "RNR NAKs sent")                                           \
   X(rcvd_seq_err, "PSN sequence error NAKs received")                        \
-  X(ack_deferred, "ACKs coalesced into a later one")                         \
   X(retry_exceeded_err, "WQEs failed with RETRY_EXC_ERR")                    \
   X(retry_rnr_exceeded_err, "WQEs failed with RNR_RETRY_EXC_ERR")            \
   X(completer_retry_err, "go-back-N retries started by the completer")      \
@@ -39,8 +40,7 @@ namespace uroce::transport {
   X(remote_access_err, "requests refused for rkey, bounds or permission")    \
   X(ce_marked, "packets received with ECN CE (congestion experienced)")      \
   X(cnp_sent, "CNPs sent to the peer QP for CE-marked packets")             \
-  X(cnp_received, "CNPs received from the peer QP")                         \
-  X(completions, "completions written")
+  X(cnp_received, "CNPs received from the peer QP")
 
 #define UROCE_PORT_COUNTERS(X)                                        \
   X(rx_frames, "frames handed to the engine")                        \

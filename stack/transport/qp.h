@@ -130,6 +130,12 @@ struct Responder {
   bool nak_sent = false;  // a sequence NAK is out for the current gap
   enum class InMsg : std::uint8_t { kNone, kSend, kWrite } in_msg = InMsg::kNone;
   bool uc_drop = false;  // UC: dropping until the next FIRST/ONLY
+  // Read on every visit: what is still to be sent, and a coalesced ACK.
+  Fifo<RespTx> out{4 * kMaxRdAtomic};
+  // A coalesced ACK waiting for the end of the receive burst.
+  bool ack_pending = false;
+  bool ack_listed = false;  // on the engine's ACK flush list
+  wire::Psn ack_psn{};
   // The receive WQE being filled by a multi-packet SEND (or WRITE_WITH_IMM).
   bool have_rwqe = false;
   RecvWqe rwqe{};
@@ -139,11 +145,6 @@ struct Responder {
   std::uint32_t wkey = 0;
   std::uint64_t wva = 0;
   std::uint64_t wremain = 0;
-  Fifo<RespTx> out{4 * kMaxRdAtomic};
-  // A coalesced ACK waiting for the end of the receive burst.
-  bool ack_pending = false;
-  bool ack_listed = false;  // on the engine's ACK flush list
-  wire::Psn ack_psn{};
   // Last: only READs and atomics touch it.
   std::uint32_t replay_next = 0;
   std::array<ReplayEntry, kMaxRdAtomic> replay{};
@@ -162,7 +163,32 @@ class Qp {
   /// Nonzero once destroyed: until then (ns) the QPN is held back, and a
   /// retry of a message it already took is ACKed again (QPN quarantine).
   std::uint64_t quarantine_until = 0;
-  QpCap cap{};
+  /// The peer (RC/UC), fixed at RTR: rx checks every frame's source against it.
+  wire::IpAddr remote_ip{};
+
+  // What every visit of the poll loop reads (the pacer, the window, the
+  // congestion control, the active list and the wheel) sits here, next to
+  // the state, in the first lines of the object: with thousands of QPs each
+  // line is a cache miss (docs/performance.md).
+  /// The pacer's rate for request packets, bits per second of frame bytes
+  /// (Ethernet header to ICRC); 0: unpaced. The lower of set_rate's limit
+  /// and the congestion control's rate.
+  std::uint64_t rate_bps = 0;
+  std::uint64_t rate_limit_bps = 0;  // Engine::set_rate's (0: none)
+  /// Request packets in flight at most (RC): the engine's send_window, or
+  /// the congestion control's window when that is lower.
+  std::uint32_t window = 0;
+  /// Congestion control (Engine::set_cc); null for "none".
+  std::unique_ptr<cc::Algorithm> cc;
+  /// Selective repeat (Engine::set_selective_repeat); null: go-back-N.
+  std::unique_ptr<SrState> sr;
+  // Notification point: when this QP may send its next CNP (ns; 0: at once).
+  std::uint64_t cnp_next = 0;
+  // Engine bookkeeping: on the active list when it may have work now; in
+  // the timer wheel when it waits only on time (its earliest deadline).
+  bool active = false;
+  WheelHook<Qp> wheel;
+  std::uint64_t handle = 0;
   bool sq_sig_all = false;
 
   // Attributes that govern the wire (ibv_qp_attr names).
@@ -181,15 +207,6 @@ class Qp {
   std::uint8_t port_num = 1;
   wire::Psn rq_psn{}, sq_psn{};
 
-  // The peer (RC/UC), fixed at RTR.
-  wire::IpAddr remote_ip{};
-  wire::MacAddr remote_mac{};
-  std::uint8_t traffic_class = 0;
-  std::uint8_t hop_limit = 0;  // 0: the default TTL (64)
-  std::uint8_t sl = 0;
-  std::uint32_t flow_label = 0;
-  std::uint16_t udp_sport = 0;
-
   /// The send queue: the ring the application posts to (or a heap ring that
   /// post_send fills), and the engine's private shadow of it, slot for slot:
   /// what was taken from the ring and validated, and its progress. An entry
@@ -202,30 +219,22 @@ class Qp {
   Responder resp;
   QpCounters ctr;
 
-  /// The pacer's rate for request packets, bits per second of frame bytes
-  /// (Ethernet header to ICRC); 0: unpaced. The lower of set_rate's limit
-  /// and the congestion control's rate.
-  std::uint64_t rate_bps = 0;
-  std::uint64_t rate_limit_bps = 0;  // Engine::set_rate's (0: none)
-  /// Request packets in flight at most (RC): the engine's send_window, or
-  /// the congestion control's window when that is lower.
-  std::uint32_t window = 0;
-  /// Congestion control (Engine::set_cc); null for "none".
-  std::unique_ptr<cc::Algorithm> cc;
-  /// Selective repeat (Engine::set_selective_repeat); null: go-back-N.
-  std::unique_ptr<SrState> sr;
-  // Notification point: when this QP may send its next CNP (ns; 0: at once).
-  std::uint64_t cnp_next = 0;
   /// Its packets' headers, built at each modify for a connected QP past
   /// INIT (the fields spec_for takes from it); invalid for UD, whose
   /// every datagram has its own destination.
   wire::HeaderTemplate tmpl;
 
-  // Engine bookkeeping: on the active list when it may have work now; in
-  // the timer wheel when it waits only on time (its earliest deadline).
-  bool active = false;
-  WheelHook<Qp> wheel;
-  std::uint64_t handle = 0;
+
+  // Set at create and at RTR, read only when the header template is built
+  // or the QP is queried: after everything a packet touches.
+  QpCap cap{};
+  // The peer (RC/UC), fixed at RTR.
+  wire::MacAddr remote_mac{};
+  std::uint8_t traffic_class = 0;
+  std::uint8_t hop_limit = 0;  // 0: the default TTL (64)
+  std::uint8_t sl = 0;
+  std::uint32_t flow_label = 0;
+  std::uint16_t udp_sport = 0;
   // Last, after everything a packet touches: its round trips (a kilobyte of histogram).
   cc::RttStats rtt;
 };

@@ -99,6 +99,7 @@ std::uint32_t crc_masked_in_place(std::uint8_t* v, std::size_t len, const std::u
   constexpr std::size_t kWords = kLen / 8, kTail = kLen % 8;
   static_assert(kTail == 0 || kTail == 4);
   std::uint64_t save[kWords];
+#pragma GCC unroll 16
   for (std::size_t i = 0; i < kWords; ++i) {
     std::memcpy(&save[i], v + 8 * i, 8);
     const std::uint64_t w = save[i] | mask[i];
@@ -111,6 +112,7 @@ std::uint32_t crc_masked_in_place(std::uint8_t* v, std::size_t len, const std::u
     std::memcpy(v + 8 * kWords, &w, 4);
   }
   const std::uint32_t crc = crc32_gzip_refl(0, v, len);
+#pragma GCC unroll 16
   for (std::size_t i = 0; i < kWords; ++i) std::memcpy(v + 8 * i, &save[i], 8);
   if constexpr (kTail == 4) std::memcpy(v + 8 * kWords, &tail, 4);
   return crc;
