@@ -133,6 +133,7 @@ std::uint32_t HeaderTemplate::icrc(std::uint8_t* frame, std::size_t len, std::sp
     static constexpr std::uint8_t kZeros[4] = {};
     crc = crc32_gzip_refl(crc, kZeros, pad);
   }
+  clean_upper_vectors();  // icrc.h says why
   return crc;
 }
 
