@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
 #include "drivers/sim/sim_wire.h"
 
@@ -28,6 +29,16 @@ struct Case {
     return imp;
   }
 };
+
+/// The matrix both run: no impairment, then each kind at 1, 5 and 20%.
+inline const std::vector<Case>& matrix() {
+  static const std::vector<Case> m = {
+      {Kind::kLoss, 0},     {Kind::kLoss, 1},     {Kind::kLoss, 5},      {Kind::kLoss, 20},    {Kind::kDup, 1},
+      {Kind::kDup, 5},      {Kind::kDup, 20},     {Kind::kReorder, 1},   {Kind::kReorder, 5},  {Kind::kReorder, 20},
+      {Kind::kCorrupt, 1},  {Kind::kCorrupt, 5},  {Kind::kCorrupt, 20},
+  };
+  return m;
+}
 
 inline std::string name(const ::testing::TestParamInfo<Case>& i) {
   const char* k[] = {"loss", "dup", "reorder", "corrupt"};

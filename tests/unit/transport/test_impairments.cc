@@ -59,13 +59,7 @@ TEST_P(Impaired, TenThousandMixedMessagesArriveExactlyOnce) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(All, Impaired,
-                         ::testing::Values(Case{Kind::kLoss, 0}, Case{Kind::kLoss, 1}, Case{Kind::kLoss, 5},
-                                           Case{Kind::kLoss, 20}, Case{Kind::kDup, 1}, Case{Kind::kDup, 5},
-                                           Case{Kind::kDup, 20}, Case{Kind::kReorder, 1}, Case{Kind::kReorder, 5},
-                                           Case{Kind::kReorder, 20}, Case{Kind::kCorrupt, 1},
-                                           Case{Kind::kCorrupt, 5}, Case{Kind::kCorrupt, 20}),
-                         name);
+INSTANTIATE_TEST_SUITE_P(All, Impaired, ::testing::ValuesIn(matrix()), name);
 
 }  // namespace
 }  // namespace uroce::testing
