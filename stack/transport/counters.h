@@ -61,7 +61,8 @@ namespace uroce::transport {
   X(cqe_dropped, "completions dropped because their CQ had overflowed") \
   X(bad_wqe, "work requests taken from a ring malformed, or posted in a state that takes none, completed with LOC_QP_OP_ERR") \
   X(tx_frames, "frames queued for transmission")                    \
-  X(tx_ring_full, "times the TX ring was full and sending paused")
+  X(tx_ring_full, "times the TX ring was full and sending paused")   \
+  X(tx_unbuilt, "frames whose headers the builder refused (an engine bug: an opcode or a length it cannot build), not sent")
 
 enum class QpCounter : std::uint8_t {
 #define UROCE_X(name, help) name,

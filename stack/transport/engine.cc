@@ -960,6 +960,7 @@ wire::FrameSpec Engine::spec_for(const Qp& qp, std::uint8_t opcode, Psn psn) con
 
 void Engine::finish_frame(TxFrame& f, Qp& qp, const wire::FrameSpec& spec, std::uint32_t payload_len) {
   f.hdr_len = static_cast<std::uint16_t>(wire::build_headers(wire::Bytes(f.hdr, sizeof f.hdr), spec, payload_len));
+  if (f.hdr_len == 0) return unbuilt(f);
   const std::uint8_t pad = wire::pad_for(payload_len);
   std::memset(f.trailer, 0, pad);
   // ICRC over L3..payload+pad, as scatter-gather: no copy of the payload.
@@ -970,6 +971,13 @@ void Engine::finish_frame(TxFrame& f, Qp& qp, const wire::FrameSpec& spec, std::
   for (std::uint8_t i = 0; i < f.nseg; ++i) segs[n++] = wire::ConstBytes(f.seg[i].p, f.seg[i].len);
   if (pad) segs[n++] = wire::ConstBytes(f.trailer, pad);
   seal_frame(f, qp, spec.opcode, spec.psn, pad, wire::icrc_compute(std::span<const wire::ConstBytes>(segs, n)).value_or(0));
+}
+
+void Engine::unbuilt(TxFrame& f) {
+  f.hdr_len = 0;
+  f.nseg = 0;
+  f.trailer_len = 0;
+  port_ctr_.inc(PortCounter::tx_unbuilt);
 }
 
 void Engine::seal_frame(TxFrame& f, Qp& qp, std::uint8_t opcode, Psn psn, std::uint8_t pad, std::uint32_t icrc) {
@@ -994,6 +1002,7 @@ void Engine::finish_packet(TxFrame& f, Qp& qp, const wire::PacketFields& p, cons
                            std::uint32_t payload_len) {
   if (!qp.tmpl.valid()) return finish_frame(f, qp, full_spec(qp, p, ext), payload_len);
   const std::size_t hlen = qp.tmpl.emit(f.hdr, p, ext, payload_len);
+  if (hlen == 0) return unbuilt(f);
   const std::uint8_t pad = wire::pad_for(payload_len);
   if (hlen + payload_len + 4 <= sizeof f.hdr) {
     // Small enough to copy after the headers: one buffer, one CRC, and

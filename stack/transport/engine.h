@@ -234,9 +234,11 @@ class Engine {
   std::size_t drain_tx(F&& fn) {
     std::size_t n = 0;
     while (!tx_.empty()) {
-      fn(tx_.front());
+      if (tx_.front().hdr_len != 0) {  // 0: headers refused (tx_unbuilt), nothing to send
+        fn(tx_.front());
+        ++n;
+      }
       tx_.pop();
-      ++n;
     }
     return n;
   }
@@ -290,6 +292,9 @@ class Engine {
                      std::uint32_t payload_len);
   /// spec_for's spec with a packet's BTH fields and extension headers.
   wire::FrameSpec full_spec(const Qp& qp, const wire::PacketFields& p, const wire::ExtFields& ext) const;
+  /// A frame whose headers the builder refused: emptied (drain_tx skips
+  /// it) and counted, never sent with bytes it did not write.
+  void unbuilt(TxFrame& f);
   /// The ICRC, the trailer's length and the frame's notes, and the counters: both finishes end here.
   void seal_frame(TxFrame& f, Qp& qp, std::uint8_t opcode, wire::Psn psn, std::uint8_t pad, std::uint32_t icrc);
   bool take_recv(Qp& qp, RecvWqe& out);
