@@ -19,7 +19,7 @@ check "application socket is owner/group only (0660)" "[ \$(stat -c %a '$TMP/a.a
 
 echo "== every operation, two applications on two daemons"
 "$APP" ops "$TMP/a.app" "$TMP/b.app" > "$TMP/ops.out" 2>&1; rc=$?
-tail -3 "$TMP/ops.out" | sed 's/^/  /'
+tail -n 3 "$TMP/ops.out" | sed 's/^/  /'
 check "ops: all checks passed" "[ $rc -eq 0 ] && grep -qE '^[1-9][0-9]* passed, 0 failed' '$TMP/ops.out'"
 
 echo "== uroce-ctl lists sessions with their pid and QPs"
@@ -34,27 +34,27 @@ wait $hp
 
 echo "== completion channels: an armed CQ wakes an eventfd"
 "$APP" events "$TMP/a.app" "$TMP/b.app" > "$TMP/events.out" 2>&1; rc=$?
-tail -3 "$TMP/events.out" | sed 's/^/  /'
+tail -n 3 "$TMP/events.out" | sed 's/^/  /'
 check "events: all checks passed" "[ $rc -eq 0 ] && grep -qE '^[1-9][0-9]* passed, 0 failed' '$TMP/events.out'"
 
 echo "== a shared receive queue feeding two QPs"
 "$APP" srq "$TMP/a.app" "$TMP/b.app" > "$TMP/srq.out" 2>&1; rc=$?
-tail -3 "$TMP/srq.out" | sed 's/^/  /'
+tail -n 3 "$TMP/srq.out" | sed 's/^/  /'
 check "srq: all checks passed" "[ $rc -eq 0 ] && grep -qE '^[1-9][0-9]* passed, 0 failed' '$TMP/srq.out'"
 
 echo "== uroce's QP attributes through the library: congestion control, selective repeat"
 "$APP" qpopt "$TMP/a.app" "$TMP/b.app" > "$TMP/qpopt.out" 2>&1; rc=$?
-tail -3 "$TMP/qpopt.out" | sed 's/^/  /'
+tail -n 3 "$TMP/qpopt.out" | sed 's/^/  /'
 check "qpopt: all checks passed" "[ $rc -eq 0 ] && grep -qE '^[1-9][0-9]* passed, 0 failed' '$TMP/qpopt.out'"
 
 echo "== UD through the library: address handles resolved by the daemons, datagrams both ways"
 "$APP" ud "$TMP/a.app" "$TMP/b.app" > "$TMP/ud.out" 2>&1; rc=$?
-grep FAIL "$TMP/ud.out" | sed 's/^/  /'; tail -1 "$TMP/ud.out" | sed 's/^/  /'
+grep FAIL "$TMP/ud.out" | sed 's/^/  /'; tail -n 1 "$TMP/ud.out" | sed 's/^/  /'
 check "ud: all checks passed" "[ $rc -eq 0 ] && grep -qE '^[1-9][0-9]* passed, 0 failed' '$TMP/ud.out'"
 
 echo "== RDMA CM: the handshake on QP1, data, reject, disconnect, a client that dies"
 "$APP" cm "$TMP/a.app" "$TMP/b.app" > "$TMP/cm.out" 2>&1; rc=$?
-grep FAIL "$TMP/cm.out" | sed 's/^/  /'; tail -1 "$TMP/cm.out" | sed 's/^/  /'
+grep FAIL "$TMP/cm.out" | sed 's/^/  /'; tail -n 1 "$TMP/cm.out" | sed 's/^/  /'
 check "cm: all checks passed" "[ $rc -eq 0 ] && grep -qE '^[1-9][0-9]* passed, 0 failed' '$TMP/cm.out'"
 st=$(ctl "$TMP/a.ctl" status)
 echo "  daemon A's CM counters: $(echo "$st" | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["cm"])')"
@@ -73,7 +73,7 @@ timeout 120 "$UROCE_RPING" -c -a 10.94.0.1 -p 7301 -C 30 -V -d "$TMP/b.app" > "$
 wait $sp; src=$?
 reord=$(ctl "$TMP/a.ctl" status | grep -o '"fault_rx": {[^}]*' | grep -o '"reordered": [0-9]*' | awk '{print $2}')
 ctl "$TMP/a.ctl" "fault rx off" > /dev/null
-echo "  client: $(tail -1 "$TMP/rpc.out"); server: $(tail -1 "$TMP/rps.out"); frames reordered by daemon A: ${reord:-?}"
+echo "  client: $(tail -n 1 "$TMP/rpc.out"); server: $(tail -n 1 "$TMP/rps.out"); frames reordered by daemon A: ${reord:-?}"
 check "rping: 30 pings validated by the client, 30 served, with ${reord:-0} frames reordered" \
   "[ $rc -eq 0 ] && [ $src -eq 0 ] && grep -q '^30 pings, data validated' '$TMP/rpc.out' && grep -q '^30 pings' '$TMP/rps.out' && [ ${reord:-0} -gt 0 ]"
 
@@ -86,12 +86,12 @@ check "devices: uroce0 from the run directory and b.app from the list, both usab
 
 echo "== out-of-band TCP exchange (loopback), then connect and WRITE with what was learnt"
 "$APP" oob "$TMP/a.app" "$TMP/b.app" $((20000 + $$ % 20000)) > "$TMP/oob.out" 2>&1; rc=$?
-tail -3 "$TMP/oob.out" | sed 's/^/  /'
+tail -n 3 "$TMP/oob.out" | sed 's/^/  /'
 check "oob: all checks passed" "[ $rc -eq 0 ] && grep -qE '^[1-9][0-9]* passed, 0 failed' '$TMP/oob.out'"
 
 echo "== hostile sessions"
 "$APP" hostile "$TMP/a.app" "$TMP/b.app" > "$TMP/hostile.out" 2>&1; rc=$?
-tail -3 "$TMP/hostile.out" | sed 's/^/  /'
+tail -n 3 "$TMP/hostile.out" | sed 's/^/  /'
 check "hostile: all refused, victims unharmed" "[ $rc -eq 0 ] && grep -qE '^[1-9][0-9]* passed, 0 failed' '$TMP/hostile.out'"
 
 echo "== an application crashes holding a QP, MR and CQ"
@@ -118,7 +118,7 @@ echo "== no RNR on a clean link: each receive posted before its SEND is told to 
 r0=$(jget "$(ctl "$TMP/b.ctl" status)" qp_totals.send_rnr_err)
 "$APP" rnr "$TMP/a.app" "$TMP/b.app" 10000 > "$TMP/rnr.out" 2>&1; rc=$?
 r1=$(jget "$(ctl "$TMP/b.ctl" status)" qp_totals.send_rnr_err)
-tail -1 "$TMP/rnr.out" | sed 's/^/  /'
+tail -n 1 "$TMP/rnr.out" | sed 's/^/  /'
 echo "  RNR NAKs sent by daemon B during the run: $((r1 - r0))"
 check "rnr: 10,000 SENDs into receives posted just before, all delivered" \
   "[ $rc -eq 0 ] && grep -qE '^[1-9][0-9]* passed, 0 failed' '$TMP/rnr.out'"

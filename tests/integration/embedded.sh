@@ -38,7 +38,7 @@ pair() {
   local crc=$?
   wait $s; local src=$?
   echo "  $name: client $crc server $src"
-  [ $crc -eq 0 ] && [ $src -eq 0 ] || { tail -3 "$TMP/$name.cli.err" "$TMP/$name.srv.err" | sed 's/^/    /'; false; }
+  [ $crc -eq 0 ] && [ $src -eq 0 ] || { tail -n 3 "$TMP/$name.cli.err" "$TMP/$name.srv.err" | sed 's/^/    /'; false; }
 }
 
 echo "== the eight perftest tests, two embedded processes over memif"
@@ -69,7 +69,7 @@ for i in $(seq 50); do grep -q '^listening' "$TMP/rps.out" && break; sleep 0.1; 
 UROCE_EMBEDDED="$(spec b)" timeout 120 "$RPING" -c -a 10.97.0.1 -p 7302 -C 30 -V > "$TMP/rpc.out" 2> "$TMP/rpc.err"; rc=$?
 wait $sp; src=$?
 st=$(status_at_exit "$TMP/rps.err")
-echo "  client: $(tail -1 "$TMP/rpc.out"); server: $(tail -1 "$TMP/rps.out"); A reordered $(jget "$st" fault_rx.reordered 2>/dev/null)"
+echo "  client: $(tail -n 1 "$TMP/rpc.out"); server: $(tail -n 1 "$TMP/rps.out"); A reordered $(jget "$st" fault_rx.reordered 2>/dev/null)"
 check "rping: 30 pings validated, 30 served, with frames reordered, through the CM on both nodes" \
   "[ $rc -eq 0 ] && [ $src -eq 0 ] && grep -q '^30 pings, data validated' '$TMP/rpc.out' && grep -q '^30 pings' '$TMP/rps.out' && [ \$(jget '$st' fault_rx.reordered) -gt 0 ] && [ \$(jget '$st' cm.established) -ge 1 ]"
 
@@ -81,7 +81,7 @@ for i in $(seq 50); do [ -S "$TMP/b.app" ] && break; sleep 0.1; done
 EA="embedded:--port net_memif0 --vdev net_memif0,role=client,socket=$TMP/m.sock,bsize=8192 --ip 10.97.0.1 --lcore 0 --no-huge --mem-mb 256 --file-prefix embe-$$ --ctl-socket $TMP/e.ctl"
 for m in ops events srq cm; do
   timeout 120 "$APP" $m "$EA" "$TMP/b.app" > "$TMP/$m.out" 2>&1; rc=$?
-  grep FAIL "$TMP/$m.out" | head -5 | sed 's/^/  /'; echo "  $m: $(tail -1 "$TMP/$m.out")"
+  grep FAIL "$TMP/$m.out" | head -5 | sed 's/^/  /'; echo "  $m: $(tail -n 1 "$TMP/$m.out")"
   check "$m: all checks pass, A embedded and B on uroced" "[ $rc -eq 0 ] && grep -qE '^[1-9][0-9]* passed, 0 failed' '$TMP/$m.out'"
 done
 
@@ -117,7 +117,7 @@ if [ -n "${UROCE_RUN:-}" ] && command -v ibv_rc_pingpong > /dev/null && command 
     UROCE_EMBEDDED="$(spec b | sed "s#$TMP/m.sock#$TMP/s.sock#")" URUN "${ccmd[@]}" > "$TMP/ec-$tag.out" 2>&1; ST_C=$?
     wait $sp; ST_S=$?
     echo "  $tag: client exit $ST_C, server exit $ST_S"
-    [ $ST_C -eq 0 ] && [ $ST_S -eq 0 ] || tail -4 "$TMP/ec-$tag.out" "$TMP/es-$tag.out" | sed 's/^/    /'
+    [ $ST_C -eq 0 ] && [ $ST_S -eq 0 ] || tail -n 4 "$TMP/ec-$tag.out" "$TMP/es-$tag.out" | sed 's/^/    /'
   }
   port=$BASE; BASE=$((BASE + 2))
   stock_pair pingpong ibv_rc_pingpong -d embedded -g 0 -n 500 -s 4096 -c -p $port -- \
@@ -129,16 +129,30 @@ if [ -n "${UROCE_RUN:-}" ] && command -v ibv_rc_pingpong > /dev/null && command 
     "[ $ST_C -eq 0 ] && [ $ST_S -eq 0 ] && ! grep -qi mismatch '$TMP/ec-rping.out'"
   # perftest wants an active port when it starts: the embedded process is
   # the server (its node brings daemon B's memif link up as it starts),
-  # and the client on daemon B comes once it listens.
+  # and the client on daemon B comes once it listens. The link comes up a
+  # moment after the process starts, so a server that found its port still
+  # down (and gave up) is started again, a few times, until one listens:
+  # no fixed sleep to lose on a loaded machine.
   mkdir -p "$TMP/run_b" && ln -sf "$TMP/b.app" "$TMP/run_b/uroce0.sock"
-  UROCE_EMBEDDED="${EA#embedded:}" URUN ib_write_bw -d embedded -x 0 -n 500 -p $((port + 2)) > "$TMP/pw-s.out" 2>&1 & sp=$!
-  sleep 2
+  pw_port=$((port + 2))
+  listening() { ss -ltnH "sport = :$pw_port" | grep -q .; }
+  for try in 1 2 3 4 5; do
+    UROCE_EMBEDDED="${EA#embedded:}" URUN ib_write_bw -d embedded -x 0 -n 500 -p $pw_port > "$TMP/pw-s.out" 2>&1 & sp=$!
+    for _ in $(seq 200); do
+      listening && break
+      kill -0 $sp 2>/dev/null || break
+      sleep 0.1
+    done
+    listening && break
+    kill $sp 2>/dev/null; wait $sp 2>/dev/null
+    echo "  (the ib_write_bw server did not listen, try $try: $(grep -v '^$' "$TMP/pw-s.out" | tail -n 1))"
+  done
   timeout 60 "$UROCE_RUN" --lib "$UROCE_IBVERBS_DIR" --run-dir "$TMP/run_b" ib_write_bw -d uroce0 -x 0 -n 500 -p $((port + 2)) \
     127.0.0.1 > "$TMP/pw-c.out" 2>&1; crc=$?
   wait $sp; src=$?
   row=$(grep -E '^ +[0-9]+ +500 ' "$TMP/pw-c.out" | head -1 | tr -s ' ')
   echo "  ib_write_bw, daemon B's client -> an embedded server: client exit $crc, server exit $src:$row"
-  [ $crc -eq 0 ] && [ $src -eq 0 ] || tail -4 "$TMP/pw-c.out" "$TMP/pw-s.out" | sed 's/^/    /'
+  [ $crc -eq 0 ] && [ $src -eq 0 ] || tail -n 4 "$TMP/pw-c.out" "$TMP/pw-s.out" | sed 's/^/    /'
   check "ib_write_bw between an embedded process and a daemon, both through the drop-in" \
     "[ $crc -eq 0 ] && [ $src -eq 0 ] && [ -n '$row' ]"
 else

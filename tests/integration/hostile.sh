@@ -109,7 +109,7 @@ check "rtrflood: one resolution per destination on a backoff (<= 8 ARPs in ~3 s,
 app_mode() {
   local mode=$1 what=$2
   "$APP" "$mode" "$TMP/a.app" "$TMP/b.app" > "$TMP/$mode.out" 2>&1; local rc=$?
-  grep FAIL "$TMP/$mode.out" | head -5 | sed 's/^/  /'; tail -1 "$TMP/$mode.out" | sed 's/^/  /'
+  grep FAIL "$TMP/$mode.out" | head -5 | sed 's/^/  /'; tail -n 1 "$TMP/$mode.out" | sed 's/^/  /'
   check "$mode: $what" "[ $rc -eq 0 ] && grep -qE '^[1-9][0-9]* passed, 0 failed' '$TMP/$mode.out'"
 }
 
@@ -195,6 +195,6 @@ kill $D_PID; wait $D_PID 2>/dev/null; rm -f "$CS"
 echo "== afterwards: the daemon is alive and a well-behaved application passes every operation"
 check "daemon A is alive" "kill -0 $A_PID"
 "$APP" ops "$TMP/a.app" "$TMP/b.app" > "$TMP/ops.out" 2>&1; rc=$?
-tail -1 "$TMP/ops.out" | sed 's/^/  /'
+tail -n 1 "$TMP/ops.out" | sed 's/^/  /'
 check "ops: every operation, every byte checked" "[ $rc -eq 0 ] && grep -qE '^[1-9][0-9]* passed, 0 failed' '$TMP/ops.out'"
 finish

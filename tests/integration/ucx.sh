@@ -54,7 +54,7 @@ uperf() {  # tag tls test-args...
   wait $sp; local src=$?
   local fin=$(grep '^Final:' "$TMP/upc-$tag.out" | tr -s ' ')
   echo "  $tag ($tls): client exit $crc, server exit $src; $fin"
-  [ $crc -eq 0 ] && [ $src -eq 0 ] || tail -5 "$TMP/upc-$tag.out" "$TMP/ups-$tag.out" | sed 's/^/    /'
+  [ $crc -eq 0 ] && [ $src -eq 0 ] || tail -n 5 "$TMP/upc-$tag.out" "$TMP/ups-$tag.out" | sed 's/^/    /'
   check "ucx_perftest $tag over $tls" "[ $crc -eq 0 ] && [ $src -eq 0 ] && [ -n '$fin' ]"
 }
 before=$(sent)
@@ -74,7 +74,7 @@ if [ -n "$RING" ] && [ -x "$RING" ] && command -v mpirun > /dev/null; then
     -np 1 "$URUN" --lib "$IBV_DIR" --run-dir "$TMP/run_b" --ucx "$RING" 10 > "$TMP/mpi.out" 2>&1; rc=$?
   after=$(sent)
   grep '^rank' "$TMP/mpi.out" | sed 's/^/  /'
-  [ $rc -eq 0 ] || tail -8 "$TMP/mpi.out" | sed 's/^/    /'
+  [ $rc -eq 0 ] || tail -n 8 "$TMP/mpi.out" | sed 's/^/    /'
   check "mpirun: both ranks sent and received every message, every byte, and the Allreduce" \
     "[ $rc -eq 0 ] && grep -q 'rank 0: [1-9][0-9]* passed, 0 failed' '$TMP/mpi.out' && grep -q 'rank 1: [1-9][0-9]* passed, 0 failed' '$TMP/mpi.out'"
   echo "  daemon A sent $((after - before)) packets for it"
