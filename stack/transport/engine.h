@@ -290,6 +290,14 @@ class Engine {
   /// without a template, from spec_for through finish_frame.
   void finish_packet(TxFrame& f, Qp& qp, const wire::PacketFields& p, const wire::ExtFields& ext,
                      std::uint32_t payload_len);
+  /// A response's extension headers: its AETH (every ACK, NAK, READ
+  /// response and selective ACK carries one), the rest to fill in.
+  static wire::ExtFields aeth(std::uint8_t syndrome, std::uint32_t msn) {
+    wire::ExtFields e;
+    e.aeth_syndrome = syndrome;
+    e.aeth_msn = msn;
+    return e;
+  }
   /// spec_for's spec with a packet's BTH fields and extension headers.
   wire::FrameSpec full_spec(const Qp& qp, const wire::PacketFields& p, const wire::ExtFields& ext) const;
   /// A frame whose headers the builder refused: emptied (drain_tx skips

@@ -189,7 +189,8 @@ class Qp {
   bool active = false;
   WheelHook<Qp> wheel;
   std::uint64_t handle = 0;
-  bool sq_sig_all = false;
+
+  bool sq_sig_all = false;  // every send WQE completes (IBV_QP_INIT_ATTR sq_sig_all)
 
   // Attributes that govern the wire (ibv_qp_attr names).
   std::uint32_t mtu = 1024;
@@ -223,7 +224,6 @@ class Qp {
   /// INIT (the fields spec_for takes from it); invalid for UD, whose
   /// every datagram has its own destination.
   wire::HeaderTemplate tmpl;
-
 
   // Set at create and at RTR, read only when the header template is built
   // or the QP is queried: after everything a packet touches.

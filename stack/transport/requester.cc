@@ -165,9 +165,8 @@ bool Engine::send_next_packet(Qp& qp, std::uint64_t now) {
   const bool sr = qp.sr && sr_carries(w);  // in selective repeat's own opcodes
   const std::uint8_t opcode =
       sr ? (w.kind == WqeKind::kSend ? op::kSrSend : op::kSrWrite) : pick_opcode(w, first, last, qp.type);
-  wire::PacketFields pf{opcode, false, false, psn};
+  wire::PacketFields pf{opcode, last && (w.flags & IBV_SEND_SOLICITED), false, psn};
   wire::ExtFields ext;
-  pf.se = last && (w.flags & IBV_SEND_SOLICITED);
   ext.imm = w.imm;
   ext.ieth_rkey = w.invalidate_rkey;
 

@@ -527,19 +527,14 @@ bool Engine::queue_atomic_ack(Qp& qp, Psn psn, std::uint64_t orig) {
 bool Engine::send_ack(Qp& qp, std::uint8_t syndrome, Psn psn) {
   TxFrame* f = tx_slot();
   if (f == nullptr) return false;
-  wire::ExtFields ext;
-  ext.aeth_syndrome = syndrome;
-  ext.aeth_msn = qp.resp.msn;
-  finish_packet(*f, qp, {op::kRcAck, false, false, psn}, ext, 0);
+  finish_packet(*f, qp, {op::kRcAck, false, false, psn}, aeth(syndrome, qp.resp.msn), 0);
   return true;
 }
 
 bool Engine::send_atomic_ack(Qp& qp, Psn psn, std::uint64_t orig) {
   TxFrame* f = tx_slot();
   if (f == nullptr) return false;
-  wire::ExtFields ext;
-  ext.aeth_syndrome = kAckSyndrome;
-  ext.aeth_msn = qp.resp.msn;
+  wire::ExtFields ext = aeth(kAckSyndrome, qp.resp.msn);
   ext.atomic_ack_orig = orig;
   finish_packet(*f, qp, {op::kRcAtomicAck, false, false, psn}, ext, 0);
   return true;
@@ -587,11 +582,8 @@ void Engine::run_responses(Qp& qp) {
                                 : first       ? op::kRcReadRespFirst
                                 : last        ? op::kRcReadRespLast
                                               : op::kRcReadRespMiddle;
-    wire::ExtFields ext;
-    ext.aeth_syndrome = kAckSyndrome;
-    ext.aeth_msn = s.msn;
     if (payload) f->seg[f->nseg++] = {src, payload};
-    finish_packet(*f, qp, {opcode, false, false, rt.psn}, ext, payload);
+    finish_packet(*f, qp, {opcode, false, false, rt.psn}, aeth(kAckSyndrome, s.msn), payload);
     ++rt.pkt;
     ++rt.psn;
     if (last) s.out.pop();

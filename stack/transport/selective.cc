@@ -269,9 +269,7 @@ bool Engine::sr_quiet(const Qp& qp) {
 bool Engine::send_sr_ack(Qp& qp) {
   TxFrame* f = tx_slot();
   if (f == nullptr) return false;
-  wire::ExtFields ext;
-  ext.aeth_syndrome = kAckSyndrome;
-  ext.aeth_msn = qp.resp.msn;
+  wire::ExtFields ext = aeth(kAckSyndrome, qp.resp.msn);
   ext.sack_base = qp.resp.epsn.value();
   ext.sack_bits = qp.sr->got.words();
   finish_packet(*f, qp, {op::kSrAck, false, false, qp.resp.epsn - 1}, ext, 0);

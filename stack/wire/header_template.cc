@@ -1,7 +1,5 @@
 #include "stack/wire/header_template.h"
 
-#include <isa-l/crc.h>
-
 #include <bit>
 #include <cstring>
 
@@ -92,10 +90,10 @@ std::size_t HeaderTemplate::emit(std::uint8_t* out, const PacketFields& p, const
 
 namespace {
 // The ICRC's view of the headers, `kLen` bytes at `v`, with `mask` ORed in
-// for one CRC, then put back: a fixed length per IP version, so that the
-// word loops unroll.
-template <std::size_t kLen>
-std::uint32_t crc_masked_in_place(std::uint8_t* v, std::size_t len, const std::uint64_t* mask) noexcept {
+// while `crc` runs, then put back: a fixed length per IP version, so that
+// the word loops unroll.
+template <std::size_t kLen, typename F>
+std::uint32_t with_mask(std::uint8_t* v, const std::uint64_t* mask, F&& crc) noexcept {
   constexpr std::size_t kWords = kLen / 8, kTail = kLen % 8;
   static_assert(kTail == 0 || kTail == 4);
   std::uint64_t save[kWords];
@@ -111,11 +109,11 @@ std::uint32_t crc_masked_in_place(std::uint8_t* v, std::size_t len, const std::u
     const auto w = static_cast<std::uint32_t>(tail | mask[kWords]);  // the mask's low bytes: little-endian
     std::memcpy(v + 8 * kWords, &w, 4);
   }
-  const std::uint32_t crc = crc32_gzip_refl(0, v, len);
+  const std::uint32_t c = crc();
 #pragma GCC unroll 16
   for (std::size_t i = 0; i < kWords; ++i) std::memcpy(v + 8 * i, &save[i], 8);
   if constexpr (kTail == 4) std::memcpy(v + 8 * kWords, &tail, 4);
-  return crc;
+  return c;
 }
 }  // namespace
 
@@ -123,18 +121,11 @@ std::uint32_t HeaderTemplate::icrc(std::uint8_t* frame, std::size_t len, std::sp
                                    std::uint8_t pad) const noexcept {
   // The ICRC's view starts 8 bytes before L3 (the LRH's stand-in, all 1s):
   // mask in place, one CRC over the headers and whatever was copied after
-  // them, then the bytes as they were.
+  // them (then the rest), and the bytes as they were.
   static_assert(std::endian::native == std::endian::little, "the mask words are little-endian byte strings");
   std::uint8_t* v = frame + l3_ - 8;
-  const std::size_t n = len - (l3_ - 8);
-  std::uint32_t crc = v4_ ? crc_masked_in_place<kMaskedV4>(v, n, mask_) : crc_masked_in_place<kMaskedV6>(v, n, mask_);
-  for (const ConstBytes& s : more) crc = crc32_gzip_refl(crc, s.data(), s.size());
-  if (pad != 0) {
-    static constexpr std::uint8_t kZeros[4] = {};
-    crc = crc32_gzip_refl(crc, kZeros, pad);
-  }
-  clean_upper_vectors();  // icrc.h says why
-  return crc;
+  const auto crc = [&] { return crc32_chain(0, ConstBytes(v, len - (l3_ - 8)), more, pad); };
+  return v4_ ? with_mask<kMaskedV4>(v, mask_, crc) : with_mask<kMaskedV6>(v, mask_, crc);
 }
 
 }  // namespace uroce::wire

@@ -51,11 +51,14 @@ inline void icrc_store(std::uint8_t* p, std::uint32_t icrc) noexcept {
 /// and the ICRC with both, on the same buffers.
 [[nodiscard]] std::uint32_t crc32_raw(std::uint32_t crc, ConstBytes data) noexcept;
 
-/// VZEROUPPER where the CPU has AVX. ISA-L's AVX-512 CRC kernels return
-/// with the upper halves of the vector registers dirty; the SSE code the
-/// compiler emits for our own copies then pays a transition on every
-/// instruction (measured here: a 64-byte ICRC at 175 ns instead of 57).
-/// Every ICRC calls this once it is done with ISA-L.
-void clean_upper_vectors() noexcept;
+/// The CRC-32 (ISA-L) continued from `crc` over `head`, then each of
+/// `more`, then `pad` zero bytes: the one way both ICRCs run ISA-L. It
+/// returns with the upper halves of the vector registers clean
+/// (VZEROUPPER where the CPU has AVX): ISA-L's AVX-512 kernels leave them
+/// dirty, and the SSE code the compiler emits for our own copies then pays
+/// a transition on every instruction (measured here: a 64-byte ICRC at
+/// 175 ns instead of 57).
+[[nodiscard]] std::uint32_t crc32_chain(std::uint32_t crc, ConstBytes head, std::span<const ConstBytes> more = {},
+                                        std::size_t pad = 0) noexcept;
 
 }  // namespace uroce::wire
