@@ -773,11 +773,11 @@ bool Engine::translate_sges(Qp& qp, SendWqe& w) {
 bool Engine::take_recv(Qp& qp, RecvWqe& out) {
   // Straight from the ring the application posts to: a receive posted an
   // instant before the SEND arrived is found, not answered with an RNR NAK.
+  RecvQueue& q = qp.srq ? qp.srq->queue() : qp.rq;
   bool bad = false;
   // Past one ring's worth of malformed entries: no receive now (RNR), so a
   // producer refilling garbage cannot keep the responder here.
-  const std::uint32_t cap = qp.srq ? qp.srq->capacity() : qp.rq.capacity();
-  for (std::uint32_t n = 0; n < cap && (qp.srq ? qp.srq->take(out, bad) : qp.rq.take(out, bad)); ++n) {
+  for (std::uint32_t n = 0, cap = q.capacity(); n < cap && q.take(out, bad); ++n) {
     if (!bad) return true;
     port_ctr_.inc(PortCounter::bad_wqe);
     complete_recv(qp, out, IBV_WC_LOC_QP_OP_ERR, IBV_WC_RECV, 0);
@@ -807,13 +807,14 @@ ibv_wc_opcode wc_opcode(ibv_wr_opcode op) {
 void Engine::complete_send(Qp& qp, ibv_wc_status status) {
   SendWqe& w = qp.sq.front();
   if (status != IBV_WC_SUCCESS || qp.sq_sig_all || (w.flags & IBV_SEND_SIGNALED)) {
-    ibv_wc wc{};
-    wc.wr_id = w.wr_id;
-    wc.status = status;
-    wc.opcode = wc_opcode(w.opcode);
-    wc.byte_len = (w.kind == WqeKind::kRead || w.kind == WqeKind::kAtomic) ? static_cast<std::uint32_t>(w.length) : 0;
-    wc.qp_num = qp.qpn;
-    push_cqe(*qp.send_cq, wc);
+    // The ring's entry itself (uroce_abi.h), not an ibv_wc converted.
+    uroce_cq_entry e{};
+    e.wr_id = w.wr_id;
+    e.status = status;
+    e.opcode = wc_opcode(w.opcode);
+    e.byte_len = (w.kind == WqeKind::kRead || w.kind == WqeKind::kAtomic) ? static_cast<std::uint32_t>(w.length) : 0;
+    e.qp_num = qp.qpn;
+    push_cqe(*qp.send_cq, e);
     qp.ctr.inc(QpCounter::completions);
   }
   if (w.started && (w.kind == WqeKind::kRead || w.kind == WqeKind::kAtomic) && qp.req.rd_atomic_inflight > 0)
@@ -829,22 +830,23 @@ void Engine::complete_send(Qp& qp, ibv_wc_status status) {
 
 void Engine::complete_recv(Qp& qp, const RecvWqe& w, ibv_wc_status status, ibv_wc_opcode op,
                            std::uint32_t byte_len, unsigned flags, std::uint32_t imm_or_inv, std::uint32_t src_qp) {
-  ibv_wc wc{};
-  wc.wr_id = w.wr_id;
-  wc.status = status;
-  wc.opcode = op;
-  wc.byte_len = byte_len;
-  wc.wc_flags = flags;
-  if (flags & IBV_WC_WITH_IMM) wc.imm_data = __builtin_bswap32(imm_or_inv);  // network order, as verbs defines it
-  if (flags & IBV_WC_WITH_INV) wc.invalidated_rkey = imm_or_inv;
-  wc.qp_num = qp.qpn;
-  wc.src_qp = src_qp;
-  push_cqe(*qp.recv_cq, wc);
+  uroce_cq_entry e{};
+  e.wr_id = w.wr_id;
+  e.status = status;
+  e.opcode = op;
+  e.byte_len = byte_len;
+  e.wc_flags = flags;
+  // imm_data in network order, as verbs defines it; or the invalidated R_Key.
+  if (flags & IBV_WC_WITH_IMM) e.imm_or_inv = __builtin_bswap32(imm_or_inv);
+  if (flags & IBV_WC_WITH_INV) e.imm_or_inv = imm_or_inv;
+  e.qp_num = qp.qpn;
+  e.src_qp = src_qp;
+  push_cqe(*qp.recv_cq, e);
   qp.ctr.inc(QpCounter::completions);
 }
 
-void Engine::push_cqe(Cq& cq, const ibv_wc& wc) {
-  if (!cq.push(wc)) {
+void Engine::push_cqe(Cq& cq, const uroce_cq_entry& e) {
+  if (!cq.push(e)) {
     // Never silent: counted, and the owner hears of it (cq_events()).
     port_ctr_.inc(PortCounter::cqe_dropped);
     if (!cq.overflow_noted_) {

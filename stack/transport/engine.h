@@ -311,7 +311,7 @@ class Engine {
   /// Validates a send entry into its shadow slot (refused when malformed).
   void to_send_wqe(const Qp& qp, const uroce_send_entry& e, SendWqe& w) const;
   /// Writes a completion, noting the CQ for its notification or overflow.
-  void push_cqe(Cq& cq, const ibv_wc& wc);
+  void push_cqe(Cq& cq, const uroce_cq_entry& e);
   /// Sends the notifications and handles the overflows noted since last time.
   void cq_events();
   /// The QP in a QPN's slot, live or in quarantine.

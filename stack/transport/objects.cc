@@ -146,8 +146,10 @@ int Cq::poll(std::span<ibv_wc> out) {
 }
 
 bool to_recv_wqe(const uroce_recv_entry& e, std::uint32_t max_sge, RecvWqe& out) {
-  out = RecvWqe{};
+  // Only what nsge covers is written: nothing reads an SGE past it.
   out.wr_id = e.wr_id;
+  out.nsge = 0;
+  out.length = 0;
   if (e.num_sge > max_sge) return false;
   out.nsge = e.num_sge;
   for (std::uint32_t i = 0; i < out.nsge; ++i) {

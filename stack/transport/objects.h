@@ -140,8 +140,8 @@ class Cq {
   Cq(std::uint32_t cqe, const abi::Ring<uroce_cq_entry>* shared);
   /// False when the ring is full: the CQ is then overflowed, and every later
   /// completion is dropped and counted (the engine raises IBV_EVENT_CQ_ERR).
-  bool push(const ibv_wc& wc) {
-    if (overflowed_ || !ring_.push(abi::to_cqe(wc))) {
+  bool push(const uroce_cq_entry& e) {
+    if (overflowed_ || !ring_.push(e)) {
       overflowed_ = true;  // what is dropped is counted by the engine (cqe_dropped)
       return false;
     }
@@ -231,6 +231,7 @@ class Srq {
   [[nodiscard]] std::uint32_t max_sge() const { return rq_.max_sge(); }
   [[nodiscard]] std::uint32_t depth() const { return rq_.depth(); }
   [[nodiscard]] std::uint32_t capacity() const { return rq_.capacity(); }
+  RecvQueue& queue() { return rq_; }
   std::uint32_t handle = 0;
   void* owner = nullptr;  // the control plane's tag
 

@@ -1,6 +1,8 @@
 #include "stack/wire/parser.h"
 
 #include <array>
+#include <bit>
+#include <cstring>
 #include <optional>
 
 #include "stack/wire/icrc.h"
@@ -90,10 +92,33 @@ std::string ParseStatus::to_string() const {
 }
 
 std::uint16_t ipv4_header_checksum(const std::uint8_t* hdr, std::size_t len) noexcept {
-  std::uint32_t sum = 0;
-  for (std::size_t i = 0; i + 1 < len; i += 2) sum += (std::uint32_t{hdr[i]} << 8) | hdr[i + 1];
-  while (sum >> 16) sum = (sum & 0xffff) + (sum >> 16);
-  return static_cast<std::uint16_t>(~sum);
+  // RFC 1071: the one's-complement sum does not depend on byte order
+  // (section 2.B), so it adds 32-bit words as they load, folds the carries
+  // back in, and swaps the 16 bits that remain once, at the end.
+  const auto words = [hdr](std::size_t n) {
+    std::uint64_t s = 0;
+    for (std::size_t k = 0; k + 4 <= n; k += 4) {
+      std::uint32_t w;
+      std::memcpy(&w, hdr + k, 4);
+      s += w;
+    }
+    return s;
+  };
+  // The header without options (every one we send) at a constant length: unrolled.
+  std::uint64_t sum = len == 20 ? words(20) : words(len);
+  const std::size_t i = len & ~std::size_t{3};
+  if (i + 2 <= len) {
+    std::uint16_t w;
+    std::memcpy(&w, hdr + i, 2);
+    sum += w;
+  }
+  sum = (sum & 0xffffffff) + (sum >> 32);
+  sum = (sum & 0xffff) + (sum >> 16);
+  sum = (sum & 0xffff) + (sum >> 16);
+  sum = (sum & 0xffff) + (sum >> 16);
+  const auto folded = static_cast<std::uint16_t>(sum);
+  const std::uint16_t be = std::endian::native == std::endian::little ? __builtin_bswap16(folded) : folded;
+  return static_cast<std::uint16_t>(~be);
 }
 
 ParseStatus parse_frame(ConstBytes frame, const ParseOptions& opts, Packet& out) noexcept {
