@@ -145,19 +145,6 @@ int Cq::poll(std::span<ibv_wc> out) {
   return n;
 }
 
-bool to_recv_wqe(const uroce_recv_entry& e, std::uint32_t max_sge, RecvWqe& out) {
-  // Only what nsge covers is written: nothing reads an SGE past it.
-  out.wr_id = e.wr_id;
-  out.nsge = 0;
-  out.length = 0;
-  if (e.num_sge > max_sge) return false;
-  out.nsge = e.num_sge;
-  for (std::uint32_t i = 0; i < out.nsge; ++i) {
-    out.sge[i] = {e.sg_list[i].addr, e.sg_list[i].length, e.sg_list[i].lkey};
-    out.length += e.sg_list[i].length;
-  }
-  return true;
-}
 
 bool to_recv_entry(const RecvWr& wr, std::uint32_t max_sge, uroce_recv_entry& out) {
   if (wr.sg_list.size() > max_sge) return false;
@@ -187,32 +174,6 @@ int RecvQueue::post(const RecvWr& wr) {
   return 0;
 }
 
-bool RecvQueue::take(RecvWqe& out, bool& bad) {
-  uroce_recv_entry e;
-  if (!ring_.valid() || !ring_.pop(e)) return false;
-  bad = !to_recv_wqe(e, max_sge_, out);
-  return true;
-}
 
-/// Copies `data` into a receive WQE's SGEs starting `offset` bytes in.
-/// False on a local protection error (bad lkey, bounds, no LOCAL_WRITE).
-bool scatter_recv(const MrTable& mrs, const Pd* pd, const RecvWqe& w, std::uint64_t offset, wire::ConstBytes data) {
-  std::size_t done = 0;
-  for (std::uint32_t i = 0; i < w.nsge && done < data.size(); ++i) {
-    const Sge& s = w.sge[i];
-    if (offset >= s.length) {
-      offset -= s.length;
-      continue;
-    }
-    const std::uint64_t take = std::min<std::uint64_t>(data.size() - done, s.length - offset);
-    std::uint8_t* dst;
-    if (mrs.check(s.lkey, false, pd, 0, s.addr + offset, take, IBV_ACCESS_LOCAL_WRITE, &dst) != KeyCheck::kOk)
-      return false;
-    std::memcpy(dst, data.data() + done, take);
-    done += take;
-    offset = 0;
-  }
-  return done == data.size();
-}
 
 }  // namespace uroce::transport

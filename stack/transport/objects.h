@@ -1,8 +1,10 @@
 // Verbs objects owned by the engine: PD, MR (with its key table), CQ, SRQ.
 #pragma once
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <span>
 #include <vector>
@@ -239,5 +241,46 @@ class Srq {
   Pd* pd_;
   RecvQueue rq_;
 };
+
+// On every SEND packet: inline, where the responder can see through them.
+inline bool to_recv_wqe(const uroce_recv_entry& e, std::uint32_t max_sge, RecvWqe& out) {
+  // Only what nsge covers is written: nothing reads an SGE past it.
+  out.wr_id = e.wr_id;
+  out.nsge = 0;
+  out.length = 0;
+  if (e.num_sge > max_sge) return false;
+  out.nsge = e.num_sge;
+  for (std::uint32_t i = 0; i < out.nsge; ++i) {
+    out.sge[i] = {e.sg_list[i].addr, e.sg_list[i].length, e.sg_list[i].lkey};
+    out.length += e.sg_list[i].length;
+  }
+  return true;
+}
+
+inline bool RecvQueue::take(RecvWqe& out, bool& bad) {
+  uroce_recv_entry e;
+  if (!ring_.valid() || !ring_.pop(e)) return false;
+  bad = !to_recv_wqe(e, max_sge_, out);
+  return true;
+}
+
+inline bool scatter_recv(const MrTable& mrs, const Pd* pd, const RecvWqe& w, std::uint64_t offset, wire::ConstBytes data) {
+  std::size_t done = 0;
+  for (std::uint32_t i = 0; i < w.nsge && done < data.size(); ++i) {
+    const Sge& s = w.sge[i];
+    if (offset >= s.length) {
+      offset -= s.length;
+      continue;
+    }
+    const std::uint64_t take = std::min<std::uint64_t>(data.size() - done, s.length - offset);
+    std::uint8_t* dst;
+    if (mrs.check(s.lkey, false, pd, 0, s.addr + offset, take, IBV_ACCESS_LOCAL_WRITE, &dst) != KeyCheck::kOk)
+      return false;
+    std::memcpy(dst, data.data() + done, take);
+    done += take;
+    offset = 0;
+  }
+  return done == data.size();
+}
 
 }  // namespace uroce::transport
