@@ -173,17 +173,32 @@ stock_perftest() {  # TAG TEST ITERS [EXTRA for both sides]
   sleep 1.5
   URUN_X ib_$t -d uroce0 -x 0 -n "$n" $ex 10.77.0.2 > "$TMP/st.out" 2>&1; local rc=$?
   check_show "$tag: ib_$t server (rxe) <- ib_$t client (uroce, stock perftest), $n iterations" \
-    "[ $rc -eq 0 ] && grep -qE '^ +[0-9]+ +$n ' $TMP/st.out" "grep -v '^ *-*$' $TMP/st.out | tail -6; G 'tail -6 /tmp/st.log'"
+    "[ $rc -eq 0 ] && grep -qE '^ +[0-9]+ +$n ' $TMP/st.out" "shown $TMP/st.out; G 'tail -6 /tmp/st.log'"
   fresh
   URUN_X ib_$t -d uroce0 -x 0 -n "$n" $ex > "$TMP/sts.out" 2>&1 & local sp=$!
   sleep 1
   # perftest's exchange is TCP: to the host's kernel address, not uroced's.
   G "timeout 120 ib_$t -d rxe0 -x 1 -n $n $ex 10.77.0.1 > /tmp/stc.log 2>&1; echo rc=\$?" > "$TMP/stc.rc"
   wait $sp; rc=$?
+  # A latency test has no closing exchange: the server's last WRITE or
+  # SEND is the last message, and the client leaves once it has arrived.
+  # If that message's ACK is lost, our retries meet a QP that rxe has
+  # destroyed, and perftest ends in RETRY_EXC_ERR on its last completion
+  # (scnt=N, ccnt=N-1) and exits 1. The client's N iterations prove that
+  # message arrived, so that end (and no other) is a pass, with a note
+  # (docs/interop.md; about one run in twenty at 5% loss).
+  if [ $rc -ne 0 ] && [[ $t == *_lat ]] && grep -q 'Failed status 12:' $TMP/sts.out &&
+     grep -qx "scnt=$n, ccnt=$((n - 1))" $TMP/sts.out; then
+    echo "  note: $tag: ib_$t server (uroce): its last message lost its ACK after rxe's client had left (RETRY_EXC_ERR at scnt=$n, ccnt=$((n - 1)))"
+    rc=0
+  fi
   check_show "$tag: ib_$t server (uroce, stock perftest) <- ib_$t client (rxe), $n iterations" \
     "[ $rc -eq 0 ] && grep -q rc=0 $TMP/stc.rc && G 'cat /tmp/stc.log' | grep -qE '^ +[0-9]+ +$n '" \
-    "tail -3 $TMP/sts.out; G 'tail -3 /tmp/stc.log'"
+    "shown $TMP/sts.out; G 'tail -3 /tmp/stc.log'"
 }
+# shown FILE: a perftest's errors (written at once, ahead of its buffered
+# report, so a tail alone misses them), then its last lines.
+shown() { grep -iE 'error|fail|couldn|unable|scnt=' "$1"; grep -v '^ *-*$' "$1" | tail -n 4; }
 
 # stock_rping TAG COUNT: Debian's rping -V on both sides, over RDMA CM, both ways
 stock_rping() {
