@@ -250,7 +250,19 @@ void Engine::on_progress(Qp& qp, Psn una_before, std::uint64_t now) {
   r.rnr_left = qp.rnr_retry;
   r.retry_deadline = 0;
   if (r.una != r.sent_hi) arm_retry(qp, now);
-  activate(qp);
+  // A poll visit only when the requester may send now (the window opened,
+  // or WQEs wait at the cursor), or may need one for another reason (not in
+  // RTS, selective repeat, a response to send). Otherwise the timer is
+  // moved here and nothing else: with thousands of QPs, each with a message
+  // or two in flight, that is one visit a message instead of two, and each
+  // visit is a cache miss (docs/performance.md). Posts that come later
+  // activate it themselves (kick).
+  const bool idle = qp.state == IBV_QPS_RTS && !qp.sr && r.cursor == qp.sq.tail() && qp.resp.out.empty();
+  if (qp.active || !idle) {
+    activate(qp);
+  } else {
+    settle_timer(qp, now);
+  }
 }
 
 /// Starts go-back-N from `from` (default: the oldest unacknowledged PSN), or

@@ -1198,11 +1198,10 @@ void Engine::poll(std::uint64_t now) {
     qp.active = false;
     active_[i] = active_.back();
     active_.pop_back();
-    const std::uint64_t at = dead || !live ? 0 : deadline_of(qp, now);
-    if (at != 0) {
-      wheel_.schedule(qp, at);
-    } else {
+    if (dead || !live) {
       wheel_.cancel(qp);
+    } else {
+      settle_timer(qp, now);
     }
   }
   cq_events();
@@ -1216,6 +1215,14 @@ std::uint64_t Engine::deadline_of(const Qp& qp, std::uint64_t now) const {
   for (std::uint64_t d : {qp.req.retry_deadline, qp.req.rnr_until, pace, cct})
     if (d != 0 && (best == 0 || d < best)) best = d;
   return best;
+}
+
+void Engine::settle_timer(Qp& qp, std::uint64_t now) {
+  if (const std::uint64_t at = deadline_of(qp, now)) {
+    wheel_.schedule(qp, at);
+  } else {
+    wheel_.cancel(qp);
+  }
 }
 
 std::uint64_t Engine::next_deadline() const {

@@ -277,6 +277,8 @@ class Engine {
   void activate(Qp& qp);
   /// The earliest time `qp` must be looked at again without an event (0: none).
   [[nodiscard]] std::uint64_t deadline_of(const Qp& qp, std::uint64_t now) const;
+  /// An idle QP (off the active list): its place in the timer wheel, at deadline_of.
+  void settle_timer(Qp& qp, std::uint64_t now);
   void complete_send(Qp& qp, ibv_wc_status status);
   void complete_recv(Qp& qp, const RecvWqe& w, ibv_wc_status status, ibv_wc_opcode op, std::uint32_t byte_len,
                      unsigned flags = 0, std::uint32_t imm_or_inv = 0, std::uint32_t src_qp = 0);

@@ -6,6 +6,9 @@
 # holds nothing back): the difference is the pacer's cost; and with A's QP
 # under each congestion control (dcqcn, swift): the cost of its hooks, on
 # the requester (TX, RTT probe) and the completer (ACK, RTT sample).
+# Last, qp_scale's workload at 1 and at 10,000 QPs (qp_scale_ipp, two run
+# lengths each, so setup cancels out): the instructions a message, whose
+# ratio bounds what qp_scale's 10,000-QP rate could be if memory cost nothing.
 set -eu
 build=${1:-build}; n=${2:-20000}
 out=$(mktemp -d)
@@ -40,3 +43,16 @@ echo "responder (on_request, after parsing):            $((rsp / pkts)) instruct
 echo "completer (on_response, per request packet):      $((cmp / pkts)) instructions/packet"
 echo "receive path (rx incl. parse + ICRC check), all frames both sides: $rx instructions total"
 echo "parse_frame total: $parse instructions"
+ipm() {  # QPS: marginal instructions a message of qp_scale's workload
+  local a b ma mb
+  for r in 200 600; do
+    valgrind --tool=callgrind --callgrind-out-file="$out/qs.$1.$r" "$build/tools/bench/qp_scale_ipp" "$1" $r > "$out/qs.$1.$r.out" 2>/dev/null
+  done
+  a=$(callgrind_annotate "$out/qs.$1.200" | awk '/PROGRAM TOTALS/ {gsub(",","",$1); print $1}')
+  b=$(callgrind_annotate "$out/qs.$1.600" | awk '/PROGRAM TOTALS/ {gsub(",","",$1); print $1}')
+  ma=$(sed -n 's/^messages: //p' "$out/qs.$1.200.out"); mb=$(sed -n 's/^messages: //p' "$out/qs.$1.600.out")
+  echo $(((b - a) / (mb - ma)))
+}
+one=$(ipm 1); many=$(ipm 10000)
+echo "qp_scale's workload, instructions a message (both engines and the wire): 1 QP $one, 10,000 QPs $many;"
+echo "  so 10,000 QPs could run at most at $((100 * one / many))% of the 1-QP rate if memory cost nothing"
