@@ -2,7 +2,8 @@
 // expire() at or after its deadline, across many turns of the wheel;
 // cancel and move; next_at never later than the earliest deadline), and in
 // the engine: QPs that wait only on their retry timers are off the active
-// list, in the wheel, and still time out and retry.
+// list, in the wheel, and still time out and retry; an ACK that leaves a QP
+// nothing to send moves its timer without a visit of the poll loop.
 #include <gtest/gtest.h>
 
 #include <random>
@@ -117,6 +118,47 @@ TEST(TimerWheel, QpsWaitingOnlyOnTimersAreOffTheActiveList) {
   }
   p.A().poll(p.wire.now());
   EXPECT_EQ(p.A().timers_pending(), 0u) << "nothing outstanding: no timer";
+}
+
+TEST(TimerWheel, AnAckThatLeavesNothingToSendNeedsNoVisit) {
+  // Frames cross by hand (poll, drain, rx), so what an ACK does is seen
+  // before A polls again.
+  Pair p(3, 4u << 20, 256);
+  std::vector<QpPair> qs;
+  for (int i = 0; i < 50; ++i) qs.push_back(p.connect());
+  std::vector<std::uint8_t> buf(16384);
+  std::uint64_t now = p.wire.now() + 1000;
+  const auto cross = [&](Engine& from, Engine& to) {
+    from.poll(now);
+    from.drain_tx([&](const TxFrame& f) { to.rx(wire::ConstBytes(buf.data(), f.copy_to(buf)), now); });
+    now += 1000;
+  };
+  Sge s = p.sge(0, 0, 8);
+  for (std::size_t i = 0; i < qs.size(); ++i) ASSERT_EQ(p.A().post_send(qs[i].a, p.write_to(1, s, 4096, i)), 0);
+  // A paced QP with a second WRITE: the pacer holds it, so after the first
+  // one's ACK it has more to send, and that ACK must bring a visit.
+  ASSERT_EQ(p.A().set_rate(qs[0].a, 1'000'000), 0);
+  ASSERT_EQ(p.A().post_send(qs[0].a, p.write_to(1, s, 8192, 99)), 0);
+  cross(p.A(), p.B());
+  EXPECT_EQ(p.A().active_count(), 0u);
+  EXPECT_EQ(p.A().timers_pending(), qs.size()) << "each QP's retry timer (and the pacer's) is in the wheel";
+  cross(p.B(), p.A());  // the ACKs
+  EXPECT_EQ(p.A().active_count(), 1u) << "only the QP with a WRITE still to send is to be visited";
+  EXPECT_EQ(p.A().timers_pending(), 1u) << "the others' retry timers are out at once (the paced one's stays until its visit)";
+  std::vector<ibv_wc> wc;
+  ASSERT_EQ(p.poll(0, wc), static_cast<int>(qs.size()));
+  for (const ibv_wc& c : wc) EXPECT_EQ(c.status, IBV_WC_SUCCESS);
+  // The paced QP's second WRITE still goes, and completes.
+  wc.clear();
+  for (int k = 0; k < 200 && wc.empty(); ++k) {
+    now += 100'000;
+    cross(p.A(), p.B());
+    cross(p.B(), p.A());
+    p.poll(0, wc);
+  }
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_EQ(wc[0].wr_id, 99u);
+  EXPECT_EQ(wc[0].status, IBV_WC_SUCCESS);
 }
 
 }  // namespace
