@@ -111,8 +111,9 @@ class RttStats {
   static constexpr int kBuckets = 64 * kSub;
   static int bucket(std::uint64_t ns);
   static std::uint64_t upper(int b);
-  std::array<std::uint32_t, kBuckets> hist_{};
+  // The scalars first: with the histogram's first buckets in their line.
   std::uint64_t n_ = 0, sum_ = 0, min_ = 0, max_ = 0, last_ = 0;
+  std::array<std::uint32_t, kBuckets> hist_{};
 };
 
 }  // namespace uroce::cc

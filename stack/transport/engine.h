@@ -240,6 +240,9 @@ class Engine {
       }
       tx_.pop();
     }
+    // Empty: the next frames take the first slots again, which are still
+    // in cache, instead of walking the whole ring's memory.
+    tx_.clear();
     return n;
   }
   [[nodiscard]] std::size_t tx_pending() const { return tx_.size(); }

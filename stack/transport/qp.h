@@ -191,6 +191,8 @@ class Qp {
   std::uint64_t handle = 0;
 
   bool sq_sig_all = false;  // every send WQE completes (IBV_QP_INIT_ATTR sq_sig_all)
+  // Set at create, read by every post (the queue's depth, the SGE limit).
+  QpCap cap{};
 
   // Attributes that govern the wire (ibv_qp_attr names).
   std::uint32_t mtu = 1024;
@@ -218,16 +220,17 @@ class Qp {
   RecvQueue rq;  // unused with an SRQ
   Requester req;
   Responder resp;
-  QpCounters ctr;
+  // On cache-line boundaries, so that the counters every packet bumps (the
+  // first four) share one line, and the template spans three, not four.
+  alignas(64) QpCounters ctr;
 
   /// Its packets' headers, built at each modify for a connected QP past
   /// INIT (the fields spec_for takes from it); invalid for UD, whose
   /// every datagram has its own destination.
-  wire::HeaderTemplate tmpl;
+  alignas(64) wire::HeaderTemplate tmpl;
 
-  // Set at create and at RTR, read only when the header template is built
-  // or the QP is queried: after everything a packet touches.
-  QpCap cap{};
+  // Set at RTR, read only when the header template is built or the QP is
+  // queried: after everything a packet touches.
   // The peer (RC/UC), fixed at RTR.
   wire::MacAddr remote_mac{};
   std::uint8_t traffic_class = 0;
