@@ -640,7 +640,7 @@ int Engine::post_send(Qp* qp, const SendWr& wr) {
 }
 
 void Engine::to_send_wqe(const Qp& qp, const uroce_send_entry& e, SendWqe& w) const {
-  w = SendWqe{};
+  w.reset();
   w.wr_id = e.wr_id;
   if (!send_entry_ok(qp, e)) {
     w.refused = true;
@@ -672,8 +672,10 @@ void Engine::to_send_wqe(const Qp& qp, const uroce_send_entry& e, SendWqe& w) co
   } else {
     w.remote_addr = e.remote_addr;
     w.rkey = e.rkey;
-    w.compare_add = e.compare_add;
-    w.swap = e.swap;
+    if (w.kind == WqeKind::kAtomic || w.kind == WqeKind::kLocal || e.opcode == UROCE_WR_FLUSH) {
+      w.compare_add = e.compare_add;
+      w.swap = e.swap;
+    }
     if (w.kind == WqeKind::kLocal) w.remote_qpn = e.remote_qpn;  // a bind's MR
   }
 }
@@ -717,7 +719,7 @@ std::size_t Engine::kick(Qp* qp, bool* more) {
     const std::uint32_t cap = qp->sq_ring.valid() ? qp->sq_ring.capacity() : 0;
     while (n < cap && !can_post_send(qp->state) && qp->sq_ring.peek(qp->sq.tail(), e)) {
       SendWqe* w = qp->sq.emplace();
-      *w = SendWqe{};
+      w->reset();
       w->wr_id = e.wr_id;
       port_ctr_.inc(PortCounter::bad_wqe);
       complete_send(*qp, IBV_WC_LOC_QP_OP_ERR);

@@ -25,39 +25,58 @@ namespace uroce::transport {
 /// is executed when the requester reaches it and completes in order.
 enum class WqeKind : std::uint8_t { kSend, kWrite, kRead, kAtomic, kLocal };
 
-struct SendWqe {
+/// The engine's shadow of one send queue entry. What every WQE sets and
+/// its progress come first, in the lines to_send_wqe() writes (reset());
+/// after them the SGEs (only the first nsge are ever written or read), and
+/// last what only some operations carry, written only for them: with 10,000
+/// QPs each message's WQE is a cold slot, and every line written is a miss.
+struct alignas(64) SendWqe {
   std::uint64_t wr_id = 0;
-  ibv_wr_opcode opcode = IBV_WR_SEND;
-  WqeKind kind = WqeKind::kSend;
-  unsigned flags = 0;
-  Sge sge[kMaxSge]{};
-  std::uint8_t* local[kMaxSge]{};  // each SGE's bytes in our own address space, set when the WQE starts
-  std::uint32_t nsge = 0;
-  bool is_inline = false;
-  std::uint8_t inline_data[kMaxInline]{};
   std::uint64_t length = 0;
+  std::uint64_t remote_addr = 0;
+  ibv_wr_opcode opcode = IBV_WR_SEND;
+  unsigned flags = 0;
   std::uint32_t imm = 0;
   std::uint32_t invalidate_rkey = 0;
-  std::uint64_t remote_addr = 0;
   std::uint32_t rkey = 0;
-  std::uint64_t compare_add = 0;
-  std::uint64_t swap = 0;
-  // UD destination
-  Ah ah{};
-  std::uint32_t remote_qpn = 0;
-  std::uint32_t remote_qkey = 0;
-  /// Malformed in the ring: it completes with LOC_QP_OP_ERR when it is the oldest.
-  bool refused = false;
-  /// kLocal, once executed: its completion status (an error completes when
-  /// it is the oldest, and the QP goes to ERR).
-  ibv_wc_status local_status = IBV_WC_SUCCESS;
+  std::uint32_t nsge = 0;
   // Progress
-  bool started = false;  // PSNs assigned
   wire::Psn first_psn{};
   std::uint32_t npkts = 0;           // PSNs this WQE consumes (READ: response packets)
   std::uint32_t read_pkts_done = 0;  // READ response packets received
-  bool read_stream_open = false;     // a FIRST (or ONLY) of the current response stream was seen
   std::uint32_t rmsn = 0;            // selective repeat: its receive sequence number (SENDs, WRITEs with immediate)
+  /// kLocal, once executed: its completion status (an error completes when
+  /// it is the oldest, and the QP goes to ERR).
+  ibv_wc_status local_status = IBV_WC_SUCCESS;
+  WqeKind kind = WqeKind::kSend;
+  bool is_inline = false;
+  /// Malformed in the ring: it completes with LOC_QP_OP_ERR when it is the oldest.
+  bool refused = false;
+  bool started = false;           // PSNs assigned
+  bool read_stream_open = false;  // a FIRST (or ONLY) of the current response stream was seen
+  Sge sge[kMaxSge]{};
+  std::uint8_t* local[kMaxSge]{};  // each SGE's bytes in our own address space, set when the WQE starts
+  // Only some operations: atomics, FLUSH and binds (compare_add, swap;
+  // a bind's MR in remote_qpn), UD (ah, remote_qpn, remote_qkey), inline.
+  std::uint64_t compare_add = 0;
+  std::uint64_t swap = 0;
+  std::uint32_t remote_qpn = 0;
+  std::uint32_t remote_qkey = 0;
+  Ah ah{};
+  std::uint8_t inline_data[kMaxInline]{};
+
+  /// Ready for the next entry: what every WQE sets, and its progress, at
+  /// their defaults (the SGEs and the rest are written when used).
+  void reset() {
+    wr_id = length = remote_addr = 0;
+    opcode = IBV_WR_SEND;
+    flags = imm = invalidate_rkey = rkey = nsge = 0;
+    first_psn = wire::Psn{};
+    npkts = read_pkts_done = rmsn = 0;
+    local_status = IBV_WC_SUCCESS;
+    kind = WqeKind::kSend;
+    is_inline = refused = started = read_stream_open = false;
+  }
 };
 
 struct Requester {
