@@ -777,14 +777,21 @@ bool Engine::take_recv(Qp& qp, RecvWqe& out) {
   // instant before the SEND arrived is found, not answered with an RNR NAK.
   RecvQueue& q = qp.srq ? qp.srq->queue() : qp.rq;
   bool bad = false;
-  // Past one ring's worth of malformed entries: no receive now (RNR), so a
-  // producer refilling garbage cannot keep the responder here.
-  for (std::uint32_t n = 0, cap = q.capacity(); n < cap && q.take(out, bad); ++n) {
-    if (!bad) return true;
+  if (!q.take(out, bad)) return false;
+  return !bad || take_recv_past_bad(qp, q, out);
+}
+
+bool Engine::take_recv_past_bad(Qp& qp, RecvQueue& q, RecvWqe& out) {
+  // Each malformed entry completes in error. Past one ring's worth of them:
+  // no receive now (RNR), so a producer refilling garbage cannot keep the
+  // responder here.
+  bool bad = true;
+  for (std::uint32_t n = 1, cap = q.capacity();; ++n) {
     port_ctr_.inc(PortCounter::bad_wqe);
     complete_recv(qp, out, IBV_WC_LOC_QP_OP_ERR, IBV_WC_RECV, 0);
+    if (n >= cap || !q.take(out, bad)) return false;
+    if (!bad) return true;
   }
-  return false;
 }
 
 // ------------------------------------------------------------ completions
@@ -848,20 +855,28 @@ void Engine::complete_recv(Qp& qp, const RecvWqe& w, ibv_wc_status status, ibv_w
 }
 
 void Engine::push_cqe(Cq& cq, const uroce_cq_entry& e) {
-  if (!cq.push(e)) {
-    // Never silent: counted, and the owner hears of it (cq_events()).
-    port_ctr_.inc(PortCounter::cqe_dropped);
-    if (!cq.overflow_noted_) {
-      cq.overflow_noted_ = true;
-      port_ctr_.inc(PortCounter::cq_overflows);
-      cq_overflowed_.push_back(&cq);
-    }
-    return;
+  // The common case, a push with no one to tell, touches nothing else (and
+  // saves no registers: the rest is out of line).
+  if (!cq.push(e)) [[unlikely]] {
+    cq_dropped(cq);
+  } else if (cq.notify_ && !cq.noted_) {
+    cq_note(cq);
   }
-  if (cq.notify_ && !cq.noted_) {
-    cq.noted_ = true;
-    cq_noted_.push_back(&cq);
+}
+
+void Engine::cq_dropped(Cq& cq) {
+  // Never silent: counted, and the owner hears of it (cq_events()).
+  port_ctr_.inc(PortCounter::cqe_dropped);
+  if (!cq.overflow_noted_) {
+    cq.overflow_noted_ = true;
+    port_ctr_.inc(PortCounter::cq_overflows);
+    cq_overflowed_.push_back(&cq);
   }
+}
+
+void Engine::cq_note(Cq& cq) {
+  cq.noted_ = true;
+  cq_noted_.push_back(&cq);
 }
 
 void Engine::cq_events() {

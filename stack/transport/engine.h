@@ -311,12 +311,15 @@ class Engine {
   /// The ICRC, the trailer's length and the frame's notes, and the counters: both finishes end here.
   void seal_frame(TxFrame& f, Qp& qp, std::uint8_t opcode, wire::Psn psn, std::uint8_t pad, std::uint32_t icrc);
   bool take_recv(Qp& qp, RecvWqe& out);
+  [[gnu::noinline]] bool take_recv_past_bad(Qp& qp, RecvQueue& q, RecvWqe& out);  // take_recv's rare path
   /// Takes what the producer published in the QP's send ring into the shadow.
   std::size_t fetch_sends(Qp& qp);
   /// Validates a send entry into its shadow slot (refused when malformed).
   void to_send_wqe(const Qp& qp, const uroce_send_entry& e, SendWqe& w) const;
   /// Writes a completion, noting the CQ for its notification or overflow.
   void push_cqe(Cq& cq, const uroce_cq_entry& e);
+  [[gnu::cold, gnu::noinline]] void cq_dropped(Cq& cq);  // push_cqe's rare paths, out of line
+  [[gnu::noinline]] void cq_note(Cq& cq);
   /// Sends the notifications and handles the overflows noted since last time.
   void cq_events();
   /// The QP in a QPN's slot, live or in quarantine.
@@ -380,6 +383,7 @@ class Engine {
   bool send_atomic_ack(Qp& qp, wire::Psn psn, std::uint64_t orig);
   void run_responses(Qp& qp);
   void schedule_ack(Qp& qp, wire::Psn psn);
+  [[gnu::noinline]] void list_for_ack(Qp& qp);  // schedule_ack's first ACK of a burst
   void flush_acks();
   void responder_error(Qp& qp, const wire::Packet& pkt, Exec e);
 

@@ -596,10 +596,12 @@ void Engine::schedule_ack(Qp& qp, Psn psn) {
   if (s.ack_pending) qp.ctr.inc(QpCounter::ack_deferred);
   s.ack_pending = true;
   s.ack_psn = psn;
-  if (!s.ack_listed) {
-    s.ack_listed = true;
-    ack_waiters_.push_back(&qp);  // capacity reserved for every QP: no allocation
-  }
+  if (!s.ack_listed) list_for_ack(qp);
+}
+
+void Engine::list_for_ack(Qp& qp) {
+  qp.resp.ack_listed = true;
+  ack_waiters_.push_back(&qp);  // capacity reserved for every QP: no allocation
 }
 
 void Engine::flush_acks() {
