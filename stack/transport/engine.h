@@ -365,9 +365,11 @@ class Engine {
   // responder.cc
   void on_request(Qp& qp, const wire::Packet& pkt, std::uint64_t now);
   void on_rc_request(Qp& qp, const wire::Packet& pkt);
+  [[gnu::noinline]] void on_rc_out_of_order(Qp& qp, const wire::Packet& pkt);  // on_rc_request: a gap or a duplicate
   void on_uc_request(Qp& qp, const wire::Packet& pkt);
   void on_ud_request(Qp& qp, const wire::Packet& pkt);
   enum class Exec : std::uint8_t { kOk, kRnr, kNakInvalid, kNakAccess, kNakOp, kDrop };
+  [[gnu::noinline]] void on_rc_refused(Qp& qp, const wire::Packet& pkt, Exec e);  // on_rc_request: RNR, drop, NAK
   Exec execute(Qp& qp, const wire::Packet& pkt);
   Exec exec_send(Qp& qp, const wire::Packet& pkt);
   Exec exec_write(Qp& qp, const wire::Packet& pkt);

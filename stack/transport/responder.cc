@@ -60,38 +60,46 @@ void Engine::on_quarantined(Qp& qp, const wire::Packet& pkt, std::uint64_t now) 
 
 void Engine::on_rc_request(Qp& qp, const wire::Packet& pkt) {
   Responder& s = qp.resp;
-  const std::int32_t d = distance(s.epsn, pkt.psn);
-  if (d > 0) {
+  if (pkt.psn != s.epsn) [[unlikely]] {
+    on_rc_out_of_order(qp, pkt);
+    return;
+  }
+  const Exec e = execute(qp, pkt);
+  if (e != Exec::kOk) [[unlikely]] {
+    on_rc_refused(qp, pkt, e);
+    return;
+  }
+  if (s.nak_sent && !pkt.info->has(wire::kOpRead) && !pkt.info->has(wire::kOpAtomic)) {
+    // The gap is filled: tell the requester now, on top of the coalesced
+    // ACK below, so recovery does not hinge on a single feedback frame.
+    queue_ack(qp, kAckSyndrome, pkt.psn);
+  }
+  s.nak_sent = false;
+  // READ and atomic requests are answered by their responses.
+  if (pkt.ackreq && !pkt.info->has(wire::kOpRead) && !pkt.info->has(wire::kOpAtomic)) schedule_ack(qp, pkt.psn);
+}
+
+void Engine::on_rc_out_of_order(Qp& qp, const wire::Packet& pkt) {
+  Responder& s = qp.resp;
+  if (distance(s.epsn, pkt.psn) > 0) {
     // Ahead of what we expect: something was lost. One NAK per gap, naming
     // the first missing PSN (IBTA 9.7.5.1.2); the rest are dropped.
     qp.ctr.inc(QpCounter::out_of_sequence);
     if (!s.nak_sent && queue_ack(qp, kNakSeq, s.epsn)) s.nak_sent = true;  // counted when sent
     return;
   }
-  if (d < 0) {
-    qp.ctr.inc(QpCounter::duplicate_request);
-    replay_duplicate(qp, pkt);
-    return;
-  }
-  const Exec e = execute(qp, pkt);
+  qp.ctr.inc(QpCounter::duplicate_request);
+  replay_duplicate(qp, pkt);
+}
+
+void Engine::on_rc_refused(Qp& qp, const wire::Packet& pkt, Exec e) {
   switch (e) {
-    case Exec::kOk:
-      if (s.nak_sent && !pkt.info->has(wire::kOpRead) && !pkt.info->has(wire::kOpAtomic)) {
-        // The gap is filled: tell the requester now, on top of the coalesced
-        // ACK below, so recovery does not hinge on a single feedback frame.
-        queue_ack(qp, kAckSyndrome, pkt.psn);
-      }
-      s.nak_sent = false;
-      // READ and atomic requests are answered by their responses.
-      if (pkt.ackreq && !pkt.info->has(wire::kOpRead) && !pkt.info->has(wire::kOpAtomic)) {
-        schedule_ack(qp, pkt.psn);
-      }
-      break;
     case Exec::kRnr:
       // No receive WQE: ask the requester to come back later (9.7.5.2.8).
       if (queue_ack(qp, static_cast<std::uint8_t>(0x20 | (qp.min_rnr_timer & 31)), pkt.psn))
         qp.ctr.inc(QpCounter::send_rnr_err);
       break;
+    case Exec::kOk:
     case Exec::kDrop: break;
     default: responder_error(qp, pkt, e); break;
   }
