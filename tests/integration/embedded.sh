@@ -152,7 +152,7 @@ if [ -n "${UROCE_RUN:-}" ] && command -v ibv_rc_pingpong > /dev/null && command 
   wait $sp; src=$?
   row=$(grep -E '^ +[0-9]+ +500 ' "$TMP/pw-c.out" | head -1 | tr -s ' ')
   echo "  ib_write_bw, daemon B's client -> an embedded server: client exit $crc, server exit $src:$row"
-  [ $crc -eq 0 ] && [ $src -eq 0 ] || tail -n 4 "$TMP/pw-c.out" "$TMP/pw-s.out" | sed 's/^/    /'
+  [ $crc -eq 0 ] && [ $src -eq 0 ] || shown "$TMP/pw-c.out" "$TMP/pw-s.out" | sed 's/^/    /'
   check "ib_write_bw between an embedded process and a daemon, both through the drop-in" \
     "[ $crc -eq 0 ] && [ $src -eq 0 ] && [ -n '$row' ]"
 else

@@ -12,6 +12,9 @@ PIDS=""
 
 ok() { PASS=$((PASS+1)); echo "ok: $*"; }
 bad() { FAIL=$((FAIL+1)); echo "FAIL: $*"; }
+# shown FILE...: a program's errors (perftest writes them at once, ahead
+# of its buffered report, so a tail alone misses them), then its last lines.
+shown() { local f; for f in "$@"; do echo "==> $f"; grep -iE 'error|fail|couldn|unable|scnt=' "$f"; grep -v '^ *-*$' "$f" | tail -n 4; done; }
 check() { if eval "$2"; then ok "$1"; else bad "$1 ($2)"; fi; }
 
 need_root() {

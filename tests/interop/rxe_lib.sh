@@ -196,9 +196,6 @@ stock_perftest() {  # TAG TEST ITERS [EXTRA for both sides]
     "[ $rc -eq 0 ] && grep -q rc=0 $TMP/stc.rc && G 'cat /tmp/stc.log' | grep -qE '^ +[0-9]+ +$n '" \
     "shown $TMP/sts.out; G 'tail -3 /tmp/stc.log'"
 }
-# shown FILE: a perftest's errors (written at once, ahead of its buffered
-# report, so a tail alone misses them), then its last lines.
-shown() { grep -iE 'error|fail|couldn|unable|scnt=' "$1"; grep -v '^ *-*$' "$1" | tail -n 4; }
 
 # stock_rping TAG COUNT: Debian's rping -V on both sides, over RDMA CM, both ways
 stock_rping() {
