@@ -145,7 +145,6 @@ int Cq::poll(std::span<ibv_wc> out) {
   return n;
 }
 
-
 bool to_recv_entry(const RecvWr& wr, std::uint32_t max_sge, uroce_recv_entry& out) {
   if (wr.sg_list.size() > max_sge) return false;
   out = uroce_recv_entry{};
@@ -173,7 +172,5 @@ int RecvQueue::post(const RecvWr& wr) {
   if (ring_.used() >= max_wr_ || !ring_.push(e)) return ENOMEM;
   return 0;
 }
-
-
 
 }  // namespace uroce::transport

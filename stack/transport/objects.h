@@ -228,12 +228,10 @@ class Srq {
   Srq(Pd* pd, std::uint32_t max_wr, std::uint32_t max_sge, const abi::Ring<uroce_recv_entry>* shared)
       : pd_(pd), rq_(max_wr, max_sge, UROCE_RING_SRQ, shared) {}
   int post(const RecvWr& wr) { return rq_.post(wr); }
-  bool take(RecvWqe& w, bool& bad) { return rq_.take(w, bad); }
   [[nodiscard]] Pd* pd() const { return pd_; }
   [[nodiscard]] std::uint32_t max_sge() const { return rq_.max_sge(); }
   [[nodiscard]] std::uint32_t depth() const { return rq_.depth(); }
-  [[nodiscard]] std::uint32_t capacity() const { return rq_.capacity(); }
-  RecvQueue& queue() { return rq_; }
+  RecvQueue& queue() { return rq_; }  // where the responder takes receives (take_recv)
   std::uint32_t handle = 0;
   void* owner = nullptr;  // the control plane's tag
 

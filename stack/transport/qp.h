@@ -25,12 +25,9 @@ namespace uroce::transport {
 /// is executed when the requester reaches it and completes in order.
 enum class WqeKind : std::uint8_t { kSend, kWrite, kRead, kAtomic, kLocal };
 
-/// The engine's shadow of one send queue entry. What every WQE sets and
-/// its progress come first, in the lines to_send_wqe() writes (reset());
-/// after them the SGEs (only the first nsge are ever written or read), and
-/// last what only some operations carry, written only for them: with 10,000
-/// QPs each message's WQE is a cold slot, and every line written is a miss.
-struct alignas(64) SendWqe {
+/// What every send WQE sets, and its progress: the part of a shadow slot
+/// that SendWqe::reset() makes new for the next entry.
+struct SendWqeHead {
   std::uint64_t wr_id = 0;
   std::uint64_t length = 0;
   std::uint64_t remote_addr = 0;
@@ -54,6 +51,14 @@ struct alignas(64) SendWqe {
   bool refused = false;
   bool started = false;           // PSNs assigned
   bool read_stream_open = false;  // a FIRST (or ONLY) of the current response stream was seen
+};
+
+/// The engine's shadow of one send queue entry: its head first, in the
+/// lines to_send_wqe() writes; after it the SGEs (only the first nsge are
+/// ever written or read), and last what only some operations carry,
+/// written only for them. With 10,000 QPs each message's WQE is a cold
+/// slot, and every line written is a miss.
+struct alignas(64) SendWqe : SendWqeHead {
   Sge sge[kMaxSge]{};
   std::uint8_t* local[kMaxSge]{};  // each SGE's bytes in our own address space, set when the WQE starts
   // Only some operations: atomics, FLUSH and binds (compare_add, swap;
@@ -65,18 +70,9 @@ struct alignas(64) SendWqe {
   Ah ah{};
   std::uint8_t inline_data[kMaxInline]{};
 
-  /// Ready for the next entry: what every WQE sets, and its progress, at
-  /// their defaults (the SGEs and the rest are written when used).
-  void reset() {
-    wr_id = length = remote_addr = 0;
-    opcode = IBV_WR_SEND;
-    flags = imm = invalidate_rkey = rkey = nsge = 0;
-    first_psn = wire::Psn{};
-    npkts = read_pkts_done = rmsn = 0;
-    local_status = IBV_WC_SUCCESS;
-    kind = WqeKind::kSend;
-    is_inline = refused = started = read_stream_open = false;
-  }
+  /// Ready for the next entry: its head at the defaults (the rest is
+  /// written when an operation uses it).
+  void reset() { static_cast<SendWqeHead&>(*this) = SendWqeHead{}; }
 };
 
 struct Requester {

@@ -99,7 +99,6 @@ void Engine::on_rc_refused(Qp& qp, const wire::Packet& pkt, Exec e) {
       if (queue_ack(qp, static_cast<std::uint8_t>(0x20 | (qp.min_rnr_timer & 31)), pkt.psn))
         qp.ctr.inc(QpCounter::send_rnr_err);
       break;
-    case Exec::kOk:
     case Exec::kDrop: break;
     default: responder_error(qp, pkt, e); break;
   }
