@@ -7,7 +7,7 @@
 namespace uroce::transport {
 
 MrTable::MrTable(std::uint32_t capacity, std::uint64_t seed)
-    : slots_(capacity), last_byte_(capacity), rng_(seed) {
+    : slots_(capacity), nslots_(capacity), last_byte_(capacity), rng_(seed) {
   free_.reserve(capacity);
   // Index 0 is never handed out, so key 0 is never valid.
   for (std::uint32_t i = capacity; i-- > 1;) free_.push_back(i);

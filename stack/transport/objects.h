@@ -97,6 +97,7 @@ class MrTable {
  private:
   Mr* find(std::uint32_t key) const;
   std::vector<Mr> slots_;
+  std::uint32_t nslots_;  // slots_.size(), which a lookup would otherwise divide out of the vector's bounds
   std::vector<std::uint8_t> last_byte_;
   std::vector<std::uint32_t> free_;
   std::mt19937_64 rng_;
@@ -107,7 +108,7 @@ class MrTable {
 // responder's RETH): inline, where the data path can see through it.
 inline Mr* MrTable::find(std::uint32_t key) const {
   const std::uint32_t idx = key >> 8;
-  if (idx == 0 || idx >= slots_.size()) return nullptr;
+  if (idx == 0 || idx >= nslots_) return nullptr;
   const Mr& m = slots_[idx];
   if (!m.valid || m.lkey != key) return nullptr;
   return const_cast<Mr*>(&m);
