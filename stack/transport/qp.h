@@ -21,6 +21,15 @@
 
 namespace uroce::transport {
 
+/// Packets a message of `len` bytes occupies in PSN space (a READ: its
+/// response packets), at a path MTU of `mtu` bytes. The requester and the
+/// responder count alike; most messages fit one packet, and they pay no
+/// division.
+inline std::uint32_t packets_for(std::uint64_t len, std::uint32_t mtu) {
+  if (len <= mtu) return 1;
+  return static_cast<std::uint32_t>((len + mtu - 1) / mtu);
+}
+
 /// kLocal: a WQE that sends nothing (IBV_WR_BIND_MW, IBV_WR_LOCAL_INV). It
 /// is executed when the requester reaches it and completes in order.
 enum class WqeKind : std::uint8_t { kSend, kWrite, kRead, kAtomic, kLocal };

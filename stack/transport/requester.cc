@@ -40,11 +40,6 @@ std::uint8_t pick_opcode(const SendWqe& w, bool first, bool last, ibv_qp_type ty
   return op::kRcSendOnly;
 }
 
-/// Packets a WQE occupies in PSN space (a READ: its response packets).
-std::uint32_t packets_for(std::uint64_t len, std::uint32_t mtu) {
-  return len == 0 ? 1 : static_cast<std::uint32_t>((len + mtu - 1) / mtu);
-}
-
 }  // namespace
 
 void Engine::arm_retry(Qp& qp, std::uint64_t now) {

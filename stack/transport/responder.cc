@@ -18,10 +18,6 @@ constexpr std::uint8_t kNakInvalid = 0x61;
 constexpr std::uint8_t kNakAccess = 0x62;
 constexpr std::uint8_t kNakOp = 0x63;
 
-std::uint32_t packets_for(std::uint64_t len, std::uint32_t mtu) {
-  return len == 0 ? 1 : static_cast<std::uint32_t>((len + mtu - 1) / mtu);
-}
-
 }  // namespace
 
 void Engine::on_request(Qp& qp, const wire::Packet& pkt, std::uint64_t /*now*/) {
