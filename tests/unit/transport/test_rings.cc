@@ -4,6 +4,9 @@
 // and play the application on the other side of each ring -- well-behaved,
 // then hostile.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -312,6 +315,90 @@ TEST_F(Shared, AnArmedCqIsNotifiedOncePerArm) {
   }
   ASSERT_TRUE(wait_cqes(4, got));
   EXPECT_EQ(h.notified, 1) << "armed once: notified once, however many completions came";
+}
+
+// The order of a send completion's two effects, seen at the instant it
+// matters: the first store into the CQ ring. The ring's pages are read-only
+// until then; the write fault stops the engine mid-completion, and the
+// handler reads the send ring's consumer index before letting the store
+// through. An application that posts again the moment it sees a completion
+// (perftest counts its room so) must find the slot already free: this fails
+// when the completion is published first.
+struct CqWriteWatch {
+  std::uint8_t* begin = nullptr;
+  std::size_t len = 0;
+  const uroce_ring_header* sq = nullptr;
+  std::uint32_t sq_cons_seen = 0;
+  int faults = 0;
+};
+CqWriteWatch* g_cq_watch = nullptr;
+
+void on_cq_write(int, siginfo_t* si, void*) {
+  CqWriteWatch& w = *g_cq_watch;
+  const auto* at = static_cast<const std::uint8_t*>(si->si_addr);
+  if (at < w.begin || at >= w.begin + w.len) {
+    signal(SIGSEGV, SIG_DFL);  // a real fault: it happens again, and kills
+    return;
+  }
+  w.sq_cons_seen = __atomic_load_n(&w.sq->cons, __ATOMIC_ACQUIRE);
+  ++w.faults;
+  mprotect(w.begin, w.len, PROT_READ | PROT_WRITE);
+}
+
+TEST(SharedOrder, ASendSlotIsFreeBeforeItsCompletionIsVisible) {
+  Pair p{13, 1 << 16};
+  const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  const std::size_t cq_len = (uroce_ring_bytes(64, sizeof(uroce_cq_entry)) + page - 1) / page * page;
+  void* cq_mem = mmap(nullptr, cq_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(cq_mem, MAP_FAILED);
+  const auto cq_ring = abi::Ring<uroce_cq_entry>::create(cq_mem, 64, UROCE_RING_CQ, 1);
+  abi::Ring<uroce_cq_entry> app_cq;
+  ASSERT_EQ(abi::Ring<uroce_cq_entry>::attach(cq_mem, cq_len, UROCE_RING_CQ, app_cq), AttachError::kOk);
+  SharedRing<uroce_send_entry> sq{16, UROCE_RING_SEND};
+  Cq* cq = p.A().create_cq(64, &cq_ring);
+  ASSERT_NE(cq, nullptr);
+  QpInitAttr ia;
+  ia.send_cq = ia.recv_cq = cq;
+  ia.cap.max_send_wr = 16;
+  ia.sq_ring = &sq.daemon;
+  Qp* a = p.A().create_qp(p.node[0].pd, ia);
+  QpInitAttr ib;
+  ib.send_cq = ib.recv_cq = p.node[1].cq;
+  Qp* b = p.B().create_qp(p.node[1].pd, ib);
+  ASSERT_TRUE(a && b);
+  Shared::bring_up(p.A(), a, b->qpn, p.B().config().ip);
+  Shared::bring_up(p.B(), b, a->qpn, p.A().config().ip);
+
+  CqWriteWatch watch{static_cast<std::uint8_t*>(cq_mem), cq_len, sq.header(), 0, 0};
+  g_cq_watch = &watch;
+  struct sigaction act{}, old{};
+  act.sa_sigaction = on_cq_write;
+  act.sa_flags = SA_SIGINFO;
+  sigemptyset(&act.sa_mask);
+  ASSERT_EQ(sigaction(SIGSEGV, &act, &old), 0);
+  ASSERT_EQ(mprotect(cq_mem, cq_len, PROT_READ), 0);
+
+  uroce_send_entry e{};
+  e.wr_id = 5;
+  e.opcode = IBV_WR_RDMA_WRITE;
+  e.send_flags = IBV_SEND_SIGNALED;
+  e.num_sge = 1;
+  e.sg_list[0] = {p.addr(0, 0), 64, p.node[0].mr->lkey};
+  e.remote_addr = p.addr(1, 0);
+  e.rkey = p.rkey(1);
+  ASSERT_TRUE(sq.app.push(e));
+  p.A().kick(a);
+  uroce_cq_entry c{};
+  const bool done = p.wire.run_until([&] { return app_cq.pop(c); }, 100'000'000);
+
+  sigaction(SIGSEGV, &old, nullptr);
+  g_cq_watch = nullptr;
+  munmap(cq_mem, cq_len);
+  ASSERT_TRUE(done);
+  EXPECT_EQ(c.wr_id, 5u);
+  EXPECT_EQ(c.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(watch.faults, 1) << "one first store into the CQ ring";
+  EXPECT_EQ(watch.sq_cons_seen, 1u) << "the send slot went back to the producer before the completion was written";
 }
 
 TEST(CqOverflow, RaisesCqErrMovesItsQpsToErrAndIsCounted) {
