@@ -54,7 +54,9 @@ void Engine::on_quarantined(Qp& qp, const wire::Packet& pkt, std::uint64_t now) 
 
 // ------------------------------------------------------------------- RC
 
-void Engine::on_rc_request(Qp& qp, const wire::Packet& pkt) {
+// Called from on_request alone, in this file: inline there, every RC
+// request saves a call.
+[[gnu::always_inline]] inline void Engine::on_rc_request(Qp& qp, const wire::Packet& pkt) {
   Responder& s = qp.resp;
   if (pkt.psn != s.epsn) [[unlikely]] {
     on_rc_out_of_order(qp, pkt);
@@ -294,7 +296,7 @@ Engine::Exec Engine::exec_write(Qp& qp, const wire::Packet& pkt) {
       qp.ctr.inc(QpCounter::remote_access_err);
       return Exec::kNakAccess;
     }
-    std::memcpy(dst, pkt.payload().data(), pkt.payload_len);
+    copy_payload(dst, pkt.payload().data(), pkt.payload_len);
   }
   s.wremain -= pkt.payload_len;
   s.offset += pkt.payload_len;

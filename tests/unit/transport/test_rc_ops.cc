@@ -53,6 +53,38 @@ TEST_F(RcOps, SendRecv) {
   EXPECT_EQ(0, std::memcmp(&p.node[0].mem[0], &p.node[1].mem[100000], 3000));
 }
 
+// Small payloads are placed by copy_payload's overlapping word moves, not by
+// memcpy: every length from 0 to 40 bytes, by WRITE and by SEND, lands
+// exactly, and not a byte on either side of it changes.
+TEST_F(RcOps, EverySmallPayloadLandsExactlyAndAloneByWriteAndBySend) {
+  fill(0, 0, 64, 3);
+  auto& bm = p.node[1].mem;
+  for (std::uint32_t len = 0; len <= 40; ++len) {
+    for (const bool send : {false, true}) {
+      const std::uint64_t at = 200000 + 128 * len + (send ? 64 : 0) + 8;  // 8 bytes of guard before, 16 after
+      std::memset(&bm[at - 8], 0xa5, len + 24);
+      Sge ss = p.sge(0, 0, len);
+      SendWr wr = p.write_to(1, ss, at, len);
+      if (send) {
+        Sge rs = p.sge(1, at, len);
+        ASSERT_EQ(p.B().post_recv(q.b, RecvWr{len, {&rs, 1}}), 0);
+        wr.opcode = IBV_WR_SEND;
+      }
+      ASSERT_EQ(p.A().post_send(q.a, wr), 0);
+      std::vector<ibv_wc> wa, wb;
+      ASSERT_TRUE(run_until_wcs(0, 1, wa));
+      if (send) {
+        ASSERT_TRUE(run_until_wcs(1, 1, wb));
+        EXPECT_EQ(wb[0].byte_len, len);
+      }
+      ASSERT_EQ(wa[0].status, IBV_WC_SUCCESS) << len;
+      EXPECT_EQ(0, std::memcmp(&bm[at], &p.node[0].mem[0], len)) << (send ? "SEND " : "WRITE ") << len;
+      for (std::uint64_t i = at - 8; i < at; ++i) EXPECT_EQ(bm[i], 0xa5) << "before, at length " << len;
+      for (std::uint64_t i = at + len; i < at + len + 16; ++i) EXPECT_EQ(bm[i], 0xa5) << "after, at length " << len;
+    }
+  }
+}
+
 TEST_F(RcOps, WriteReadAtomics) {
   fill(0, 0, 5000, 3);
   Sge ss = p.sge(0, 0, 5000);
