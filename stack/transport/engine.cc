@@ -845,23 +845,6 @@ void Engine::complete_send(Qp& qp, ibv_wc_status status) {
   }
 }
 
-void Engine::complete_recv(Qp& qp, const RecvWqe& w, ibv_wc_status status, ibv_wc_opcode op,
-                           std::uint32_t byte_len, unsigned flags, std::uint32_t imm_or_inv, std::uint32_t src_qp) {
-  uroce_cq_entry e{};
-  e.wr_id = w.wr_id;
-  e.status = status;
-  e.opcode = op;
-  e.byte_len = byte_len;
-  e.wc_flags = flags;
-  // imm_data in network order, as verbs defines it; or the invalidated R_Key.
-  if (flags & IBV_WC_WITH_IMM) e.imm_or_inv = __builtin_bswap32(imm_or_inv);
-  if (flags & IBV_WC_WITH_INV) e.imm_or_inv = imm_or_inv;
-  e.qp_num = qp.qpn;
-  e.src_qp = src_qp;
-  push_cqe(*qp.recv_cq, e);
-  qp.ctr.inc(QpCounter::completions);
-}
-
 void Engine::push_cqe(Cq& cq, const uroce_cq_entry& e) {
   // The common case, a push with no one to tell, touches nothing else (and
   // saves no registers: the rest is out of line).

@@ -450,6 +450,25 @@ class Engine {
   std::uint32_t next_handle_ = 1;
 };
 
+// On every receive completion: inline, so the responder's common path
+// passes no arguments on the stack.
+inline void Engine::complete_recv(Qp& qp, const RecvWqe& w, ibv_wc_status status, ibv_wc_opcode op,
+                           std::uint32_t byte_len, unsigned flags, std::uint32_t imm_or_inv, std::uint32_t src_qp) {
+  uroce_cq_entry e{};
+  e.wr_id = w.wr_id;
+  e.status = status;
+  e.opcode = op;
+  e.byte_len = byte_len;
+  e.wc_flags = flags;
+  // imm_data in network order, as verbs defines it; or the invalidated R_Key.
+  if (flags & IBV_WC_WITH_IMM) e.imm_or_inv = __builtin_bswap32(imm_or_inv);
+  if (flags & IBV_WC_WITH_INV) e.imm_or_inv = imm_or_inv;
+  e.qp_num = qp.qpn;
+  e.src_qp = src_qp;
+  push_cqe(*qp.recv_cq, e);
+  qp.ctr.inc(QpCounter::completions);
+}
+
 inline constexpr std::uint32_t kFirstQpn = 0x11;  // QP0/QP1 are special in IBTA
 
 }  // namespace uroce::transport

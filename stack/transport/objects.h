@@ -271,14 +271,19 @@ class Srq {
 inline bool to_recv_wqe(const uroce_recv_entry& e, std::uint32_t max_sge, RecvWqe& out) {
   // Only what nsge covers is written: nothing reads an SGE past it.
   out.wr_id = e.wr_id;
-  out.nsge = 0;
-  out.length = 0;
-  if (e.num_sge > max_sge) return false;
-  out.nsge = e.num_sge;
-  for (std::uint32_t i = 0; i < out.nsge; ++i) {
-    out.sge[i] = {e.sg_list[i].addr, e.sg_list[i].length, e.sg_list[i].lkey};
-    out.length += e.sg_list[i].length;
+  const std::uint32_t n = e.num_sge;
+  std::uint64_t length = 0;
+  if (n > max_sge) {
+    out.nsge = 0;
+    out.length = 0;
+    return false;
   }
+  for (std::uint32_t i = 0; i < n; ++i) {
+    out.sge[i] = {e.sg_list[i].addr, e.sg_list[i].length, e.sg_list[i].lkey};
+    length += e.sg_list[i].length;
+  }
+  out.nsge = n;
+  out.length = length;
   return true;
 }
 

@@ -21,11 +21,12 @@ constexpr std::uint8_t kNakOp = 0x63;
 }  // namespace
 
 void Engine::on_request(Qp& qp, const wire::Packet& pkt, std::uint64_t /*now*/) {
-  switch (qp.type) {
-    case IBV_QPT_RC: on_rc_request(qp, pkt); break;
-    case IBV_QPT_UC: on_uc_request(qp, pkt); break;
-    case IBV_QPT_UD: on_ud_request(qp, pkt); break;
-    default: break;
+  if (qp.type == IBV_QPT_RC) [[likely]] {
+    on_rc_request(qp, pkt);
+  } else if (qp.type == IBV_QPT_UC) {
+    on_uc_request(qp, pkt);
+  } else if (qp.type == IBV_QPT_UD) {
+    on_ud_request(qp, pkt);
   }
 }
 
@@ -125,6 +126,14 @@ Engine::Exec Engine::execute(Qp& qp, const wire::Packet& pkt) {
   Responder& s = qp.resp;
   const wire::OpcodeInfo& info = *pkt.info;
   using IM = Responder::InMsg;
+  // Most requests are a SEND or WRITE ONLY between messages: in sequence,
+  // and none of the length rules below applies to a packet that both
+  // starts and ends its message.
+  constexpr std::uint32_t kOnlyMask = wire::kOpStart | wire::kOpEnd | wire::kOpFlush | wire::kOpAtomicWrite;
+  if (s.in_msg == IM::kNone && (info.flags & kOnlyMask) == (wire::kOpStart | wire::kOpEnd)) {
+    if (info.flags & wire::kOpSend) return exec_send(qp, pkt);
+    if (info.flags & wire::kOpWrite) return exec_write(qp, pkt);
+  }
   bool seq_ok;
   switch (s.in_msg) {
     case IM::kNone: seq_ok = info.has(wire::kOpStart); break;
