@@ -738,26 +738,40 @@ TEST_F(Errors, OpcodeOutOfSequenceIsNakedAsInvalidRequest) {
 }
 
 TEST_F(Errors, FirstPacketInsideAMessageIsInvalidRequest) {
-  // SEND_FIRST, then another SEND_FIRST before the LAST: the second is out of
-  // opcode sequence. The receive WQE being filled completes in error.
-  const QpPair q = p.connect();
-  ASSERT_EQ(post_recv(q.b, 77, 200000, 4096), 0);
-  const wire::Psn epsn = q.b->resp.epsn;
-  const auto f1 = frame(0, op::kRcSendFirst, q.b->qpn, epsn, {}, 1024);
-  const auto f2 = frame(0, op::kRcSendFirst, q.b->qpn, epsn + 1, {}, 1024);
-  p.wire.inject(wire::ConstBytes(f1.data(), f1.size()));
-  p.wire.inject(wire::ConstBytes(f2.data(), f2.size()));
-  ASSERT_TRUE(p.wire.run_until([&] { return q.b->state == IBV_QPS_ERR; }, 1'000'000));
-  settle(200'000);
-  EXPECT_EQ(q.b->ctr[QpCounter::bad_opcode_seq], 1u);
-  const auto naks = frames(1, op::kRcAck, q.a->qpn);
-  ASSERT_EQ(naks.size(), 1u);
-  EXPECT_EQ(naks[0]->syndrome, 0x61);
-  EXPECT_EQ(naks[0]->psn, (epsn + 1).value());
-  ASSERT_EQ(wb.size(), 1u);
-  EXPECT_EQ(wb[0].wr_id, 77u);
-  EXPECT_NE(wb[0].status, IBV_WC_SUCCESS);
-  EXPECT_NE(wb[0].status, IBV_WC_WR_FLUSH_ERR) << "the WQE in progress should report the error itself";
+  // SEND_FIRST, then a packet that starts a message before the LAST: a
+  // second FIRST, or a SEND or WRITE ONLY (which the responder otherwise
+  // takes on its shortest path), is out of opcode sequence. The receive WQE
+  // being filled completes in error, and nothing of the second is written.
+  for (const std::uint8_t second : {op::kRcSendFirst, op::kRcSendOnly, op::kRcWriteOnly}) {
+    SCOPED_TRACE(static_cast<int>(second));
+    wb.clear();
+    const QpPair q = p.connect();
+    ASSERT_EQ(post_recv(q.b, 77, 200000, 4096), 0);
+    const wire::Psn epsn = q.b->resp.epsn;
+    wire::ExtFields ext;
+    if (second == op::kRcWriteOnly) {
+      ext.reth_va = p.addr(1, 300000);
+      ext.reth_rkey = p.rkey(1);
+      ext.reth_len = 100;
+    }
+    const auto f1 = frame(0, op::kRcSendFirst, q.b->qpn, epsn, {}, 1024);
+    const auto f2 = frame(0, second, q.b->qpn, epsn + 1, ext, second == op::kRcSendFirst ? 1024 : 100);
+    ASSERT_FALSE(f2.empty());
+    p.wire.inject(wire::ConstBytes(f1.data(), f1.size()));
+    p.wire.inject(wire::ConstBytes(f2.data(), f2.size()));
+    ASSERT_TRUE(p.wire.run_until([&] { return q.b->state == IBV_QPS_ERR; }, 1'000'000));
+    settle(200'000);
+    EXPECT_EQ(q.b->ctr[QpCounter::bad_opcode_seq], 1u);
+    const auto naks = frames(1, op::kRcAck, q.a->qpn);
+    ASSERT_EQ(naks.size(), 1u);
+    EXPECT_EQ(naks[0]->syndrome, 0x61);
+    EXPECT_EQ(naks[0]->psn, (epsn + 1).value());
+    ASSERT_EQ(wb.size(), 1u);
+    EXPECT_EQ(wb[0].wr_id, 77u);
+    EXPECT_NE(wb[0].status, IBV_WC_SUCCESS);
+    EXPECT_NE(wb[0].status, IBV_WC_WR_FLUSH_ERR) << "the WQE in progress should report the error itself";
+    for (std::size_t i = 300000; i < 300000 + 100; ++i) ASSERT_EQ(p.node[1].mem[i], 0) << "the WRITE ONLY wrote";
+  }
 }
 
 // ---------------------------------------------------------- 8. ghost ACK
