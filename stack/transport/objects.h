@@ -19,21 +19,23 @@ namespace uroce::transport {
 /// Copies a payload. Most are small (an 8-byte WRITE, a short SEND): those
 /// take two loads and two stores, which may overlap, in place of a call to
 /// memcpy; the rest go to memcpy.
+// n from sizeof(Word) to 2 * sizeof(Word): the first and the last word.
+template <typename Word>
+void copy_two_words(std::uint8_t* dst, const std::uint8_t* src, std::size_t n) {
+  Word a, b;
+  std::memcpy(&a, src, sizeof a);
+  std::memcpy(&b, src + n - sizeof b, sizeof b);
+  std::memcpy(dst, &a, sizeof a);
+  std::memcpy(dst + n - sizeof b, &b, sizeof b);
+}
+
 inline void copy_payload(std::uint8_t* dst, const std::uint8_t* src, std::size_t n) {
   if (n > 16) {
     std::memcpy(dst, src, n);
   } else if (n >= 8) {
-    std::uint64_t a, b;
-    std::memcpy(&a, src, 8);
-    std::memcpy(&b, src + n - 8, 8);
-    std::memcpy(dst, &a, 8);
-    std::memcpy(dst + n - 8, &b, 8);
+    copy_two_words<std::uint64_t>(dst, src, n);
   } else if (n >= 4) {
-    std::uint32_t a, b;
-    std::memcpy(&a, src, 4);
-    std::memcpy(&b, src + n - 4, 4);
-    std::memcpy(dst, &a, 4);
-    std::memcpy(dst + n - 4, &b, 4);
+    copy_two_words<std::uint32_t>(dst, src, n);
   } else if (n != 0) {
     const std::uint8_t a = src[0], m = src[n / 2], z = src[n - 1];
     dst[0] = a;
