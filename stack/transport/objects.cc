@@ -7,7 +7,7 @@
 namespace uroce::transport {
 
 MrTable::MrTable(std::uint32_t capacity, std::uint64_t seed)
-    : slots_(capacity), nslots_(capacity), last_byte_(capacity), rng_(seed) {
+    : slots_(std::make_unique<Mr[]>(capacity)), nslots_(capacity), last_byte_(capacity), rng_(seed) {
   free_.reserve(capacity);
   // Index 0 is never handed out, so key 0 is never valid.
   for (std::uint32_t i = capacity; i-- > 1;) free_.push_back(i);
@@ -64,7 +64,7 @@ ibv_wc_status MrTable::bind(const MwBind& b, const Pd* pd, std::uint64_t qp_hand
   // (a type 2 window's key is the consumer's to track) still names it; the
   // PD keeps it to its owner.
   const std::uint32_t slot = b.mw_rkey >> 8;
-  if (slot == 0 || slot >= slots_.size()) return IBV_WC_MW_BIND_ERR;
+  if (slot == 0 || slot >= nslots_) return IBV_WC_MW_BIND_ERR;
   Mr* w = &slots_[slot];
   if (!w->valid || w->mw_type == 0 || w->pd != pd) return IBV_WC_MW_BIND_ERR;
   // The new R_Key names the same slot; only its key byte is the consumer's.
@@ -104,7 +104,7 @@ ibv_wc_status MrTable::bind(const MwBind& b, const Pd* pd, std::uint64_t qp_hand
 }
 
 void MrTable::unbind_qp(std::uint64_t qp_handle) {
-  for (Mr& m : slots_)
+  for (Mr& m : std::span<Mr>(slots_.get(), nslots_))
     if (m.valid && m.mw_type == IBV_MW_TYPE_2 && m.parent != nullptr && m.bound_qp == qp_handle) {
       --m.parent->mw_bound;
       m.parent = nullptr;

@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <span>
 #include <vector>
@@ -16,9 +17,6 @@
 
 namespace uroce::transport {
 
-/// Copies a payload. Most are small (an 8-byte WRITE, a short SEND): those
-/// take two loads and two stores, which may overlap, in place of a call to
-/// memcpy; the rest go to memcpy.
 // n from sizeof(Word) to 2 * sizeof(Word): the first and the last word.
 template <typename Word>
 void copy_two_words(std::uint8_t* dst, const std::uint8_t* src, std::size_t n) {
@@ -29,6 +27,9 @@ void copy_two_words(std::uint8_t* dst, const std::uint8_t* src, std::size_t n) {
   std::memcpy(dst + n - sizeof b, &b, sizeof b);
 }
 
+/// Copies a payload. Most are small (an 8-byte WRITE, a short SEND): those
+/// take two loads and two stores, which may overlap, in place of a call to
+/// memcpy; the rest go to memcpy.
 inline void copy_payload(std::uint8_t* dst, const std::uint8_t* src, std::size_t n) {
   if (n > 16) {
     std::memcpy(dst, src, n);
@@ -124,8 +125,10 @@ class MrTable {
 
  private:
   Mr* find(std::uint32_t key) const;
-  std::vector<Mr> slots_;
-  std::uint32_t nslots_;  // slots_.size(), which a lookup would otherwise divide out of the vector's bounds
+  // A fixed array and its count: the count is what a lookup compares with
+  // (a vector's size() divides its byte span by sizeof(Mr), 80 bytes).
+  std::unique_ptr<Mr[]> slots_;
+  std::uint32_t nslots_;
   std::vector<std::uint8_t> last_byte_;
   std::vector<std::uint32_t> free_;
   std::mt19937_64 rng_;
