@@ -16,10 +16,24 @@ bad() { FAIL=$((FAIL+1)); echo "FAIL: $*"; }
 # of its buffered report, so a tail alone misses them), then its last lines.
 shown() { local f; for f in "$@"; do echo "==> $f"; grep -iE 'error|fail|couldn|unable|scnt=' "$f"; grep -v '^ *-*$' "$f" | tail -n 4; done; }
 check() { if eval "$2"; then ok "$1"; else bad "$1 ($2)"; fi; }
+# skip REASON: this script cannot run here (exit 77, which meson counts as
+# skipped and tools/setup.sh checks against its allow-list). A script that
+# has already failed a check exits 1 instead: a skip never hides a failure.
+skip() {
+  if [ "$FAIL" -gt 0 ]; then
+    echo "FAIL: cannot go on ($*), after $FAIL failed check(s)"
+    echo "$PASS passed, $FAIL failed"
+    exit 1
+  fi
+  echo "SKIP: $*"; exit 77
+}
+# need_prog PROG PACKAGE: a program that tools/setup.sh installs must be
+# there; its absence is a broken setup, a failure, never a skip.
+need_prog() { command -v "$1" > /dev/null || { bad "$1 is not installed (package $2, which tools/setup.sh installs)"; finish; exit 1; }; }
 
 need_root() {
   if [ "$(id -u)" -ne 0 ] || ! ip netns add uroce-probe-$$ 2>/dev/null; then
-    echo "SKIP: needs root and network namespaces"; exit 77
+    skip "needs root and network namespaces"
   fi
   ip netns del uroce-probe-$$
 }
