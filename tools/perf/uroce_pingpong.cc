@@ -12,11 +12,18 @@
 // "done". Then the ping-pong: the client sends first; each side sends one
 // message per message received, `iters` each way.
 //
-// -c checks every received message. ibv_rc_pingpong sends and receives in
-// one buffer, so it echoes what it last received (the message we just sent;
-// a client's first message is its 0x7b fill); uroce-pingpong sends a
-// numbered pattern. A message passes if it is the peer's pattern, the echo
-// of the message we sent last, or the fill.
+// -c checks every received message, every byte of it. Each peer is one of
+// two kinds, told apart by its first message and held to it after that:
+//  - uroce-pingpong -c sends a numbered pattern: its k-th message must be
+//    exactly fill_pattern(k, its role);
+//  - a stock ibv_rc_pingpong sends and receives in one buffer, so it echoes
+//    what it last received: every message must equal the one we sent last,
+//    except a client's first, which is its buffer's fill (rdma-core 44: 0x7b
+//    everywhere, and with --chk a 0 at the start of every page). That fill is
+//    accepted only there, as our server's first receive.
+// The receive buffer is poisoned with kPoison before the first receive and
+// again after every checked message, a byte no sender writes, so a receive
+// that completes without placing (all of) its data leaves poison and fails.
 //
 // The end, under loss: each side stops (and ibv_rc_pingpong destroys its QP)
 // once it has all its messages. If the ACK of the last SEND is lost, its
@@ -30,7 +37,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -46,6 +52,9 @@ namespace {
 using clk = std::chrono::steady_clock;
 constexpr std::size_t kMsg = sizeof "0000:000000:000000:00000000000000000000000000000000";  // 52
 constexpr std::uint64_t kRecvId = 1, kSendId = 2;
+// -c poisons the receive buffer with this byte: fill_pattern never writes it
+// (its bytes are 0..254), nor does ibv_rc_pingpong (0x7b, and 0 with --chk).
+constexpr std::uint8_t kPoison = 0xff;
 
 struct Dest {
   unsigned lid = 0, qpn = 0, psn = 0;
@@ -136,9 +145,21 @@ int tcp_server(const Opts& o) {
   return fd;
 }
 
-/// The numbered pattern uroce-pingpong sends: message k from `role`.
+/// The numbered pattern uroce-pingpong sends: message k from `role`. Its
+/// bytes are 0..254 (mod 255), never kPoison.
 void fill_pattern(std::uint8_t* b, std::uint32_t size, std::uint64_t k, int role) {
-  for (std::uint32_t i = 0; i < size; ++i) b[i] = static_cast<std::uint8_t>((k * 31 + i * 7 + static_cast<unsigned>(role) * 101) & 0xff);
+  for (std::uint32_t i = 0; i < size; ++i)
+    b[i] = static_cast<std::uint8_t>((k * 31 + std::uint64_t{i} * 7 + static_cast<unsigned>(role) * 101) % 255);
+}
+
+/// A stock ibv_rc_pingpong client's first message: its buffer as allocated,
+/// 0x7b everywhere; with --chk it first sets the byte at the start of every
+/// page (its page size; 4096 on x86, taken here as ours) to 0.
+bool is_stock_fill(const std::uint8_t* b, std::uint32_t size, std::size_t page) {
+  const bool chk = b[0] == 0;
+  for (std::uint32_t i = 0; i < size; ++i)
+    if (b[i] != (chk && i % page == 0 ? 0 : 0x7b)) return false;
+  return true;
 }
 
 bool connect_qp(uroce_qp* qp, const Opts& o, const Dest& me, const Dest& rem) {
@@ -167,7 +188,8 @@ int run(const Opts& o) {
   auto* buf = static_cast<std::uint8_t*>(uroce_alloc_buf(ctx, 2 * static_cast<std::size_t>(o.size)));
   std::uint8_t* sbuf = buf;
   std::uint8_t* rbuf = buf + o.size;
-  std::memset(buf, 0x7b, 2 * static_cast<std::size_t>(o.size));
+  std::memset(sbuf, 0x7b, o.size);  // as ibv_rc_pingpong's buffer (sent as it is without -c)
+  std::memset(rbuf, kPoison, o.size);
   uroce_pd* pd = uroce_alloc_pd(ctx);
   uroce_mr* mr = uroce_reg_mr(pd, buf, 2 * static_cast<std::size_t>(o.size), IBV_ACCESS_LOCAL_WRITE);
   const bool channel = o.events || !o.wait.busy;
@@ -250,6 +272,8 @@ int run(const Opts& o) {
   sw.send_flags = IBV_SEND_SIGNALED;
   std::uint64_t scnt = 0, rcnt = 0, bad_msgs = 0;
   std::vector<std::uint8_t> expect(o.size);
+  enum class Peer { kUnknown, kPattern, kStock } peer = Peer::kUnknown;  // set by its first good message
+  const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
   auto post_send = [&]() {
     if (o.check) fill_pattern(sbuf, o.size, scnt, role);
     ibv_send_wr* bad = nullptr;
@@ -298,13 +322,19 @@ int run(const Opts& o) {
         ++scnt;
       } else {
         if (o.check) {
-          // rcnt-th message: the peer's pattern, an echo of what we sent last, or the fill.
+          // The rcnt-th message: the peer's pattern, or a stock peer's echo
+          // of what we sent last (or, first of all, its client's fill).
           fill_pattern(expect.data(), o.size, rcnt, peer_role);
-          const bool ok = wc[i].byte_len == o.size &&
-                          (std::memcmp(rbuf, expect.data(), o.size) == 0 ||
-                           (scnt + (pending & kSendId ? 1 : 0) > 0 && std::memcmp(rbuf, sbuf, o.size) == 0) ||
-                           std::all_of(rbuf, rbuf + o.size, [](std::uint8_t b) { return b == 0x7b; }));
-          if (!ok) ++bad_msgs;
+          const bool sent = scnt + (pending & kSendId ? 1 : 0) > 0;
+          const bool whole = wc[i].byte_len == o.size;
+          const bool pattern = whole && peer != Peer::kStock && std::memcmp(rbuf, expect.data(), o.size) == 0;
+          const bool stock = whole && peer != Peer::kPattern &&
+                             ((sent && std::memcmp(rbuf, sbuf, o.size) == 0) ||
+                              (!client && rcnt == 0 && is_stock_fill(rbuf, o.size, page)));
+          if (pattern && peer == Peer::kUnknown) peer = Peer::kPattern;
+          if (stock && peer == Peer::kUnknown) peer = Peer::kStock;
+          if (!pattern && !stock) ++bad_msgs;
+          std::memset(rbuf, kPoison, o.size);  // the next message must overwrite all of it
         }
         if (--routs <= 1) {
           routs += post_recv(o.rx_depth - routs);
