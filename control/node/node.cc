@@ -422,6 +422,75 @@ class Node::ControlServer {
   std::shared_ptr<std::size_t> open_ = std::make_shared<std::size_t>(0);  // connections being served
 };
 
+/// Memory for the asynchronous waits MainWait starts on every sleep. Asio
+/// allocates each wait's state through its handler's allocator, and its
+/// default one recycles only inside io_context::run on the same thread;
+/// these waits start outside it, so each sleep would cost a heap allocation.
+/// A few fixed blocks serve every wait instead (a moved timer wait and its
+/// successor are alive at once); more at once falls back to the heap. One
+/// set, in static storage: a wait cancelled when MainWait goes is freed
+/// later, when the io_context runs or is destroyed, so the blocks must
+/// outlive any MainWait (and their destructor is trivial, so nothing goes
+/// before the last node does). Only the main lcore's Node::run uses them.
+namespace {
+class WaitSlots {
+ public:
+  void* allocate(std::size_t n) {
+    for (auto& b : blocks_)
+      if (!b.used && n <= sizeof b.mem) {
+        b.used = true;
+        return b.mem;
+      }
+    return ::operator new(n);
+  }
+  void deallocate(void* p) {
+    for (auto& b : blocks_)
+      if (p == b.mem) {
+        b.used = false;
+        return;
+      }
+    ::operator delete(p);
+  }
+
+ private:
+  struct Block {
+    alignas(std::max_align_t) unsigned char mem[256];
+    bool used = false;
+  };
+  Block blocks_[4];
+};
+
+template <typename T>
+struct WaitAllocator {
+  using value_type = T;
+  WaitSlots* slots;
+  explicit WaitAllocator(WaitSlots& s) noexcept : slots(&s) {}
+  template <typename U>
+  WaitAllocator(const WaitAllocator<U>& o) noexcept : slots(o.slots) {}  // NOLINT: rebinding, as allocators do
+  T* allocate(std::size_t n) { return static_cast<T*>(slots->allocate(sizeof(T) * n)); }
+  void deallocate(T* p, std::size_t) noexcept { slots->deallocate(p); }
+  template <typename U>
+  bool operator==(const WaitAllocator<U>& o) const noexcept { return slots == o.slots; }
+  template <typename U>
+  bool operator!=(const WaitAllocator<U>& o) const noexcept { return slots != o.slots; }
+};
+
+/// A wait's handler that asio allocates for from `slots`.
+template <typename F>
+struct SlotHandler {
+  using allocator_type = WaitAllocator<F>;
+  WaitSlots* slots;
+  F f;
+  allocator_type get_allocator() const noexcept { return allocator_type(*slots); }
+  void operator()(boost::system::error_code ec) { f(ec); }
+};
+template <typename F>
+SlotHandler<F> in_slots(WaitSlots& s, F f) {
+  return {&s, std::move(f)};
+}
+WaitSlots g_wait_slots;
+}  // namespace
+
 /// How the main lcore blocks when its pipeline is idle: in the io_context,
 /// which watches the control socket, every session's socket and doorbell,
 /// and a timer for the next poll tick (a timerfd, so the tick is exact to
@@ -438,9 +507,9 @@ class Node::MainWait {
     if (!pending_ || timer_.expiry() > want) {
       timer_.expires_at(want);
       pending_ = true;
-      timer_.async_wait([this](boost::system::error_code ec) {
+      timer_.async_wait(in_slots(g_wait_slots, [this](boost::system::error_code ec) {
         if (!ec) pending_ = false;
-      });
+      }));
     }
     io_.run_one();
     io_.poll();
@@ -457,11 +526,12 @@ class Node::MainWait {
   void arm_rx() {
     if (!rx_ || rx_pending_) return;
     rx_pending_ = true;
-    rx_->async_wait(asio::posix::descriptor_base::wait_read, [this](boost::system::error_code ec) {
+    auto woke = [this](boost::system::error_code ec) {
       if (ec == asio::error::operation_aborted) return;  // the waiter is going away
       rx_pending_ = false;
       if (!ec) ++*rx_wakes_;
-    });
+    };
+    rx_->async_wait(asio::posix::descriptor_base::wait_read, in_slots(g_wait_slots, woke));
   }
 
  private:
