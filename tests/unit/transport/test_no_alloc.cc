@@ -1,34 +1,25 @@
 // The data path allocates nothing after warm-up: post_send, post_recv, rx,
-// poll, drain_tx and poll_cq, including go-back-N under loss, READ responses
-// and atomics. Counted by replacing the global operator new in this binary.
+// poll, drain_tx and poll_cq, including go-back-N and selective repeat under
+// loss, READ responses and atomics, and the doorbell protocol of a shared
+// ring. Every allocation form is counted (tests/support/alloc_counter.h):
+// operator new in all its forms, aligned ones included, and the C allocators.
 #include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <malloc.h>
+
 #include <new>
+#include <thread>
+#include <tuple>
+#include <vector>
 
+#include "stack/abi/doorbell.h"
+#include "tests/support/alloc_counter.h"
 #include "tests/support/pair.h"
-
-namespace {
-std::atomic<bool> g_counting{false};
-std::atomic<std::uint64_t> g_allocs{0};
-}  // namespace
-
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wpragmas"
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-void* operator new(std::size_t n) {
-  if (g_counting.load(std::memory_order_relaxed)) g_allocs.fetch_add(1, std::memory_order_relaxed);
-  if (void* p = std::malloc(n ? n : 1)) return p;
-  throw std::bad_alloc();
-}
-void* operator new[](std::size_t n) { return operator new(n); }
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
-#pragma GCC diagnostic pop
 
 namespace uroce::testing {
 namespace {
@@ -91,13 +82,26 @@ struct Driver {
   }
 };
 
-class NoAllocCc : public ::testing::TestWithParam<const char*> {};
+namespace ac = alloc_counter;
+
+/// The counted window: zero allocations, or the counts by form and where
+/// the first one came from.
+#define EXPECT_NO_ALLOCATIONS(what) \
+  EXPECT_EQ(ac::total(), 0u) << "allocations " << (what) << ": " << ac::report()
 
 // Each congestion control too: its hooks run on the data path. CE marks
-// make the CNPs that DCQCN reacts to.
+// make the CNPs that DCQCN reacts to. And each with selective repeat (its
+// own opcodes, selective ACKs, out-of-order placement) as well as go-back-N.
+class NoAllocCc : public ::testing::TestWithParam<std::tuple<const char*, bool>> {};
+
 TEST_P(NoAllocCc, DataPathAllocatesNothingAfterWarmUp) {
-  Pair p(5, 4u << 20, 64, false, [](int, EngineConfig& c) { c.cc = GetParam(); });
-  const QpPair q = p.connect();
+  const char* cc = std::get<0>(GetParam());
+  const bool sr = std::get<1>(GetParam());
+  Pair p(5, 4u << 20, 64, false, [cc](int, EngineConfig& c) { c.cc = cc; });
+  PairOptions po;
+  po.selective_repeat = sr;
+  const QpPair q = p.connect(po);
+  ASSERT_EQ(q.a->sr != nullptr, sr);
   sim::Impairments imp;
   imp.loss = 0.02;
   imp.dup = 0.02;
@@ -108,23 +112,29 @@ TEST_P(NoAllocCc, DataPathAllocatesNothingAfterWarmUp) {
   Driver d{p, q};
   for (int i = 0; i < 20; ++i) d.batch();  // warm-up
   ASSERT_EQ(d.failures, 0);
-  g_allocs = 0;
-  g_counting = true;
+  ac::start();
   for (int i = 0; i < 200; ++i) d.batch();
-  g_counting = false;
+  ac::stop();
   EXPECT_EQ(d.failures, 0);
   EXPECT_EQ(d.done_a, d.posted);
   EXPECT_GT(q.a->ctr[transport::QpCounter::retransmitted_pkts], 0u);  // the recovery paths ran
-  EXPECT_EQ(g_allocs.load(), 0u) << "allocations on the data path";
-  EXPECT_EQ(p.A().cc_report(*q.a).algorithm, GetParam());
-  if (std::string_view(GetParam()) == "dcqcn") EXPECT_GT(q.a->ctr[transport::QpCounter::cnp_received], 0u);
+  if (sr) EXPECT_GT(q.b->sr->ooo, 0u) << "selective repeat placed packets out of order";
+  EXPECT_NO_ALLOCATIONS("on the data path");
+  EXPECT_EQ(p.A().cc_report(*q.a).algorithm, std::string_view(cc));
+  if (std::string_view(cc) == "dcqcn") EXPECT_GT(q.a->ctr[transport::QpCounter::cnp_received], 0u);
 }
-INSTANTIATE_TEST_SUITE_P(Cc, NoAllocCc, ::testing::Values("none", "dcqcn", "swift"));
+INSTANTIATE_TEST_SUITE_P(Cc, NoAllocCc,
+                         ::testing::Combine(::testing::Values("none", "dcqcn", "swift"), ::testing::Bool()),
+                         [](const auto& info) {
+                           return std::string(std::get<0>(info.param)) + (std::get<1>(info.param) ? "_sr" : "_gbn");
+                         });
 
 // The same through rings an application shares: A's QP and CQ are placed in
 // memory the test holds, the test is the application (it publishes send
 // entries, kicks, and consumes completions from the CQ ring), under the same
-// loss. Nothing on the engine's side of a shared ring allocates either.
+// loss. Nothing on the engine's side of a shared ring allocates either, nor
+// the doorbell protocol (stack/abi/doorbell.h) around it: the test plays the
+// daemon too, announcing its sleep before each batch, so every kick rings.
 TEST(NoAlloc, SharedRingsAllocateNothingAfterWarmUp) {
   Pair p(9, 4u << 20);
   std::vector<std::uint64_t> sq_mem(uroce_ring_bytes(64, sizeof(uroce_send_entry)) / 8 + 8),
@@ -164,9 +174,13 @@ TEST(NoAlloc, SharedRingsAllocateNothingAfterWarmUp) {
   imp.loss = 0.02;
   imp.reorder = 0.02;
   p.wire.set_impairments(imp);
-  std::uint64_t posted = 0, done_a = 0, done_b = 0;
+  uroce_session_page page{};
+  int bell[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK, 0, bell), 0);
+  std::uint64_t posted = 0, done_a = 0, done_b = 0, rung = 0, heard = 0;
   int failures = 0;
   auto batch = [&] {
+    abi::announce_sleep(&page);
     static const std::uint8_t kOps[] = {IBV_WR_SEND, IBV_WR_RDMA_WRITE, IBV_WR_RDMA_READ, IBV_WR_ATOMIC_FETCH_AND_ADD};
     const std::uint64_t want_a = posted + 32;
     std::uint64_t want_b = done_b;
@@ -189,8 +203,11 @@ TEST(NoAlloc, SharedRingsAllocateNothingAfterWarmUp) {
         ++want_b;
       }
       if (!app_sq.push(e)) ++failures;
+      rung += abi::kick(&page, bell[0]);
       p.A().kick(a);
     }
+    heard += abi::drain(bell[1]);
+    abi::announce_awake(&page);
     // One pointer in the predicate, as above: it fits std::function's
     // small buffer, so any allocation counted is the stack's own.
     struct Poll {
@@ -218,24 +235,91 @@ TEST(NoAlloc, SharedRingsAllocateNothingAfterWarmUp) {
   };
   for (int i = 0; i < 10; ++i) batch();  // warm-up
   ASSERT_EQ(failures, 0);
-  g_allocs = 0;
-  g_counting = true;
+  const std::uint64_t rung_before = rung;
+  ac::start();
   for (int i = 0; i < 100; ++i) batch();
-  g_counting = false;
+  ac::stop();
+  ::close(bell[0]);
+  ::close(bell[1]);
   EXPECT_EQ(failures, 0);
   EXPECT_EQ(done_a, posted);
   EXPECT_GT(a->ctr[transport::QpCounter::retransmitted_pkts], 0u);  // the recovery paths ran
-  EXPECT_EQ(g_allocs.load(), 0u) << "allocations on the data path of a shared ring";
+  EXPECT_EQ(rung - rung_before, 100u * 32) << "every kick rang: the daemon had announced its sleep";
+  EXPECT_EQ(heard, rung) << "every ring was heard";
+  EXPECT_EQ(page.posts, posted) << "every post bumped the posts word";
+  EXPECT_NO_ALLOCATIONS("on the data path of a shared ring");
 }
 
-// The counter itself works: an allocation while counting is seen.
-TEST(NoAlloc, CounterSeesAnAllocation) {
-  g_allocs = 0;
-  g_counting = true;
-  auto* v = new std::vector<int>(100);
-  g_counting = false;
-  delete v;
-  EXPECT_GE(g_allocs.load(), 1u);
+// The counter itself works: each allocation form is seen, one at a time,
+// on its own and from another thread. An allocation the compiler could
+// prove unused may be removed, so each pointer escapes first.
+template <typename T>
+void escape(T* p) {
+  asm volatile("" : : "g"(p) : "memory");
+}
+struct alignas(64) Line {
+  std::uint64_t v[8];
+};
+
+TEST(NoAlloc, CounterSeesEveryAllocationForm) {
+  struct Form {
+    const char* name;
+    void (*fn)();
+  };
+  static const Form kForms[] = {
+      {"new", [] { auto* p = new int(1); escape(p); delete p; }},
+      {"new[]", [] { auto* p = new int[9]; escape(p); delete[] p; }},
+      {"new nothrow", [] { auto* p = new (std::nothrow) int(1); escape(p); delete p; }},
+      {"new[] nothrow", [] { auto* p = new (std::nothrow) int[9]; escape(p); delete[] p; }},
+      {"aligned new", [] { auto* p = new Line(); escape(p); delete p; }},
+      {"aligned new[]", [] { auto* p = new Line[3]; escape(p); delete[] p; }},
+      {"aligned new nothrow", [] { auto* p = new (std::nothrow) Line(); escape(p); delete p; }},
+      {"aligned new[] nothrow", [] { auto* p = new (std::nothrow) Line[3]; escape(p); delete[] p; }},
+      {"vector of an over-aligned type (as SendWqe)", [] { std::vector<Line> v(4); escape(v.data()); }},
+      {"malloc", [] { void* p = std::malloc(24); escape(p); std::free(p); }},
+      {"calloc", [] { void* p = std::calloc(3, 8); escape(p); std::free(p); }},
+      {"realloc", [] {
+         void* p = std::malloc(8);
+         escape(p);
+         ac::start();  // only the realloc
+         p = std::realloc(p, 4096);
+         escape(p);
+         std::free(p);
+       }},
+      {"aligned_alloc", [] { void* p = std::aligned_alloc(64, 128); escape(p); std::free(p); }},
+      {"posix_memalign", [] {
+         void* p = nullptr;
+         if (::posix_memalign(&p, 64, 128) == 0) escape(p);
+         std::free(p);
+       }},
+      {"memalign", [] { void* p = ::memalign(64, 128); escape(p); std::free(p); }},
+      {"another thread", [] {
+         static std::atomic<bool> go{false};
+         go = false;
+         std::thread t([] {
+           while (!go) std::this_thread::yield();
+           void* p = std::malloc(24);
+           escape(p);
+           std::free(p);
+         });
+         ac::start();  // not the thread's own creation: only its malloc
+         go = true;
+         t.join();
+       }},
+  };
+  for (const Form& f : kForms) {
+    ac::start();
+    f.fn();
+    ac::stop();
+    EXPECT_GE(ac::total(), 1u) << f.name << " went uncounted";
+  }
+  // And nothing is counted outside the window.
+  ac::start();
+  ac::stop();
+  void* p = std::malloc(24);
+  escape(p);
+  std::free(p);
+  EXPECT_EQ(ac::total(), 0u);
 }
 
 }  // namespace
