@@ -18,11 +18,12 @@ probe() {
   return 1
 }
 
-# listening NS PID PORT: process PID listens on TCP PORT in namespace NS
-# ("" = here).
+# listening NS PID PORT: process PID ("" = any) listens on TCP PORT in
+# namespace NS ("" = here).
 listening() {
   local out
   if [ -n "$1" ]; then out=$(ip netns exec "$1" ss -Hltnp "sport = :$3" 2>/dev/null); else out=$(ss -Hltnp "sport = :$3" 2>/dev/null); fi
+  [ -z "$2" ] && [ -n "$out" ] && return 0
   case "$out" in *"pid=$2,"*) return 0 ;; esac
   return 1
 }
