@@ -3,11 +3,14 @@
 # echo, sent by scapy from the other namespace: the RoCE ones are dropped and
 # counted, ARP and ping are answered, the daemon keeps running.
 . "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/ready.sh"
 need_root
 make_link
 AFP="iface=veth0,framesz=9216,blocksz=36864,framecnt=512"
 start_daemon "$NS_A" dut --port net_af_packet0 --vdev "net_af_packet0,$AFP" --ip 10.90.2.1 --ctl-socket "$TMP/dut.ctl" > /dev/null
-sleep 1.5
+# Its port is up (the log says so before the control socket answers).
+up() { [ -S "$TMP/dut.ctl" ] && ctl "$TMP/dut.ctl" status > /dev/null 2>&1; }
+probe 400 up || bad "the daemon answers on its control socket (gave up after $PROBES looks)"
 mac=$(ip -n "$NS_A" -br link show veth0 | awk '{print $3}')
 ip netns exec "$NS_B" /usr/bin/python3 - "$mac" > "$TMP/scapy.out" 2>&1 <<'PY'
 import sys
@@ -36,8 +39,11 @@ pong = srp1(Ether(dst=mac, src=me) / IP(src="10.90.2.2", dst="10.90.2.1") / ICMP
 print("icmp-reply", pong is not None and pong.haslayer(ICMP) and pong[ICMP].type == 0)
 PY
 
-sleep 0.5
-st=$(ctl "$TMP/dut.ctl" status)
+# Every frame scapy sent has been taken in once the daemon has counted the
+# last of them, the ICMP echo it answered.
+st=""
+counted() { st=$(ctl "$TMP/dut.ctl" status); [ "$(jget "$st" dataplane.rx_icmp_echo 2>/dev/null)" -ge 1 ] 2>/dev/null; }
+probe 400 counted || echo "  no ICMP echo counted after $PROBES looks"
 for k in port.rx_malformed port.rx_icrc_err port.rx_unknown_qp dataplane.rx_other dataplane.rx_arp_nd dataplane.rx_icmp_echo; do
   eval "v_${k//./_}=$(jget "$st" $k)"
 done

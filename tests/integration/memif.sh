@@ -8,6 +8,7 @@
 # uroce-ctl telemetry, falls while the marks last and climbs back to line
 # rate once the server's injector stops marking (changed live).
 . "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/ready.sh"
 need_root
 SOCK=$TMP/memif.sock
 run() {  # tag msgs size srv-extra -- cli-extra
@@ -17,7 +18,7 @@ run() {  # tag msgs size srv-extra -- cli-extra
   rm -f "$SOCK"
   start_traffic "" "srv-$tag" --port net_memif0 --vdev "net_memif0,role=server,socket=$SOCK" --ip 10.91.0.1 --lcore 0 \
     --role server --size "$size" --ctl-socket "$TMP/srv-$tag.ctl" "${sx[@]}"
-  sleep 1
+  wait_listen "" "$LAST_PID" 18515 || bad "$tag: the server listens on TCP 18515 (gave up after $PROBES looks)"
   start_traffic "" "cli-$tag" --port net_memif0 --vdev "net_memif0,role=client,socket=$SOCK" --ip 10.91.0.2 --lcore 1 \
     --role client --peer 127.0.0.1 --messages "$msgs" --size "$size" --ctl-socket "$TMP/cli-$tag.ctl" "${cx[@]}"
 }
@@ -37,7 +38,7 @@ echo "== memif, faults injected by the daemons (server at start, changed at run 
 rm -f "$SOCK"
 start_traffic "" srv-faulty --port net_memif0 --vdev "net_memif0,role=server,socket=$SOCK" --ip 10.91.0.1 --lcore 0 \
   --role server --size 4096 --ctl-socket "$TMP/srv-faulty.ctl" --timeout 10 --fault-rx drop=0.02,dup=0.02,reorder=0.03,corrupt=0.01
-for i in $(seq 1 50); do [ -S "$TMP/srv-faulty.ctl" ] && break; sleep 0.1; done
+wait_listen "" "$LAST_PID" 18515 || bad "faulty: the server listens on TCP 18515 (gave up after $PROBES looks)"
 reply=$(ctl "$TMP/srv-faulty.ctl" "fault tx drop=0.02,dup=0.01,rule=drop:0x11:5")
 check "faulty: the control socket changes faults at run time" "echo '$reply' | grep -q '\"ok\": true'"
 reply=$(ctl "$TMP/srv-faulty.ctl" "fault rx drop=2")
@@ -60,7 +61,7 @@ echo "== memif, ECN: the server's injector marks 20% of what it receives CE; it 
 rm -f "$SOCK"
 start_traffic "" srv-ecn --port net_memif0 --vdev "net_memif0,role=server,socket=$SOCK" --ip 10.91.0.1 --lcore 0 \
   --role server --size 4096 --timeout 10 --fault-rx ecn=0.2 --capture "$TMP/ecn.pcap"
-sleep 1
+wait_listen "" "$LAST_PID" 18515 || bad "ecn: the server listens on TCP 18515 (gave up after $PROBES looks)"
 start_traffic "" cli-ecn --port net_memif0 --vdev "net_memif0,role=client,socket=$SOCK" --ip 10.91.0.2 --lcore 1 \
   --role client --peer 127.0.0.1 --messages 3000 --size 4096 --timeout 10
 wait_pair ecn
@@ -83,16 +84,36 @@ echo "== memif, DCQCN: the client reacts to the CNPs, and recovers once the serv
 rm -f "$SOCK"
 start_traffic "" srv-dcqcn --port net_memif0 --vdev "net_memif0,role=server,socket=$SOCK" --ip 10.91.0.1 --lcore 0 \
   --role server --size 4096 --timeout 16 --fault-rx ecn=0.2 --ctl-socket "$TMP/srv-dcqcn.ctl"
-sleep 1
+wait_listen "" "$LAST_PID" 18515 || bad "dcqcn: the server listens on TCP 18515 (gave up after $PROBES looks)"
 start_traffic "" cli-dcqcn --port net_memif0 --vdev "net_memif0,role=client,socket=$SOCK" --ip 10.91.0.2 --lcore 1 \
   --role client --peer 127.0.0.1 --messages 100000 --size 4096 --timeout 16 --cc dcqcn --line-rate-mbps 10000 \
   --ctl-socket "$TMP/cli-dcqcn.ctl"
-for i in $(seq 1 50); do [ -S "$TMP/cli-dcqcn.ctl" ] && break; sleep 0.1; done
-"$UROCE_CTL" --socket "$TMP/cli-dcqcn.ctl" telemetry --interval 20 --count 400 > "$TMP/dcqcn.jsonl" 2>/dev/null &
+wait_sockets "$TMP/cli-dcqcn.ctl" || bad "dcqcn: the client's control socket is there (gave up after $PROBES looks)"
+"$UROCE_CTL" --socket "$TMP/cli-dcqcn.ctl" telemetry --interval 20 --count 1000 > "$TMP/dcqcn.jsonl" 2>/dev/null &
 TEL=$!
-sleep 1
+# dcqcn_rows: "PACED AFTER" from the client's telemetry so far: rows of the
+# dcqcn QP paced below the line, and rows back at line rate (unpaced) after
+# the last paced one.
+dcqcn_rows() { /usr/bin/python3 - "$TMP/dcqcn.jsonl" <<'PY'
+import json, sys
+rows = []
+for l in open(sys.argv[1]):
+    try: rows.append(json.loads(l))
+    except ValueError: pass  # a line being written
+rows = [r for r in rows if r.get("algorithm") == "dcqcn"]
+last = max((i for i, r in enumerate(rows) if r["pace_bps"] > 0), default=-1)
+print(sum(r["pace_bps"] > 0 for r in rows), sum(r["pace_bps"] == 0 and r["rate_bps"] >= 10e9 for r in rows[last + 1:]) if last >= 0 else 0)
+PY
+}
+# No fixed window: the marks stop once the telemetry has seen the rate cut,
+# and the recovery is awaited by looking at the telemetry (a bounded number
+# of looks, not a time): DCQCN's own timer and byte counter set its pace.
+cut_seen() { read -r pc af <<< "$(dcqcn_rows)"; [ "${pc:-0}" -ge 3 ]; }
+probe 400 cut_seen || echo "  no paced row in the telemetry after $PROBES looks"
 ctl "$TMP/srv-dcqcn.ctl" "fault rx off" > /dev/null
-sleep 0.4
+recovered() { read -r pc af <<< "$(dcqcn_rows)"; [ "${af:-0}" -ge 1 ]; }
+if probe 400 recovered; then echo "  marks off; back at line rate in the telemetry after $PROBES looks"
+else echo "  marks off; not back at line rate after $PROBES looks"; fi
 # One QP's algorithm, changed live over the control socket; refusals are clear.
 qp0() { /usr/bin/python3 -c 'import json,sys; q=json.loads(sys.argv[1])["qp_list"][0]; print(q["qpn"] if sys.argv[2] == "qpn" else q["cc"]["algorithm"])' "$1" "$2"; }
 qpn=$(qp0 "$(ctl "$TMP/cli-dcqcn.ctl" status)" qpn)
@@ -104,7 +125,7 @@ check "cc: an unknown algorithm is refused by name" "echo '$r_bad' | grep -q 'no
 check "cc: a QP that is not there is refused" "echo '$r_noqp' | grep -q 'no such QP'"
 check "cc: uroce-ctl's cc changes a live QP's algorithm (now $now_cc)" "echo '$r_ok' | grep -q '\"ok\": true' && [ '$now_cc' = none ]"
 wait_pair dcqcn
-wait $TEL 2>/dev/null
+kill $TEL 2>/dev/null; wait $TEL 2>/dev/null
 read -r cut low alpha after <<< "$(/usr/bin/python3 - "$TMP/dcqcn.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]

@@ -3,6 +3,7 @@
 # the app's QP on shard 1 so its traffic crosses the dispatcher's ring and
 # the TX funnel; (2) two ports on one daemon, the app on the second.
 . "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/ready.sh"
 need_root
 run() {  # tag server-args... -- client-args...
   local tag=$1; shift
@@ -10,7 +11,7 @@ run() {  # tag server-args... -- client-args...
   for a in "$@"; do if [ "$a" = "--" ]; then side=c; elif [ $side = s ]; then sx+=("$a"); else cx+=("$a"); fi; done
   start_traffic "" "srv-$tag" --role server --idle-max-us 50 "${sx[@]}"
   local spid=$LAST_PID
-  sleep 1.5
+  wait_listen "" "$spid" 18515 || bad "$tag: the server listens on TCP 18515 (gave up after $PROBES looks)"
   start_traffic "" "cli-$tag" --role client --peer 127.0.0.1 --messages 1500 --idle-max-us 50 "${cx[@]}"
   local cpid=$LAST_PID
   wait "$cpid"; local crc=$?; wait "$spid"; local src=$?
