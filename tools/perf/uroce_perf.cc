@@ -105,6 +105,7 @@ struct Ctx {
   int mtu = IBV_MTU_1024;
   std::string devname;
   ibv_wc_status failed = IBV_WC_SUCCESS;  // the status of the last failed completion
+  std::uint32_t lat_pkts = 0;             // packets sent by write_lat on QP 0, for the PSN of the last
 
   [[nodiscard]] std::uint8_t* send_half(std::uint32_t q) const { return buf + q * buff_size; }
   [[nodiscard]] std::uint8_t* recv_half(std::uint32_t q) const { return buf + (o->qps + q) * buff_size; }
@@ -479,6 +480,7 @@ bool run_lat(Ctx& c, std::uint64_t size, LatResult& r) {
     // own; the server writes first.
     volatile std::uint8_t* post_buf = c.send_half(0) + size - 1;
     volatile std::uint8_t* poll_buf = c.recv_half(0) + size - 1;
+    const std::uint64_t mtu = 128u << c.mtu;
     w.opcode = IBV_WR_RDMA_WRITE;
     w.wr.rdma.remote_addr = c.theirs[0].vaddr;
     w.wr.rdma.rkey = c.theirs[0].rkey;
@@ -494,17 +496,33 @@ bool run_lat(Ctx& c, std::uint64_t size, LatResult& r) {
         *post_buf = static_cast<std::uint8_t>(++scnt);
         t.push_back(now_us());
         if (uroce_post_send(c.qp[0], &w, &bad) != 0) return die("cannot post a WRITE");
+        c.lat_pkts += std::max<std::uint32_t>(1, static_cast<std::uint32_t>((size + mtu - 1) / mtu));
         if (!wait_wc(c, false, recvs, sends, err)) {
-          if (!(scnt == o.iters && c.failed == IBV_WC_RETRY_EXC_ERR && last_write_arrived(c, rcnt, poll_buf)))
-            return die(err);
+          const bool last_lost = scnt == o.iters && c.failed == IBV_WC_RETRY_EXC_ERR;
+          // The QP and PSN, for a script that looks for that PSN's ACK in a capture.
+          char which[96];
+          std::snprintf(which, sizeof which, "QPN 0x%06x PSN 0x%06x to QPN 0x%06x", c.mine[0].qpn,
+                        (c.mine[0].psn + c.lat_pkts - 1) & 0xffffff, c.theirs[0].qpn);
           // write_lat has no closing exchange: a peer that has written its
           // last message may leave before the ACK of our last WRITE, lost,
-          // is resent. Its data proves ours arrived (it writes only after
-          // seeing it), so this is the end of the run, not a failure.
+          // is resent. The server writes first, so the client's last WRITE
+          // is the run's last message. For the server, the client's last
+          // WRITE proves ours arrived (it writes only after seeing it), so
+          // this is the end of the run, not a failure. The client has no
+          // such proof: nothing follows its last WRITE. It fails, and says
+          // why (the peer's own report is the only evidence left).
+          if (last_lost && client) {
+            std::fprintf(stderr,
+                         "uroce-perf: the last WRITE was never acknowledged (%s), and as the client nothing "
+                         "from the peer follows it: no proof it arrived (%s)\n",
+                         uroce_wc_status_str(c.failed), which);
+            return die(err);
+          }
+          if (!last_lost || !last_write_arrived(c, rcnt, poll_buf)) return die(err);
           std::fprintf(stderr,
                        "uroce-perf: the last WRITE was never acknowledged (%s) but every WRITE from the peer "
-                       "arrived: the peer finished and left\n",
-                       uroce_wc_status_str(c.failed));
+                       "arrived: the peer finished and left (%s)\n",
+                       uroce_wc_status_str(c.failed), which);
           rcnt = o.iters;
         }
       }
