@@ -308,10 +308,36 @@ int run(const Opts& o) {
     for (int i = 0; i < n && (rcnt < o.iters || scnt < o.iters); ++i) {  // flushes after the end are not ours
       if (wc[i].status != IBV_WC_SUCCESS) {
         if (wc[i].wr_id == kSendId && wc[i].status == IBV_WC_RETRY_EXC_ERR && rcnt >= o.iters && scnt + 1 >= o.iters) {
+          // The last SEND lost its ACK, and its retries met no QP: a peer
+          // that has all its messages destroys its QP at once. The client
+          // sends first, so the server's last SEND is the run's last
+          // message. For the client, the server's last message proves its
+          // own last SEND arrived (the server sends only after receiving
+          // it): the end of the run. Nothing follows the server's last
+          // SEND, so the server has no proof: it fails, says why, and
+          // reports its data check for a script that has other evidence
+          // (the peer's own report). The QP and PSN are for a script that
+          // looks for that PSN's ACK in a capture.
+          const std::uint32_t mtu = 128u << o.mtu;
+          const std::uint32_t pkts = std::max<std::uint32_t>(1, (o.size + mtu - 1) / mtu);
+          char which[96];
+          std::snprintf(which, sizeof which, "QPN 0x%06x PSN 0x%06x to QPN 0x%06x", me.qpn,
+                        (me.psn + o.iters * pkts - 1) & 0xffffff, rem.qpn);
+          if (!client) {
+            std::fprintf(stderr,
+                         "uroce-pingpong: the last SEND was never acknowledged (%s), and as the server nothing "
+                         "from the peer follows it: no proof it arrived (%s)\n",
+                         uroce_wc_status_str(wc[i].status), which);
+            if (o.check)
+              std::printf("%lu messages checked, %lu bad\n", static_cast<unsigned long>(rcnt),
+                          static_cast<unsigned long>(bad_msgs));
+            std::fflush(stdout);
+            return 1;
+          }
           std::fprintf(stderr,
                        "uroce-pingpong: the last SEND was never acknowledged (%s) but every message from the peer "
-                       "arrived: the peer finished and left\n",
-                       uroce_wc_status_str(wc[i].status));
+                       "arrived: the peer finished and left (%s)\n",
+                       uroce_wc_status_str(wc[i].status), which);
           ++scnt;
           continue;
         }
