@@ -26,11 +26,11 @@ one() {
     fresh
     if [ "$role" = requester ]; then
       G "timeout 60 ib_$t -d rxe0 -x 1 -n 20 -s 2048 </dev/null >/tmp/f.log 2>&1 &"
-      sleep 1.5
+      g_tcp 18515 || echo "  $name: ib_$t did not listen in the guest"
       X timeout 90 "$PERF" "$t" -d "$TMP/u.app" -n 20 -s 2048 -u 18 10.77.0.2 > "$TMP/f.out" 2>&1
     else
       X timeout 90 "$PERF" "$t" -d "$TMP/u.app" -n 20 -s 2048 -u 18 > "$TMP/f.out" 2>&1 & local sp=$!
-      sleep 0.5
+      h_tcp 18515 || echo "  $name: uroce-perf did not listen"
       G "timeout 60 ib_$t -d rxe0 -x 1 -n 20 -s 2048 10.77.0.1 > /tmp/f.log 2>&1"
       wait $sp
     fi
