@@ -4,9 +4,9 @@
 # libibverbs.so.1) and perftest, with uroce's libibverbs.so.1 first on
 # LD_LIBRARY_PATH, against uroced daemons whose application sockets are in
 # UROCE_RUN_DIR: the device queries, and the pingpongs between two daemons
-# over memif with every received buffer checked, in event and polling
-# modes. rdma_cm programs (rdmacm-utils' rping and ucmatose, perftest -R)
-# run through uroce's librdmacm.so.1 the same way. Also: both libraries
+# over memif, in event and polling modes, with --chk (which checks little:
+# see the pingpong section) and no "invalid data" line on either side.
+# rdma_cm programs (rdmacm-utils' rping and ucmatose, perftest -R) run through uroce's librdmacm.so.1 the same way. Also: both libraries
 # export every public symbol of Debian's with its exact version, and what
 # uroce does not do (XRC, UD ids) is refused cleanly; dpkg -V shows the
 # binaries are Debian's own, and perftest -a runs every message size.
@@ -21,15 +21,18 @@ URUN=${UROCE_RUN:?the path of tools/uroce-run}
 LOOP=${VERBS_LOOPBACK:?the path of verbs_loopback}
 APPQP=${CM_APP_QP:?the path of cm_app_qp}
 SYSLIB=$(ls /usr/lib/*/libibverbs.so.1 2>/dev/null | head -1)
-for t in ibv_devices ibv_devinfo ibv_rc_pingpong ibv_uc_pingpong ibv_ud_pingpong ibv_srq_pingpong ibv_xsrq_pingpong \
-         rping ucmatose udaddy; do
-  command -v $t > /dev/null || { echo "SKIP: $t is not installed (ibverbs-utils, rdmacm-utils)"; exit 77; }
+# tools/setup.sh installs all three packages: a missing program fails.
+for t in ibv_devices ibv_devinfo ibv_rc_pingpong ibv_uc_pingpong ibv_ud_pingpong ibv_srq_pingpong ibv_xsrq_pingpong; do
+  need_prog $t ibverbs-utils
+done
+for t in rping ucmatose udaddy; do need_prog $t rdmacm-utils; done
+for t in ib_write_bw ib_send_bw ib_read_bw ib_atomic_bw ib_write_lat ib_send_lat ib_read_lat ib_atomic_lat; do
+  need_prog $t perftest
 done
 SYSCM=$(ls /usr/lib/*/librdmacm.so.1 2>/dev/null | head -1)
 
 echo "== the binaries are Debian's, unmodified"
-pkgs="ibverbs-utils rdmacm-utils"
-command -v ib_write_bw > /dev/null && pkgs="$pkgs perftest"
+pkgs="ibverbs-utils rdmacm-utils perftest"
 dpkg -V $pkgs > "$TMP/dpkg-V.out" 2>&1
 check "dpkg -V $pkgs prints nothing" "[ ! -s '$TMP/dpkg-V.out' ]"
 
@@ -80,6 +83,22 @@ DB=$LAST_PID
 for i in $(seq 50); do [ -S "$TMP/run_b/uroce0.sock" ] && break; sleep 0.1; done
 # Every verbs program runs as a user would run it: through uroce-run.
 run() { timeout 20 "$URUN" --lib "$IBV_DIR" --run-dir "$TMP/run" "$@"; }
+# Readiness, not a fixed sleep, before each client. tcp_ready PID PORT: the
+# server (PID: its timeout wrapper, still running) listens on TCP PORT;
+# looked at up to 400 times, 0.05 s apart.
+tcp_ready() {
+  local i
+  for i in $(seq 400); do
+    ss -Hltn "sport = :$2" | grep -q . && return 0
+    kill -0 "$1" 2> /dev/null || return 1
+    sleep 0.05
+  done
+  return 1
+}
+# bad_data FILE...: a line where a program says its data check failed.
+# ibv_*_pingpong --chk prints "invalid data in page N" and still exits 0;
+# rping -V prints a "mismatch" and exits non-zero.
+bad_data() { grep -hiE 'invalid data|mismatch' "$@"; }
 
 echo "== ibv_devices"
 run ibv_devices > "$TMP/devices.out" 2>&1; rc=$?
@@ -101,7 +120,15 @@ check "the port's speed and MTU are the link's: memif's 100 Gb/s as 4X EDR, MTU 
 timeout 20 "$URUN" --lib "$IBV_DIR" --run-dir "$TMP/run_b" ibv_devinfo -v > "$TMP/devinfo_b.out" 2>&1
 check "daemon B, at the driver's MTU of 1500: active_mtu 1024" "grep -qE 'active_mtu:\s+1024' '$TMP/devinfo_b.out'"
 
-echo "== ibv_*_pingpong between the two daemons: every buffer checked (--chk) where the program can"
+echo "== ibv_*_pingpong between the two daemons, with --chk"
+# What --chk checks (rdma-core 44): the client sets the first byte of each
+# page of its buffer to 0 before its first send; at the end the server
+# compares the first byte of each page of its buffer with 0, prints
+# "invalid data in page N" for each other one, and still exits 0. So one
+# byte per page, on the server only, and only that some message put the 0
+# there: rc, uc and ud fill their buffers with 0x7b first, so a server that
+# never received data prints the line; srq's buffer starts at 0, so its
+# check cannot fail. The check below fails on that line on either side.
 pp_port=18600
 client_dir=run_b  # the client's daemon: the other one (run for loopback)
 pingpong() {  # program tag args...
@@ -109,14 +136,15 @@ pingpong() {  # program tag args...
   pp_port=$((pp_port + 1))
   timeout 60 "$URUN" --lib "$IBV_DIR" --run-dir "$TMP/run" $prog -d uroce0 -g 0 -p $pp_port "$@" \
     > "$TMP/pps-$tag.out" 2>&1 & local sp=$!
-  sleep 0.5
+  tcp_ready $sp $pp_port || echo "  ($prog $tag: the server never listened on TCP port $pp_port)"
   timeout 60 "$URUN" --lib "$IBV_DIR" --run-dir "$TMP/$client_dir" $prog -d uroce0 -g 0 -p $pp_port "$@" 127.0.0.1 \
     > "$TMP/ppc-$tag.out" 2>&1; local crc=$?
   wait $sp; local src=$?
   echo "  $prog $tag: client exit $crc: $(grep -h 'iters in' "$TMP/ppc-$tag.out"); server exit $src"
-  [ $crc -eq 0 ] && [ $src -eq 0 ] || sed 's/^/    /' "$TMP/ppc-$tag.out" "$TMP/pps-$tag.out" | tail -8
-  check "$prog $tag: both sides ran every iteration" \
-    "[ $crc -eq 0 ] && [ $src -eq 0 ] && grep -q 'iters in' '$TMP/ppc-$tag.out' && grep -q 'iters in' '$TMP/pps-$tag.out'"
+  [ $crc -eq 0 ] && [ $src -eq 0 ] && ! bad_data "$TMP/ppc-$tag.out" "$TMP/pps-$tag.out" > /dev/null ||
+    sed 's/^/    /' "$TMP/ppc-$tag.out" "$TMP/pps-$tag.out" | tail -8
+  check "$prog $tag: both sides ran every iteration, and neither's --chk found invalid data" \
+    "[ $crc -eq 0 ] && [ $src -eq 0 ] && grep -q 'iters in' '$TMP/ppc-$tag.out' && grep -q 'iters in' '$TMP/pps-$tag.out' && ! bad_data '$TMP/ppc-$tag.out' '$TMP/pps-$tag.out' > /dev/null"
 }
 pingpong ibv_rc_pingpong events-4096 -c -e -n 500 -s 4096
 pingpong ibv_rc_pingpong events-64 -c -e -n 1000 -s 64
@@ -130,54 +158,70 @@ pingpong ibv_ud_pingpong poll-64 -c -n 500 -s 64
 pingpong ibv_srq_pingpong events-1024 -c -e -n 200 -s 1024
 
 echo "== perftest, unmodified (libmlx5.so.1 and libefa.so.1 are uroce's refusing stand-ins): the eight tests"
-if command -v ib_write_bw > /dev/null; then
-  port=18700
-  for t in ib_write_bw ib_send_bw ib_read_bw ib_atomic_bw ib_write_lat ib_send_lat ib_read_lat ib_atomic_lat; do
-    port=$((port + 1))
-    ev=-e; case $t in ib_write_*) ev="" ;; esac  # perftest has no events for WRITE
-    timeout 60 "$URUN" --lib "$IBV_DIR" --run-dir "$TMP/run" $t -d uroce0 -x 0 -n 200 -p $port $ev \
-      > "$TMP/pts-$t.out" 2>&1 & sp=$!
-    sleep 0.7
-    timeout 60 "$URUN" --lib "$IBV_DIR" --socket "$TMP/run_b/uroce0.sock" $t -d uroce0 -x 0 -n 200 -p $port $ev 127.0.0.1 \
-      > "$TMP/ptc-$t.out" 2>&1; crc=$?
-    wait $sp; src=$?
-    row=$(grep -E '^ +[0-9]+ +200 ' "$TMP/ptc-$t.out" | head -1 | tr -s ' ')
-    echo "  $t: client exit $crc, server exit $src:$row"
-    check "perftest $t runs unmodified on uroce, both sides" \
-      "[ $crc -eq 0 ] && [ $src -eq 0 ] && [ -n '$row' ] && grep -q 'Transport type : IB' '$TMP/ptc-$t.out'"
-  done
-  # Every message size (-a: 2 bytes to 8 MiB), on one bandwidth and one
-  # latency test.
-  for t in ib_write_bw ib_send_lat; do
-    port=$((port + 1))
-    timeout 120 "$URUN" --lib "$IBV_DIR" --run-dir "$TMP/run" $t -d uroce0 -x 0 -a -n 20 -p $port \
-      > "$TMP/pts-a-$t.out" 2>&1 & sp=$!
-    sleep 0.7
-    timeout 120 "$URUN" --lib "$IBV_DIR" --socket "$TMP/run_b/uroce0.sock" $t -d uroce0 -x 0 -a -n 20 -p $port 127.0.0.1 \
-      > "$TMP/ptc-a-$t.out" 2>&1; crc=$?
-    wait $sp; src=$?
-    sizes=$(grep -cE '^ +[0-9]+ +20 ' "$TMP/ptc-a-$t.out")
-    echo "  $t -a: client exit $crc, server exit $src, $sizes sizes reported"
-    check "perftest $t -a: every size from 2 bytes to 8 MiB (23 rows), both sides exit 0" \
-      "[ $crc -eq 0 ] && [ $src -eq 0 ] && [ $sizes -eq 23 ] && grep -qE '^ +8388608 +20 ' '$TMP/ptc-a-$t.out'"
-  done
-else
-  echo "  (perftest not installed: skipped)"
-fi
+port=18700
+for t in ib_write_bw ib_send_bw ib_read_bw ib_atomic_bw ib_write_lat ib_send_lat ib_read_lat ib_atomic_lat; do
+  port=$((port + 1))
+  ev=-e; case $t in ib_write_*) ev="" ;; esac  # perftest has no events for WRITE
+  timeout 60 "$URUN" --lib "$IBV_DIR" --run-dir "$TMP/run" $t -d uroce0 -x 0 -n 200 -p $port $ev \
+    > "$TMP/pts-$t.out" 2>&1 & sp=$!
+  tcp_ready $sp $port || echo "  ($t: the server never listened on TCP port $port)"
+  timeout 60 "$URUN" --lib "$IBV_DIR" --socket "$TMP/run_b/uroce0.sock" $t -d uroce0 -x 0 -n 200 -p $port $ev 127.0.0.1 \
+    > "$TMP/ptc-$t.out" 2>&1; crc=$?
+  wait $sp; src=$?
+  row=$(grep -E '^ +[0-9]+ +200 ' "$TMP/ptc-$t.out" | head -1 | tr -s ' ')
+  echo "  $t: client exit $crc, server exit $src:$row"
+  check "perftest $t runs unmodified on uroce, both sides" \
+    "[ $crc -eq 0 ] && [ $src -eq 0 ] && [ -n '$row' ] && grep -q 'Transport type : IB' '$TMP/ptc-$t.out'"
+done
+# Every message size (-a: 2 bytes to 8 MiB), on one bandwidth and one
+# latency test.
+for t in ib_write_bw ib_send_lat; do
+  port=$((port + 1))
+  timeout 120 "$URUN" --lib "$IBV_DIR" --run-dir "$TMP/run" $t -d uroce0 -x 0 -a -n 20 -p $port \
+    > "$TMP/pts-a-$t.out" 2>&1 & sp=$!
+  tcp_ready $sp $port || echo "  ($t -a: the server never listened on TCP port $port)"
+  timeout 120 "$URUN" --lib "$IBV_DIR" --socket "$TMP/run_b/uroce0.sock" $t -d uroce0 -x 0 -a -n 20 -p $port 127.0.0.1 \
+    > "$TMP/ptc-a-$t.out" 2>&1; crc=$?
+  wait $sp; src=$?
+  sizes=$(grep -cE '^ +[0-9]+ +20 ' "$TMP/ptc-a-$t.out")
+  echo "  $t -a: client exit $crc, server exit $src, $sizes sizes reported"
+  check "perftest $t -a: every size from 2 bytes to 8 MiB (23 rows), both sides exit 0" \
+    "[ $crc -eq 0 ] && [ $src -eq 0 ] && [ $sizes -eq 23 ] && grep -qE '^ +8388608 +20 ' '$TMP/ptc-a-$t.out'"
+done
 
 echo "== rdma_cm programs (rdmacm-utils, perftest -R) through uroce's librdmacm.so.1"
 # The CM runs on the daemons' agents (QP1); rping -V checks every byte of
 # each ping, and at 4000 bytes its buffers share heap pages (several MRs
 # over one page). Addresses are the ports' own: 10.96.0.1 is daemon A.
 cm_port=18800
+# cm_state: daemon A's CM counts, "REJECTS_SENT ESTABLISHED" (every server
+# here is on A).
+cm_state() {
+  ctl "$TMP/d.ctl" status | /usr/bin/python3 -c 'import json,sys; c=json.load(sys.stdin)["cm"]; print(c["rejects_sent"], c["established"])'
+}
+# An rdma_cm server shows no sign that it listens (no TCP port, and these
+# programs print nothing after rdma_listen), so the client's own connect is
+# the readiness probe: a client that failed because daemon A refused its
+# connect (a REJ or SIDR reject counted, and nothing established: nobody
+# listened on the port yet) runs again, at most 100 times, 0.05 s apart,
+# and the log says how often. Any other failure is the result.
 cm_pair() {  # tag server-run-dir client-run-dir server-cmd... -- client-cmd...
   local tag=$1 sdir=$2 cdir=$3; shift 3
   local scmd=() ccmd=()
   while [ "$1" != "--" ]; do scmd+=("$1"); shift; done
   shift; ccmd=("$@")
   timeout 60 "$URUN" --lib "$IBV_DIR" --run-dir "$TMP/$sdir" "${scmd[@]}" > "$TMP/cms-$tag.out" 2>&1 & local sp=$!
-  sleep 0.7
-  timeout 60 "$URUN" --lib "$IBV_DIR" --run-dir "$TMP/$cdir" "${ccmd[@]}" > "$TMP/cmc-$tag.out" 2>&1; CM_CRC=$?
+  local tries=0 before after
+  while :; do
+    before=$(cm_state)
+    timeout 60 "$URUN" --lib "$IBV_DIR" --run-dir "$TMP/$cdir" "${ccmd[@]}" > "$TMP/cmc-$tag.out" 2>&1; CM_CRC=$?
+    after=$(cm_state)
+    [ $CM_CRC -ne 0 ] && [ "${after% *}" -gt "${before% *}" ] && [ "${after#* }" -eq "${before#* }" ] &&
+      [ $tries -lt 100 ] && kill -0 $sp 2> /dev/null || break
+    tries=$((tries + 1))
+    sleep 0.05
+  done
+  [ $tries -eq 0 ] || echo "  ($tag: the server did not listen yet: $tries connect(s) refused, run again)"
   wait $sp; CM_SRC=$?
   echo "  $tag: client exit $CM_CRC, server exit $CM_SRC"
   [ $CM_CRC -eq 0 ] && [ $CM_SRC -eq 0 ] || sed 's/^/    /' "$TMP/cmc-$tag.out" "$TMP/cms-$tag.out" | tail -8
@@ -187,12 +231,13 @@ for sz in 64 4000 30000; do
   cm_pair rping-$sz run run_b rping -s -a 10.96.0.1 -p $cm_port -V -C 100 -S $sz -- \
     rping -c -a 10.96.0.1 -p $cm_port -V -C 100 -S $sz
   check "rping -V, $sz bytes, 100 pings between the daemons, every byte checked" \
-    "[ $CM_CRC -eq 0 ] && [ $CM_SRC -eq 0 ] && ! grep -qi mismatch '$TMP/cmc-rping-$sz.out' '$TMP/cms-rping-$sz.out'"
+    "[ $CM_CRC -eq 0 ] && [ $CM_SRC -eq 0 ] && ! bad_data '$TMP/cmc-rping-$sz.out' '$TMP/cms-rping-$sz.out' > /dev/null"
 done
 cm_port=$((cm_port + 1))
 cm_pair rping-loopback run run rping -s -a 10.96.0.1 -p $cm_port -V -C 100 -S 4000 -- \
   rping -c -a 10.96.0.1 -p $cm_port -V -C 100 -S 4000
-check "rping -V with both ends on one device (loopback)" "[ $CM_CRC -eq 0 ] && [ $CM_SRC -eq 0 ]"
+check "rping -V with both ends on one device (loopback), every byte checked" \
+  "[ $CM_CRC -eq 0 ] && [ $CM_SRC -eq 0 ] && ! bad_data '$TMP/cmc-rping-loopback.out' '$TMP/cms-rping-loopback.out' > /dev/null"
 cm_port=$((cm_port + 1))
 cm_pair ucmatose run run_b stdbuf -oL ucmatose -p $cm_port -c 4 -C 50 -- stdbuf -oL ucmatose -s 10.96.0.1 -p $cm_port -c 4 -C 50
 check "ucmatose: 4 connections, 50 messages each way on each, disconnected" \
@@ -245,7 +290,7 @@ pingpong ibv_rc_pingpong loopback -c -e -n 300 -s 4096
 for t in ib_write_bw ib_send_lat; do
   port=$((port + 1))
   timeout 60 "$URUN" --lib "$IBV_DIR" --run-dir "$TMP/run" $t -d uroce0 -x 0 -n 200 -p $port > "$TMP/lbs-$t.out" 2>&1 & sp=$!
-  sleep 0.7
+  tcp_ready $sp $port || echo "  ($t loopback: the server never listened on TCP port $port)"
   timeout 60 "$URUN" --lib "$IBV_DIR" --run-dir "$TMP/run" $t -d uroce0 -x 0 -n 200 -p $port 127.0.0.1 > "$TMP/lbc-$t.out" 2>&1; crc=$?
   wait $sp; src=$?
   row=$(grep -E '^ +[0-9]+ +200 ' "$TMP/lbc-$t.out" | head -1 | tr -s ' ')
