@@ -4,14 +4,13 @@
 // ring. Every allocation form is counted (tests/support/alloc_counter.h):
 // operator new in all its forms, aligned ones included, and the C allocators.
 #include <gtest/gtest.h>
+#include <malloc.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
-#include <malloc.h>
-
 #include <new>
 #include <thread>
 #include <tuple>
