@@ -12,6 +12,7 @@ build=$(realpath "${1:-build}")
 out=$(mkdir -p "${2:-soak-out}" && realpath "${2:-soak-out}")
 export UROCED=$build/control/uroced
 . "$(dirname "$0")/../tests/integration/lib.sh"
+. "$(dirname "$0")/../tests/integration/ready.sh"
 need_root
 PERF=$build/tools/perf/uroce-perf
 RPING=$build/tools/perf/uroce-rping
@@ -22,15 +23,18 @@ LOSS="drop=0.01,reorder=0.01,reorder_us=200"
 start_daemon "" sa --port net_memif0 --vdev "net_memif0,role=server,socket=$TMP/m.sock,bsize=8192" --ip 10.89.0.1 --lcore 0 \
   --app-socket "$TMP/a.app" --ctl-socket "$TMP/a.ctl" --fault-rx "$LOSS"
 A=$LAST_PID
-sleep 1
+# The memif client connects once: the server must be up first (its
+# application socket comes after its port; memif's own socket is abstract).
+wait_sockets "$TMP/a.app" || bad "daemon A is up (gave up after $PROBES looks)"
 start_daemon "" sb --port net_memif0 --vdev "net_memif0,role=client,socket=$TMP/m.sock,bsize=8192" --ip 10.89.0.2 --lcore 1 \
   --app-socket "$TMP/b.app" --ctl-socket "$TMP/b.ctl" --fault-rx "$LOSS"
 B=$LAST_PID
-for i in $(seq 50); do [ -S "$TMP/a.app" ] && [ -S "$TMP/b.app" ] && break; sleep 0.1; done
+wait_sockets "$TMP/a.app" "$TMP/b.app" || bad "both application sockets are there (gave up after $PROBES looks)"
 PORT=$((24000 + $$ % 1000 * 4))
 
 # Samples: RSS (kB) and open descriptors of each daemon: before any
 # application (the baseline), then every 10 s, then after they are all gone.
+rm -f "$out/rounds.tsv"
 printf 't_s\trss_a_kb\tfds_a\trss_b_kb\tfds_b\n' > "$out/samples.tsv"
 t0=$(date +%s)
 sample() {
@@ -42,19 +46,24 @@ sample
 echo "== soak: $SECS s, $LOSS on both daemons' receive"
 # Full rate: write_bw for the whole run.
 timeout $((SECS + 60)) "$PERF" write_bw -d "$TMP/a.app" -p $PORT -D "$SECS" -s 4096 > "$TMP/bw.srv" 2>&1 & bws=$!
-sleep 0.3
+wait_listen "" "" $PORT || bad "the write_bw server listens (gave up after $PROBES looks)"
 timeout $((SECS + 60)) "$PERF" write_bw -d "$TMP/b.app" -p $PORT -D "$SECS" -s 4096 127.0.0.1 > "$TMP/bw.cli" 2>&1 & bwc=$!
-# Verifying traffic: rping rounds of 200 validated pings, one after another.
+# Verifying traffic: rping rounds of 200 validated pings, one after another;
+# each round's end (ms since the start) and length go to rounds.tsv.
 (
   k=0; fails=0
+  start_ms=$(( $(date +%s%N) / 1000000 ))
   end=$(( $(date +%s) + SECS ))
   while [ "$(date +%s)" -lt "$end" ]; do
+    r0=$(( $(date +%s%N) / 1000000 ))
     p=$((7400 + k % 50)); k=$((k + 1))
     timeout 60 "$RPING" -s -C 200 -p $p -d "$TMP/a.app" > "$TMP/rps.out" 2>&1 & sp=$!
-    for i in $(seq 50); do grep -q '^listening' "$TMP/rps.out" && break; sleep 0.05; done
+    wait_line "$TMP/rps.out" '^listening'
     timeout 60 "$RPING" -c -a 10.89.0.1 -p $p -C 200 -V -d "$TMP/b.app" > "$TMP/rpc.out" 2>&1 || fails=$((fails + 1))
     wait $sp || fails=$((fails + 1))
     grep -q '^200 pings, data validated' "$TMP/rpc.out" || fails=$((fails + 1))
+    r1=$(( $(date +%s%N) / 1000000 ))
+    printf '%s\t%s\n' $((r1 - start_ms)) $((r1 - r0)) >> "$out/rounds.tsv"
   done
   echo "$k $fails" > "$TMP/rping.result"
 ) & rp=$!
@@ -111,6 +120,25 @@ echo "  rping: $rounds rounds of 200 validated pings, $rfails failures; applicat
 check "both daemons alive after $SECS s" "kill -0 $A && kill -0 $B"
 check "write_bw ran the whole time, both sides exit 0" "[ $bwcrc -eq 0 ] && [ $bwsrc -eq 0 ]"
 check "every rping round validated its data ($rounds rounds)" "[ $rfails -eq 0 ] && [ $rounds -ge 1 ]"
+# The rate of rounds, against controls from this run: the rounds must fill
+# at least two thirds of the run at the typical (median) round's pace, so a
+# loop that stalls for a third of the run fails; and the last third of the run must hold at least a quarter
+# as many rounds as the first third, so a soak that slows as it goes fails.
+read -r typical_ms floor first last <<< "$(/usr/bin/python3 - "$out/rounds.tsv" "$SECS" <<'PY'
+import statistics, sys
+rows = [tuple(map(int, l.split())) for l in open(sys.argv[1]) if l.strip()]
+secs = int(sys.argv[2])
+med = statistics.median(d for _, d in rows) if rows else 0
+floor = int(secs * 1000 * 2 / (3 * med)) if med else 1 << 30
+third = secs * 1000 / 3
+print(int(med), floor, sum(t <= third for t, _ in rows), sum(t > 2 * third for t, _ in rows))
+PY
+)"
+echo "  rping rate: $rounds rounds in $SECS s; typical round ${typical_ms:-?} ms, so at least ${floor:-?} rounds; ${first:-?} in the first third, ${last:-?} in the last"
+check "rping rounds kept their pace: at least two thirds of the run's worth at the typical round's length (${floor:-?})" \
+  "[ $rounds -ge \${floor:-1073741824} ]"
+check "rping rounds did not slow down: the last third of the run holds at least a quarter of the first third's (${last:-?} vs ${first:-?})" \
+  "[ \$((4 * \${last:-0})) -ge \${first:-1} ] && [ \${first:-0} -gt 0 ]"
 check "applications were killed mid-run ($churned)" "[ $churned -ge 3 ]"
 check "frames reconcile: each daemon's port received every frame the other's sent" \
   "[ \$(jget '$sum' a_tx) -eq \$(jget '$sum' b_rx) ] && [ \$(jget '$sum' b_tx) -eq \$(jget '$sum' a_rx) ]"
