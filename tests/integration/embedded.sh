@@ -108,14 +108,6 @@ check "the holding application ran to its end" "[ $hrc -eq 0 ]"
 
 echo "== unmodified programs in embedded mode, through uroce-run (no daemon between two of them)"
 URUN() { timeout 60 "$UROCE_RUN" --lib "$UROCE_IBVERBS_DIR" "$@"; }
-# bad_data FILE...: a line where a program says its data check failed.
-# ibv_rc_pingpong --chk prints "invalid data in page N" and still exits 0;
-# rping -V prints "data mismatch!" (and fails).
-bad_data() { grep -hiE 'invalid data|mismatch' "$@"; }
-# cm_state CTL: a node's CM counts, "REJECTS_SENT ESTABLISHED".
-cm_state() {
-  ctl "$1" status | /usr/bin/python3 -c 'import json,sys; c=json.load(sys.stdin)["cm"]; print(c["rejects_sent"], c["established"])'
-}
 # stock_pair TAG READY server-cmd... -- client-cmd...: the server embedded
 # as A (control socket es.ctl), the client as B once the server is ready,
 # which is never a fixed sleep. READY tcp:PORT: the server listens on TCP

@@ -95,10 +95,6 @@ tcp_ready() {
   done
   return 1
 }
-# bad_data FILE...: a line where a program says its data check failed.
-# ibv_*_pingpong --chk prints "invalid data in page N" and still exits 0;
-# rping -V prints a "mismatch" and exits non-zero.
-bad_data() { grep -hiE 'invalid data|mismatch' "$@"; }
 
 echo "== ibv_devices"
 run ibv_devices > "$TMP/devices.out" 2>&1; rc=$?
@@ -194,11 +190,6 @@ echo "== rdma_cm programs (rdmacm-utils, perftest -R) through uroce's librdmacm.
 # each ping, and at 4000 bytes its buffers share heap pages (several MRs
 # over one page). Addresses are the ports' own: 10.96.0.1 is daemon A.
 cm_port=18800
-# cm_state: daemon A's CM counts, "REJECTS_SENT ESTABLISHED" (every server
-# here is on A).
-cm_state() {
-  ctl "$TMP/d.ctl" status | /usr/bin/python3 -c 'import json,sys; c=json.load(sys.stdin)["cm"]; print(c["rejects_sent"], c["established"])'
-}
 # An rdma_cm server shows no sign that it listens (no TCP port, and these
 # programs print nothing after rdma_listen), so the client's own connect is
 # the readiness probe: a client that failed because daemon A refused its
@@ -213,9 +204,9 @@ cm_pair() {  # tag server-run-dir client-run-dir server-cmd... -- client-cmd...
   timeout 60 "$URUN" --lib "$IBV_DIR" --run-dir "$TMP/$sdir" "${scmd[@]}" > "$TMP/cms-$tag.out" 2>&1 & local sp=$!
   local tries=0 before after
   while :; do
-    before=$(cm_state)
+    before=$(cm_state "$TMP/d.ctl")
     timeout 60 "$URUN" --lib "$IBV_DIR" --run-dir "$TMP/$cdir" "${ccmd[@]}" > "$TMP/cmc-$tag.out" 2>&1; CM_CRC=$?
-    after=$(cm_state)
+    after=$(cm_state "$TMP/d.ctl")
     [ $CM_CRC -ne 0 ] && [ "${after% *}" -gt "${before% *}" ] && [ "${after#* }" -eq "${before#* }" ] &&
       [ $tries -lt 100 ] && kill -0 $sp 2> /dev/null || break
     tries=$((tries + 1))

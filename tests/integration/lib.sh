@@ -126,6 +126,15 @@ jget() { /usr/bin/python3 -c 'import json,sys; d=json.loads(sys.argv[1]);
 for k in sys.argv[2].split("."): d=d[k]
 print(d)' "$1" "$2"; }
 
+# bad_data FILE...: a line where a program says its data check failed.
+# ibv_*_pingpong --chk prints "invalid data in page N" and still exits 0;
+# rping -V prints a "mismatch".
+bad_data() { grep -hiE 'invalid data|mismatch' "$@"; }
+# cm_state CTL: a node's CM counts, "REJECTS_SENT ESTABLISHED".
+cm_state() {
+  ctl "$1" status | /usr/bin/python3 -c 'import json,sys; c=json.load(sys.stdin)["cm"]; print(c["rejects_sent"], c["established"])'
+}
+
 finish() {
   echo "$PASS passed, $FAIL failed"
   [ "$FAIL" -eq 0 ] && [ "$PASS" -gt 0 ]

@@ -91,9 +91,9 @@ start_traffic "" cli-dcqcn --port net_memif0 --vdev "net_memif0,role=client,sock
 wait_sockets "$TMP/cli-dcqcn.ctl" || bad "dcqcn: the client's control socket is there (gave up after $PROBES looks)"
 "$UROCE_CTL" --socket "$TMP/cli-dcqcn.ctl" telemetry --interval 20 --count 1000 > "$TMP/dcqcn.jsonl" 2>/dev/null &
 TEL=$!
-# dcqcn_rows: "PACED AFTER" from the client's telemetry so far: rows of the
-# dcqcn QP paced below the line, and rows back at line rate (unpaced) after
-# the last paced one.
+# dcqcn_rows: "PACED AFTER LOW" from the client's telemetry so far: rows of
+# the dcqcn QP paced below the line, rows back at line rate (unpaced) after
+# the last paced one, and rows paced below half the line.
 dcqcn_rows() { /usr/bin/python3 - "$TMP/dcqcn.jsonl" <<'PY'
 import json, sys
 rows = []
@@ -102,16 +102,19 @@ for l in open(sys.argv[1]):
     except ValueError: pass  # a line being written
 rows = [r for r in rows if r.get("algorithm") == "dcqcn"]
 last = max((i for i, r in enumerate(rows) if r["pace_bps"] > 0), default=-1)
-print(sum(r["pace_bps"] > 0 for r in rows), sum(r["pace_bps"] == 0 and r["rate_bps"] >= 10e9 for r in rows[last + 1:]) if last >= 0 else 0)
+print(sum(r["pace_bps"] > 0 for r in rows), sum(r["pace_bps"] == 0 and r["rate_bps"] >= 10e9 for r in rows[last + 1:]) if last >= 0 else 0,
+      sum(0 < r["pace_bps"] < 5e9 for r in rows))
 PY
 }
 # No fixed window: the marks stop once the telemetry has seen the rate cut,
 # and the recovery is awaited by looking at the telemetry (a bounded number
 # of looks, not a time): DCQCN's own timer and byte counter set its pace.
-cut_seen() { read -r pc af <<< "$(dcqcn_rows)"; [ "${pc:-0}" -ge 3 ]; }
+# The cut is seen once a row is paced below half the line, as the check
+# below asks (a few paced rows alone can still be above it under load).
+cut_seen() { read -r pc af low <<< "$(dcqcn_rows)"; [ "${pc:-0}" -ge 3 ] && [ "${low:-0}" -ge 1 ]; }
 probe 400 cut_seen || echo "  no paced row in the telemetry after $PROBES looks"
 ctl "$TMP/srv-dcqcn.ctl" "fault rx off" > /dev/null
-recovered() { read -r pc af <<< "$(dcqcn_rows)"; [ "${af:-0}" -ge 1 ]; }
+recovered() { read -r pc af low <<< "$(dcqcn_rows)"; [ "${af:-0}" -ge 1 ]; }
 if probe 400 recovered; then echo "  marks off; back at line rate in the telemetry after $PROBES looks"
 else echo "  marks off; not back at line rate after $PROBES looks"; fi
 # One QP's algorithm, changed live over the control socket; refusals are clear.
