@@ -27,10 +27,15 @@ RandomFrame random_frame(std::mt19937_64& rng, std::uint8_t opcode, IpVersion ip
   s.vlan_tci = static_cast<std::uint16_t>(u(0xffff));
   s.ipver = ipver;
   if (ipver == IpVersion::kV4) {
-    s.src = IpAddr::from_v4(10, static_cast<std::uint8_t>(u(255)), static_cast<std::uint8_t>(u(255)),
-                            static_cast<std::uint8_t>(1 + u(253)));
-    s.dst = IpAddr::from_v4(10, static_cast<std::uint8_t>(u(255)), static_cast<std::uint8_t>(u(255)),
-                            static_cast<std::uint8_t>(1 + u(253)));
+    // One draw per statement: the order in which a call's arguments are
+    // evaluated is unspecified (gcc and clang differ), and the frames must be
+    // the same whichever compiler built the test.
+    std::uint8_t a[6];
+    for (auto& x : a) x = static_cast<std::uint8_t>(u(255));
+    a[2] = static_cast<std::uint8_t>(1 + a[2] % 254);
+    a[5] = static_cast<std::uint8_t>(1 + a[5] % 254);
+    s.src = IpAddr::from_v4(10, a[0], a[1], a[2]);
+    s.dst = IpAddr::from_v4(10, a[3], a[4], a[5]);
   } else {
     s.src.b[0] = 0xfd;
     s.dst.b[0] = 0xfd;

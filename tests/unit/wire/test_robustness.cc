@@ -73,8 +73,11 @@ TEST(Robustness, RandomBitFlipsNeverCrashAndAreCaught) {
   Packet pkt;
   int accepted_after_flip = 0, unchanged = 0, only_unchecked = 0, wrongly_accepted = 0, wrongly_refused = 0;
   for (int iter = 0; iter < 20000; ++iter) {
-    const auto rf = testing::random_frame(rng, ops[rng() % ops.size()], rng() % 4 ? IpVersion::kV4 : IpVersion::kV6,
-                                          true, 512);
+    // One draw per statement (argument evaluation order is unspecified, and
+    // gcc and clang differ): the counts below must not depend on the compiler.
+    const std::uint8_t op = ops[rng() % ops.size()];
+    const IpVersion ipver = rng() % 4 ? IpVersion::kV4 : IpVersion::kV6;
+    const auto rf = testing::random_frame(rng, op, ipver, true, 512);
     std::size_t n = build_frame(buf, rf.spec, rf.payload);
     ASSERT_GT(n, 0u);
     const std::size_t full = n;
@@ -99,18 +102,18 @@ TEST(Robustness, RandomBitFlipsNeverCrashAndAreCaught) {
     if (!ok && expect) ++wrongly_refused;
   }
   // Seed 1234 draws 20,000 frames (a quarter IPv6, half with a VLAN tag, a
-  // third given a random length up to their own). The parser accepts 661 of
-  // them, exactly the ones the rule above predicts: 7 whose flips cancelled
-  // out (the same bit flipped twice) and 654 whose flips all fell in the
+  // third given a random length up to their own). The parser accepts 623 of
+  // them, exactly the ones the rule above predicts: 4 whose flips cancelled
+  // out (the same bit flipped twice) and 619 whose flips all fell in the
   // unchecked bits; not one whose flips reached a bit that an IPv4 checksum
   // or the ICRC covers (a CRC-32 misses a random corruption with odds of
   // ~2^-32). A change in the parser's verdicts, or in the generator, moves
   // one of these numbers.
   EXPECT_EQ(wrongly_accepted, 0);
   EXPECT_EQ(wrongly_refused, 0);
-  EXPECT_EQ(unchanged, 7);
-  EXPECT_EQ(only_unchecked, 654);
-  EXPECT_EQ(accepted_after_flip, 661);
+  EXPECT_EQ(unchanged, 4);
+  EXPECT_EQ(only_unchecked, 619);
+  EXPECT_EQ(accepted_after_flip, 623);
 }
 
 TEST(Robustness, ArbitraryBytes) {
