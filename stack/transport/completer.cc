@@ -249,6 +249,7 @@ void Engine::on_progress(Qp& qp, Psn una_before, std::uint64_t now) {
   r.retry_left = qp.retry_cnt;
   r.rnr_left = qp.rnr_retry;
   r.retry_deadline = 0;
+  r.charge_at = 0;
   if (r.una != r.sent_hi) arm_retry(qp, now);
   // A poll visit only when the requester may send now (the window opened,
   // or WQEs wait at the cursor), or may need one for another reason (not in
@@ -269,6 +270,14 @@ void Engine::on_progress(Qp& qp, Psn una_before, std::uint64_t now) {
 /// fails the oldest WQE with RETRY_EXC_ERR when the retry budget is spent.
 void Engine::retry_or_fail(Qp& qp, std::uint64_t now, bool from_timeout, std::optional<Psn> from) {
   Requester& r = qp.req;
+  const bool sr = qp.sr && !sr_fenced(qp);
+  if (sr && from_timeout && r.charge_at != 0 && now < r.charge_at) {
+    // A short timeout before the IBTA timer has run out resends what is
+    // missing and spends nothing (arm_retry); one at or after it spends a
+    // retry, or fails the QP, and restarts that timer.
+    sr_timeout(qp, now);
+    return;
+  }
   if (r.retry_left == 0) {
     qp.ctr.inc(QpCounter::retry_exceeded_err);
     if (!qp.sq.empty()) complete_send(qp, IBV_WC_RETRY_EXC_ERR);
@@ -278,7 +287,8 @@ void Engine::retry_or_fail(Qp& qp, std::uint64_t now, bool from_timeout, std::op
   // IBTA C9-141: retry_cnt counts retries; unlike rxe, 7 is not infinite.
   --r.retry_left;
   if (!from_timeout) qp.ctr.inc(QpCounter::completer_retry_err);
-  if (qp.sr && !sr_fenced(qp)) {
+  if (sr) {
+    r.charge_at = 0;
     sr_timeout(qp, now);  // only what is missing goes again
     return;
   }

@@ -94,6 +94,10 @@ struct Requester {
   std::uint32_t pkts_since_ackreq = 0;
   std::uint64_t retry_deadline = 0;  // 0: timer off
   std::uint64_t rnr_until = 0;       // 0: not waiting out an RNR NAK
+  /// Selective repeat: its short (round-trip) timeouts resend for free until
+  /// this time, one IBTA timeout after the last progress or the last retry
+  /// spent; the first timeout at or after it spends a retry (0: not running).
+  std::uint64_t charge_at = 0;
   std::uint8_t retry_left = 0;
   std::uint8_t rnr_left = 0;
   /// A go-back-N restart is under way: later out-of-sequence responses for

@@ -3,8 +3,9 @@
 // rings, the doorbell (the node blocks between bursts, so posts ring it) and
 // completion channel (the application blocks in uroce_poll_cq_wait), the
 // pipeline, the DPDK port (net_memif), the wire, and the peer's pipeline and
-// engine, under injected loss (go-back-N; selective repeat's data path is
-// proven in test_no_alloc.cc, over the simulated wire).
+// engine, under injected loss, with go-back-N and with selective repeat
+// (one process each: the test is run once per recovery, by name, as DPDK's
+// EAL starts once per process).
 //
 // One process: a node (control/node) with two net_memif ports joined to each
 // other (server and client on one socket), --no-huge. Pipeline 0, run by
@@ -58,6 +59,7 @@ struct Shared {
   std::atomic<std::uint64_t> peer_recvs{0};  // receive completions at the peer
   std::atomic<std::uint64_t> peer_errors{0};
   std::atomic<bool> stop{false};
+  bool selective_repeat = false;  // every QP, on both sides
 };
 
 /// The peer: QPs on pipeline 1's engine, brought up once the application's
@@ -77,6 +79,7 @@ class Peer : public control::Stage {
       ia.cap.max_recv_wr = 256;
       qp_[i] = eng_.create_qp(pd_, ia);
       ok_ = ok_ && qp_[i] != nullptr;
+      if (qp_[i] && sh_.selective_repeat) ok_ = ok_ && eng_.set_selective_repeat(qp_[i], true) == 0;
       sh_.peer_qpn[i] = qp_[i] ? qp_[i]->qpn : 0;
     }
     ok_ = ok_ && pd_ && cq_ && mr_;
@@ -193,6 +196,7 @@ struct App {
       a.cap.max_send_sge = a.cap.max_recv_sge = 1;
       qp[i] = uroce_create_qp(pd, &a);
       if (!qp[i]) return fail("create_qp");
+      if (sh.selective_repeat && uroce_qp_set_selective_repeat(qp[i], 1) != 0) return fail("selective repeat");
       sh.app_qpn[i] = uroce_qp_num(qp[i]);
     }
     for (int k = 0; k < 10000 && !sh.peer_up; ++k) ::usleep(1000);
@@ -297,7 +301,9 @@ struct App {
 
 volatile sig_atomic_t g_stop = 0;
 
-TEST(NoAllocNode, ApplicationSessionPipelineAndPortAllocateNothingAfterWarmUp) {
+class NoAllocNode : public ::testing::TestWithParam<bool> {};
+
+TEST_P(NoAllocNode, ApplicationSessionPipelineAndPortAllocateNothingAfterWarmUp) {
   const std::string dir = "/tmp/uroce-noalloc-" + std::to_string(::getpid());
   ASSERT_EQ(::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str()), 0);
   // The options of the port the application's node side uses, parsed as
@@ -320,6 +326,7 @@ TEST(NoAllocNode, ApplicationSessionPipelineAndPortAllocateNothingAfterWarmUp) {
   o.lcores = {0, 1};
 
   Shared sh;
+  sh.selective_repeat = GetParam();
   Peer* peer = nullptr;
   control::StageSpec spec;
   spec.pipeline = 1;
@@ -360,9 +367,20 @@ TEST(NoAllocNode, ApplicationSessionPipelineAndPortAllocateNothingAfterWarmUp) {
   EXPECT_GE(st["ethdev_1"]["rx"].get<std::uint64_t>(), app.posted) << "a request frame or more for each WR";
   EXPECT_GT(st["ethdev"]["rx"].get<std::uint64_t>(), 0u);
   EXPECT_GT(st["qp_totals"]["retransmitted_pkts"].get<std::uint64_t>(), 0u);
+  // Which recovery repaired it: go-back-N's sequence NAKs, or none at all.
+  if (GetParam()) {
+    EXPECT_EQ(st["qp_totals"]["rcvd_seq_err"].get<std::uint64_t>(), 0u) << "selective repeat sends no NAKs";
+  } else {
+    EXPECT_GT(st["qp_totals"]["rcvd_seq_err"].get<std::uint64_t>(), 0u);
+  }
   EXPECT_GT(st["wait"]["doorbells"].get<std::uint64_t>(), 0u);
   EXPECT_EQ(app.allocs, 0u) << "allocations in the counted window: " << app.alloc_report;
 }
+
+INSTANTIATE_TEST_SUITE_P(Recovery, NoAllocNode, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& i) {
+                           return std::string(i.param ? "SelectiveRepeat" : "GoBackN");
+                         });
 
 }  // namespace
 }  // namespace uroce::testing

@@ -128,6 +128,61 @@ TEST(SelectiveRepeat, KeepsItsWindowAndLeavesOtherQpsGoBackN) {
   EXPECT_EQ(plain_sr_frames, 0u) << "go-back-N stays the default";
 }
 
+/// A selective-repeat pair (retry_cnt `retries`) whose first WRITE has
+/// measured the round trip, so its short timer runs; then a second WRITE
+/// that the wire drops for `silence_ns` (all of it if 0). Returns the
+/// second WRITE's completion and, in *when, the virtual time it took.
+ibv_wc write_through_silence(std::uint8_t retries, std::uint64_t silence_ns, std::uint64_t* when,
+                             std::uint64_t* timeouts) {
+  Pair p(21);
+  PairOptions po;
+  po.selective_repeat = true;
+  po.retry_cnt = retries;
+  const QpPair q = p.connect(po);
+  std::vector<ibv_wc> wc;
+  const Sge s = p.sge(0, 0, 4096);
+  EXPECT_EQ(p.A().post_send(q.a, p.write_to(1, s, 0, 1)), 0);
+  EXPECT_TRUE(p.wire.run_until([&] { return p.poll(0, wc) > 0; }, 100'000'000));
+  EXPECT_GT(q.a->rtt.count(), 0u) << "the short timer needs a round trip";
+  sim::Impairments dead;
+  dead.loss = 1.0;
+  p.wire.set_impairments(dead);
+  wc.clear();
+  const std::uint64_t t0 = p.wire.now();
+  EXPECT_EQ(p.A().post_send(q.a, p.write_to(1, s, 8192, 2)), 0);
+  if (silence_ns != 0) {
+    p.wire.run_until([&] { return p.poll(0, wc) > 0; }, silence_ns);
+    p.wire.set_impairments({});
+  }
+  EXPECT_TRUE(p.wire.run_until([&] { return !wc.empty() || p.poll(0, wc) > 0; }, 1'000'000'000));
+  *when = p.wire.now() - t0;
+  *timeouts = q.a->ctr[QpCounter::timeouts];
+  return wc.empty() ? ibv_wc{} : wc[0];
+}
+
+TEST(SelectiveRepeat, ShortTimeoutsSpendNoRetryBeforeTheIbtaTimer) {
+  // retry_cnt 1 and a 1.05 ms IBTA timer (PairOptions::timeout 8): a peer
+  // silent for 0.8 ms sees dozens of round-trip timeouts (20 us each), and
+  // none of them may spend the budget; the WRITE completes once the wire
+  // is back.
+  std::uint64_t t = 0, timeouts = 0;
+  const ibv_wc wc = write_through_silence(1, 800'000, &t, &timeouts);
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << "status " << wc.status;
+  EXPECT_EQ(wc.wr_id, 2u);
+  EXPECT_GT(timeouts, 10u) << "the short timer resent during the silence";
+}
+
+TEST(SelectiveRepeat, ADeadPeerFailsAfterRetryCntPlusOneIbtaTimeouts) {
+  // As under go-back-N (IBTA C9-141): retry_cnt 2 fails the WRITE on the
+  // third IBTA timeout after the last progress, not sooner.
+  std::uint64_t t = 0, timeouts = 0;
+  const ibv_wc wc = write_through_silence(2, 0, &t, &timeouts);
+  EXPECT_EQ(wc.status, IBV_WC_RETRY_EXC_ERR) << "status " << wc.status;
+  const std::uint64_t full = transport::timeout_ns(8);
+  EXPECT_GE(t, 3 * full);
+  EXPECT_LT(t, 3 * full + full / 2);
+}
+
 TEST(SelectiveRepeat, RefusesWhatItCannotDo) {
   Pair p;
   PairOptions po;
