@@ -765,13 +765,13 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
           p.rnr_retry = m.rnr_retry ? m.rnr_retry : 7;
           uroce_cm_id_reply r{};
           rc = cm_->connect(qp, wire::IpAddr::from_v6_bytes(m.dgid), m.port, priv, s.id, p, t, r.id, app_qp);
-          if (rc != 0) return fail(rc, "cannot connect: the QP must be RC in RESET or INIT, or UD, the MTU valid");
+          if (rc != 0) return fail(rc, "cannot connect: the QP must be RC in RESET or INIT, or UD, or the application's own (UROCE_CM_APP_QP) not in ERR, and the MTU valid");
           return send_reply(sock, h, 0, "", &r, sizeof r);
         }
         case UROCE_MSG_CM_ACCEPT:
           rc = cm_->accept(m.id, qp, priv, s.id, t, app_qp);
           if (rc != 0)
-            return fail(rc, app_qp ? "cannot accept: no such request of this session, or the QP is not RC or is in ERR"
+            return fail(rc, app_qp ? "cannot accept: no such request of this session, or the QP is in ERR"
                                    : "cannot accept: no such request of this session, or the QP is not RC in RESET/INIT");
           break;
         case UROCE_MSG_CM_ESTABLISH:

@@ -263,8 +263,15 @@ int CmAgent::unlisten(std::uint16_t port, std::uint32_t owner, bool ud) {
 int CmAgent::connect(Qp* qp, const wire::IpAddr& dst, std::uint16_t port, wire::ConstBytes priv,
                      std::uint32_t owner, const ConnParams& p, std::uint64_t now, std::uint32_t& id, bool app_qp) {
   if (ok() && qp && qp->type == IBV_QPT_UD && owner != 0 && !app_qp) return sidr_connect(qp, dst, port, priv, owner, now, id);
-  if (!ok() || !qp || qp->type != IBV_QPT_RC || owner == 0) return EINVAL;
-  if (qp->state != IBV_QPS_RESET && qp->state != IBV_QPS_INIT) return EINVAL;
+  // A QP the application brings up itself (rdma_connect with no id->qp,
+  // naming conn_param->qp_num) lends its number to the REQ, as with
+  // librdmacm, whose kernel does not look at that QP's type: UCX names a
+  // small UD QP that it never uses, to reserve a number. Only a QP in ERR
+  // is refused.
+  if (!ok() || !qp || owner == 0) return EINVAL;
+  if (app_qp ? qp->state == IBV_QPS_ERR
+             : qp->type != IBV_QPT_RC || (qp->state != IBV_QPS_RESET && qp->state != IBV_QPS_INIT))
+    return EINVAL;
   if (priv.size() > kReqUserPrivate || transport::mtu_bytes(p.mtu) == 0) return EINVAL;
   if (qp->state == IBV_QPS_RESET && !app_qp) {
     if (const int err = to_init(qp)) return err;
@@ -319,8 +326,11 @@ int CmAgent::accept(std::uint32_t id, Qp* qp, wire::ConstBytes priv, std::uint32
     return 0;
   }
   if (it == conns_.end() || it->second.owner != owner || it->second.state != State::kReqRcvd) return EINVAL;
-  if (!qp || qp->type != IBV_QPT_RC) return EINVAL;
-  if (app_qp ? qp->state == IBV_QPS_ERR : (qp->state != IBV_QPS_RESET && qp->state != IBV_QPS_INIT)) return EINVAL;
+  if (!qp) return EINVAL;
+  // As in connect: an application's QP lends its number to the REP.
+  if (app_qp ? qp->state == IBV_QPS_ERR
+             : qp->type != IBV_QPT_RC || (qp->state != IBV_QPS_RESET && qp->state != IBV_QPS_INIT))
+    return EINVAL;
   if (priv.size() > sizeof(Rep::private_data)) return EINVAL;
   Conn& c = it->second;
   c.qpn = qp->qpn;

@@ -221,6 +221,9 @@ Dev* dev_for(const sockaddr* dst) {
 void attach(Id* id, Dev* d) {
   id->dev = d;
   id->id.verbs = d->verbs;
+  // As librdmacm does: an id bound to a device carries the device's PD, and
+  // programs use it (UCX's rdmacm component creates its QPs on id->pd).
+  if (!id->id.pd) id->id.pd = d->pd;
   id->id.port_num = 1;
   id->id.route.addr.addr.ibaddr.sgid = d->gid;
   id->id.route.addr.addr.ibaddr.pkey = htobe16(0xffff);

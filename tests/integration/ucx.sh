@@ -10,11 +10,13 @@
 #   ucx_perftest: tag latency and 64 KiB bandwidth over rc_verbs, latency
 #   over ud_verbs;
 #   ucx_check: UCX's tag API over rc_verbs, every byte of every message
-#   checked (ucx_perftest checks no data), 1 byte to 4 MiB;
-# UCX_TLS=rc_verbs alone cannot connect in UCX 1.13 ("no auxiliary
-# transport": it wires up RC endpoints over a connectionless transport),
-# so the RC runs allow ud_verbs too, and the per-QP check below is what
-# shows that RC carried the data.
+#   checked (ucx_perftest checks no data), 1 byte to 4 MiB, twice: through
+#   worker addresses, and client-server through UCX's rdmacm connection
+#   manager with UCX_TLS=rc_verbs alone;
+# Through worker addresses, UCX_TLS=rc_verbs alone cannot connect in UCX
+# 1.13 ("no auxiliary transport": it wires up RC endpoints over a
+# connectionless transport), so those runs allow ud_verbs too, and the
+# per-QP check below is what shows that RC carried the data.
 #   mpirun: a two-rank MPI program (mpi_ring) with the UCX PML, every byte
 #   of every message checked.
 # Each run is held (qp_hold.c, or the program's own -H / MPI_RING_HOLD)
@@ -174,27 +176,40 @@ uperf tag_lat rc_verbs,ud_verbs RC 4000 -t tag_lat -n 2000
 uperf tag_bw-64k rc_verbs,ud_verbs RC 8000 -t tag_bw -n 500 -s 65536
 uperf ud_lat ud_verbs UD 4000 -t tag_lat -n 2000
 
-echo "== ucx_check: UCX's tag API over rc_verbs, every byte checked"
-if [ -x "${UCX_CHECK:-}" ]; then
-  port=$((port + 1))
-  dir=$TMP/hold-ucx_check
+# ucheck NAME UCX_TLS [VAR=VALUE...] [-a IP]: ucx_check between the daemons
+# (server on daemon A, held by -H), every byte checked, and RC carrying it.
+ucheck() {
+  local name=$1 tls=$2 dir=$TMP/hold-$1 base h crc src sp cp envs=()
+  shift 2
+  while [ $# -gt 0 ] && [[ $1 == *=* ]]; do envs+=("$1"); shift; done
+  port=$((port + 2))
   mkdir -p "$dir"
   base=$(pkts)
-  timeout 120 "$URUN" --lib "$IBV_DIR" --run-dir "$TMP/run_a" --ucx env UCX_TLS=rc_verbs,ud_verbs UCX_NET_DEVICES=uroce0:1 "$UCX_CHECK" -p $port -n 3 -H "$dir" > "$TMP/ucs.out" 2>&1 & sp=$!
+  timeout 120 "$URUN" --lib "$IBV_DIR" --run-dir "$TMP/run_a" --ucx env UCX_TLS=$tls UCX_NET_DEVICES=uroce0:1 "${envs[@]}" "$UCX_CHECK" -p $port -n 3 -H "$dir" "$@" > "$TMP/ucs-$name.out" 2>&1 & sp=$!
   wait_for "listening $port || ! kill -0 $sp 2> /dev/null"
-  timeout 120 "$URUN" --lib "$IBV_DIR" --run-dir "$TMP/run_b" --ucx env UCX_TLS=rc_verbs,ud_verbs UCX_NET_DEVICES=uroce0:1 "$UCX_CHECK" -p $port -n 3 127.0.0.1 > "$TMP/ucc.out" 2>&1 & cp=$!
+  timeout 120 "$URUN" --lib "$IBV_DIR" --run-dir "$TMP/run_b" --ucx env UCX_TLS=$tls UCX_NET_DEVICES=uroce0:1 "${envs[@]}" "$UCX_CHECK" -p $port -n 3 "$@" 127.0.0.1 > "$TMP/ucc-$name.out" 2>&1 & cp=$!
   snapshots "$dir" $sp; h=$?
   wait $cp; crc=$?
   wait $sp; src=$?
-  grep -h 'passed' "$TMP/ucs.out" "$TMP/ucc.out" | sed 's/^/  /'
-  [ $crc -eq 0 ] && [ $src -eq 0 ] || shown "$TMP/ucc.out" "$TMP/ucs.out" | sed 's/^/    /'
+  grep -h 'passed' "$TMP/ucs-$name.out" "$TMP/ucc-$name.out" | sed 's/^/  /'
+  [ $crc -eq 0 ] && [ $src -eq 0 ] || shown "$TMP/ucc-$name.out" "$TMP/ucs-$name.out" | sed 's/^/    /'
   # 3 rounds of 10 sizes, each way: 30 messages checked on each side.
-  check "ucx_check: both sides received 30 messages, every byte right" \
-    "[ $crc -eq 0 ] && [ $src -eq 0 ] && grep -q '^ucx_check server: 30 passed, 0 failed' '$TMP/ucs.out' && grep -q '^ucx_check client: 30 passed, 0 failed' '$TMP/ucc.out'"
-  check "ucx_check: the server held itself before its QPs went" "[ $h -eq 0 ]"
+  check "$name (UCX_TLS=$tls): both sides received 30 messages, every byte right" \
+    "[ $crc -eq 0 ] && [ $src -eq 0 ] && grep -q '^ucx_check server: 30 passed, 0 failed' '$TMP/ucs-$name.out' && grep -q '^ucx_check client: 30 passed, 0 failed' '$TMP/ucc-$name.out'"
+  check "$name: the server held itself before its QPs went" "[ $h -eq 0 ]"
   # Each side receives 3 x (4 MiB + 1 MiB + 256 KiB + ...) > 15 MiB: 3,900 packets of 4096 bytes.
-  qp_check ucx_check RC 3900 "$dir/status" "$base"
-fi
+  qp_check "$name" RC 3900 "$dir/status" "$base"
+}
+echo "== ucx_check: UCX's tag API over rc_verbs, every byte checked"
+# Through worker addresses (as ucx_perftest and Open MPI connect): UCX
+# wires RC up over ud_verbs.
+ucheck ucx_check rc_verbs,ud_verbs
+# Client-server, through UCX's rdmacm connection manager and uroce's
+# librdmacm (daemon A's address): rc_verbs and nothing else. UCX tries
+# its connection managers in UCX_SOCKADDR_TLS_PRIORITY's order and fails if
+# the first cannot listen: the TCP one cannot (daemon A's address lives in
+# its namespace), so rdmacm alone.
+ucheck ucx_check_cm rc_verbs UCX_SOCKADDR_TLS_PRIORITY=rdmacm -a 10.90.2.1
 
 echo "== Open MPI over UCX: two ranks, one on each daemon"
 if [ -x "${MPI_RING:-}" ]; then
