@@ -54,7 +54,7 @@ void* start(const char* options, char* sock, std::size_t sock_len, char* err, st
     return nullptr;
   }
   if (o.duration > 0) {
-    put(err, err_len, "--duration has no place in embedded mode: the node runs until the application closes it");
+    put(err, err_len, "--duration has no place in embedded mode: the node runs until the application exits");
     return nullptr;
   }
   auto e = std::make_unique<Embedded>();

@@ -570,8 +570,11 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
         srq = sr->second.srq;
         m.max_recv_wr = 1;  // the QP's own receive ring stays unused
       }
-      if (m.max_send_wr == 0 || m.max_send_wr > 4096 || m.max_recv_wr == 0 || m.max_recv_wr > 4096)
-        return fail(EINVAL, "max_send_wr and max_recv_wr must be 1..4096");
+      if (m.max_send_wr > 4096 || m.max_recv_wr > 4096) return fail(EINVAL, "max_send_wr and max_recv_wr must be 0..4096");
+      // A send-only or receive-only QP is legal: a queue asked with 0 gets
+      // one slot, as the depths reported are at least those asked.
+      m.max_send_wr = std::max<std::uint32_t>(m.max_send_wr, 1);
+      m.max_recv_wr = std::max<std::uint32_t>(m.max_recv_wr, 1);
       const std::uint32_t sqn = std::bit_ceil(m.max_send_wr), rqn = std::bit_ceil(m.max_recv_wr);
       const std::size_t sq_bytes = (uroce_ring_bytes(sqn, sizeof(uroce_send_entry)) + 4095) & ~std::size_t{4095};
       Mapping map;

@@ -137,6 +137,17 @@ class Ring {
   [[nodiscard]] std::uint32_t notified() const { return load(&h_->notified, std::memory_order_acquire); }
   [[nodiscard]] bool valid() const { return h_ != nullptr; }
 
+  /// QP send rings. The consumer (the daemon) publishes the QP's state at
+  /// every change; the producer (the application) reads it before a post.
+  void publish_qp_state(std::uint32_t state) {
+    if (h_) store(&h_->qp_state, state + 1, std::memory_order_release);
+  }
+  /// The published state, or -1 when none is (a daemon before minor 11).
+  [[nodiscard]] int qp_state() const {
+    const std::uint32_t s = load(&h_->qp_state, std::memory_order_acquire);
+    return s == 0 ? -1 : static_cast<int>(s - 1);
+  }
+
   /// Producer: copies the entries pushed and not yet consumed, in order,
   /// into `to` (a fresh ring of the same kind), and a CQ's notification
   /// state with them, for a resize. False, with `to` unusable, if they do

@@ -43,7 +43,7 @@ extern "C" {
 
 #define UROCE_ABI_MAGIC 0x45524f55u /* "UORE" read little-endian */
 #define UROCE_ABI_MAJOR 1
-#define UROCE_ABI_MINOR 10 /* 1: CQ notification words (arm, notified); 2: SRQs; 3: RDMA CM; 4: session page and doorbell;
+#define UROCE_ABI_MINOR 11 /* 1: CQ notification words (arm, notified); 2: SRQs; 3: RDMA CM; 4: session page and doorbell;
                             5: one queue per verbs queue (the daemon consumes a send entry when it completes), inline
                             data, the UD address vector, the posts word, async events; 6: UD QPs for applications,
                             address resolution (UROCE_MSG_RESOLVE); 7: CM event channel (UROCE_MSG_CM_CHANNEL);
@@ -51,7 +51,8 @@ extern "C" {
                             9: CM connections whose application brings its QP up (UROCE_CM_APP_QP,
                             UROCE_MSG_CM_ESTABLISH, the QP attributes in cm_event); UD through the CM
                             (SIDR: UROCE_CM_UD listens, UD QPs in CONNECT and ACCEPT); 10: uroce's QP attributes
-                            (UROCE_MSG_SET_QP_OPT: congestion control, selective repeat) */
+                            (UROCE_MSG_SET_QP_OPT: congestion control, selective repeat); 11: the QP's state
+                            in its send ring's header (qp_state) */
 #define UROCE_ABI_CACHELINE 64
 #define UROCE_ABI_MAX_SGE 4
 #define UROCE_ABI_MAX_INLINE 64 /* inline bytes a send entry carries, in place of its SGEs */
@@ -73,7 +74,11 @@ struct uroce_ring_header {
   uint8_t reserved1[UROCE_ABI_CACHELINE - 8];
   uint32_t cons; /* written by the consumer only */
   uint32_t arm;  /* CQ rings: bumped by the consumer to ask for one notification */
-  uint8_t reserved2[UROCE_ABI_CACHELINE - 8];
+  /* QP send rings: the QP's state (enum ibv_qp_state) plus one, written by
+   * the daemon (the consumer) at every change; 0: not published (a daemon
+   * before minor 11). The application refuses posts the state forbids. */
+  uint32_t qp_state;
+  uint8_t reserved2[UROCE_ABI_CACHELINE - 12];
 };
 
 struct uroce_sge {

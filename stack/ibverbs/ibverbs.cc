@@ -19,6 +19,9 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stddef.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 // Thirty-three names have two versions, IBVERBS_1.0 (the 2006 ABI) and
 // IBVERBS_1.1 (the default). Their implementations here are named
@@ -65,6 +68,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -105,6 +109,9 @@ struct UDevice {
 
 struct UContext {
   uroce_context* u = nullptr;
+  // A context imported from another (ibv_import_device) shares its session:
+  // `shared` counts the UContexts on it; the last to close closes it.
+  std::shared_ptr<int> shared;
   // Async events name liburoce's objects: these find the verbs ones.
   std::mutex mu;
   std::vector<std::pair<uroce_cq*, ibv_cq*>> cqs;
@@ -170,6 +177,32 @@ std::mutex g_mu;
 // does), and a static destructor would free it under that thread.
 std::vector<std::unique_ptr<UDevice>>& g_devices = *new std::vector<std::unique_ptr<UDevice>>;
 
+// Shared PDs (ibv_import_device, ibv_import_pd, ibv_import_mr), within a
+// process: a context's cmd_fd is a memfd whose only use is to name it (no
+// kernel device behind uroce), and PDs and MRs get handles, process-wide,
+// by which an importing context finds them. Under g_mu.
+struct Exported {
+  uroce_context* u;
+  void* obj;  // UPd* or UMr*
+};
+std::map<std::uint32_t, Exported>& g_exported = *new std::map<std::uint32_t, Exported>;
+std::uint32_t g_next_handle = 1;
+std::uint32_t export_handle(uroce_context* u, void* obj) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  const std::uint32_t h = g_next_handle++;
+  g_exported[h] = {u, obj};
+  return h;
+}
+void unexport(std::uint32_t h) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_exported.erase(h);
+}
+void* find_exported(uroce_context* u, std::uint32_t h) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  const auto it = g_exported.find(h);
+  return it != g_exported.end() && it->second.u == u ? it->second.obj : nullptr;
+}
+
 UContext* ucontext(ibv_context* c) {
   return reinterpret_cast<UContext*>(reinterpret_cast<char*>(c) - offsetof(UContext, v) -
                                      offsetof(verbs_context, context));
@@ -210,6 +243,7 @@ int vctx_query_device_ex(ibv_context* c, const ibv_query_device_ex_input* input,
   // FLUSH with global visibility (rdma-core 45's IB_UVERBS_DEVICE_FLUSH_GLOBAL;
   // not persistence: uroce has no persistent memory).
   full.device_cap_flags_ex = full.orig_attr.device_cap_flags | (1ull << 38);
+  full.phys_port_cnt_ex = full.orig_attr.phys_port_cnt;
   std::memcpy(attr, &full, std::min(len, sizeof full));
   return 0;
 }
@@ -669,12 +703,34 @@ __be64 ibv_get_device_guid(ibv_device* device) {
   return rc == 0 ? a.node_guid : 0;
 }
 
+namespace {
+std::vector<UContext*>& g_contexts = *new std::vector<UContext*>;  // open ones, under g_mu
+/// The file behind fd, as (device, inode); {0, 0} when fd is not open.
+std::pair<dev_t, ino_t> file_id(int fd) {
+  struct stat st {};
+  if (fd < 0 || ::fstat(fd, &st) != 0) return {0, 0};
+  return {st.st_dev, st.st_ino};
+}
+ibv_context* make_context(ibv_device* device, uroce_context* u, std::shared_ptr<int> shared, int cmd_fd);
+}  // namespace
+
 ibv_context* ibv_open_device(ibv_device* device) {
   if (!device) return fail_null<ibv_context>(EINVAL);
   uroce_context* u = uroce_open_device(udevice(device)->path.c_str());
   if (!u) return fail_null<ibv_context>(ENODEV);
+  const int token = ::memfd_create("uroce-context", MFD_CLOEXEC);
+  return make_context(device, u, std::make_shared<int>(0), token);
+}
+
+namespace {
+ibv_context* make_context(ibv_device* device, uroce_context* u, std::shared_ptr<int> shared, int cmd_fd) {
   auto* c = new UContext();
   c->u = u;
+  c->shared = std::move(shared);
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    g_contexts.push_back(c);
+  }
   verbs_context& v = c->v;
   v.sz = sizeof(verbs_context);
   v.query_port = vctx_query_port;
@@ -683,7 +739,7 @@ ibv_context* ibv_open_device(ibv_device* device) {
   v.create_cq_ex = vctx_create_cq_ex;
   ibv_context& ctx = v.context;
   ctx.device = device;
-  ctx.cmd_fd = -1;
+  ctx.cmd_fd = cmd_fd;
   ctx.async_fd = uroce_async_fd(u);
   ctx.num_comp_vectors = 1;
   ctx.abi_compat = __VERBS_ABI_IS_EXTENDED;
@@ -698,17 +754,40 @@ ibv_context* ibv_open_device(ibv_device* device) {
   ctx.ops.bind_mw = op_bind_mw;
   return &ctx;
 }
+}  // namespace
 
 int ibv_close_device(ibv_context* context) {
   if (!context) return fail(EINVAL);
   UContext* c = ucontext(context);
-  const int rc = uroce_close_device(c->u);
+  bool last = false;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    std::erase(g_contexts, c);
+    last = c->shared.use_count() == 1;
+  }
+  const int rc = last ? uroce_close_device(c->u) : 0;
+  if (context->cmd_fd >= 0) ::close(context->cmd_fd);
   pthread_mutex_destroy(&context->mutex);
   delete c;
   return rc;
 }
 
-ibv_context* ibv_import_device(int) { return fail_null<ibv_context>(EOPNOTSUPP); }
+/// A context on the session of the open context whose cmd_fd is (a
+/// duplicate of) cmd_fd; it owns cmd_fd from here. Within this process
+/// only: a descriptor from another process names no session here
+/// (EOPNOTSUPP, docs/verbs.md).
+ibv_context* ibv_import_device(int cmd_fd) {
+  const auto id = file_id(cmd_fd);
+  if (id.second == 0) return fail_null<ibv_context>(EBADF);
+  UContext* from = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    for (UContext* c : g_contexts)
+      if (file_id(c->v.context.cmd_fd) == id) from = c;
+  }
+  if (!from) return fail_null<ibv_context>(EOPNOTSUPP);
+  return make_context(from->v.context.device, from->u, from->shared, cmd_fd);
+}
 
 int ibv_query_device(ibv_context* context, ibv_device_attr* device_attr) {
   if (!context || !device_attr) return fail(EINVAL);
@@ -798,7 +877,7 @@ ibv_pd* ibv_alloc_pd(ibv_context* context) {
   auto* p = new UPd();
   p->u = u;
   p->v.context = context;
-  p->v.handle = 0;
+  p->v.handle = export_handle(ucontext(context)->u, p);
   return &p->v;
 }
 
@@ -806,12 +885,24 @@ int ibv_dealloc_pd(ibv_pd* pd) {
   if (!pd) return fail(EINVAL);
   auto* p = UPd::of(pd);
   if (const int rc = uroce_dealloc_pd(p->u)) return fail(rc);
+  unexport(pd->handle);
   delete p;
   return 0;
 }
 
-ibv_pd* ibv_import_pd(ibv_context*, uint32_t) { return fail_null<ibv_pd>(EOPNOTSUPP); }
-void ibv_unimport_pd(ibv_pd*) {}
+// An imported PD or MR is a second wrapper of the same liburoce object;
+// unimporting frees the wrapper only (the object is its exporter's).
+ibv_pd* ibv_import_pd(ibv_context* context, uint32_t pd_handle) {
+  if (!context) return fail_null<ibv_pd>(EINVAL);
+  auto* from = static_cast<UPd*>(find_exported(ucontext(context)->u, pd_handle));
+  if (!from || from->v.handle != pd_handle) return fail_null<ibv_pd>(EINVAL);
+  auto* p = new UPd();
+  p->u = from->u;
+  p->v.context = context;
+  p->v.handle = pd_handle;
+  return &p->v;
+}
+void ibv_unimport_pd(ibv_pd* pd) { delete UPd::of(pd); }
 
 // ------------------------------------------------------------- strings
 
@@ -923,6 +1014,8 @@ int ibv_dofork_range(void*, size_t) { return 0; }
 
 // ------------------------------------------------- MRs
 
+static uroce_context* UContext_of_pd(ibv_pd* pd) { return ucontext(pd->context)->u; }
+
 static ibv_mr* reg_mr_at(ibv_pd* pd, void* addr, size_t length, uint64_t iova, int access) {
   if (!pd) return fail_null<ibv_mr>(EINVAL);
   uroce_mr* u = uroce_reg_mr_iova(UPd::of(pd)->u, addr, length, iova, access);
@@ -935,6 +1028,7 @@ static ibv_mr* reg_mr_at(ibv_pd* pd, void* addr, size_t length, uint64_t iova, i
   m->v.length = length;
   m->v.lkey = uroce_mr_lkey(u);
   m->v.rkey = uroce_mr_rkey(u);
+  m->v.handle = export_handle(UContext_of_pd(pd), m);
   return &m->v;
 }
 ibv_mr* uroce_impl_ibv_reg_mr(ibv_pd* pd, void* addr, size_t length, int access) {
@@ -956,11 +1050,22 @@ int ibv_dereg_mr(ibv_mr* mr) {
   if (!mr) return fail(EINVAL);
   auto* m = UMr::of(mr);
   if (const int rc = uroce_dereg_mr(m->u)) return fail(rc);
+  unexport(mr->handle);
   delete m;
   return 0;
 }
-ibv_mr* ibv_import_mr(ibv_pd*, uint32_t) { return fail_null<ibv_mr>(EOPNOTSUPP); }
-void ibv_unimport_mr(ibv_mr*) {}
+ibv_mr* ibv_import_mr(ibv_pd* pd, uint32_t mr_handle) {
+  if (!pd) return fail_null<ibv_mr>(EINVAL);
+  auto* from = static_cast<UMr*>(find_exported(UContext_of_pd(pd), mr_handle));
+  if (!from || from->v.handle != mr_handle) return fail_null<ibv_mr>(EINVAL);
+  auto* m = new UMr();
+  m->u = from->u;
+  m->v = from->v;
+  m->v.context = pd->context;
+  m->v.pd = pd;
+  return &m->v;
+}
+void ibv_unimport_mr(ibv_mr* mr) { delete UMr::of(mr); }
 ibv_dm* ibv_import_dm(ibv_context*, uint32_t) { return fail_null<ibv_dm>(EOPNOTSUPP); }
 void ibv_unimport_dm(ibv_dm*) {}
 

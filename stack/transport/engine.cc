@@ -193,6 +193,7 @@ Qp* Engine::create_qp(Pd* pd, const QpInitAttr& attr) {
     qp->sq_heap = abi::HeapRing<uroce_send_entry>(std::bit_ceil(c.max_send_wr), UROCE_RING_SEND, 0);
     qp->sq_ring = qp->sq_heap.ring();
   }
+  qp->sq_ring.publish_qp_state(IBV_QPS_RESET);
   // The shadow has a slot for every ring slot, so taking an entry never waits for room.
   qp->sq = Fifo<SendWqe>(qp->sq_ring.capacity());
   if (!attr.srq) {
@@ -464,6 +465,7 @@ ModifyResult Engine::modify_qp(Qp* qp, const ibv_qp_attr& a, int mask) {
   // state, whether or not a kick came first: they never run.
   if (to == IBV_QPS_RTS && !can_post_send(from)) kick(qp);
   qp->state = to;
+  qp->sq_ring.publish_qp_state(to);  // the application's posts check it
   // The headers of its packets, from what this modify set (spec_for's fields).
   if (qp->type == IBV_QPT_UD || to == IBV_QPS_RESET || to == IBV_QPS_INIT || !qp->tmpl.build(spec_for(*qp, 0, Psn{})))
     qp->tmpl.clear();
@@ -894,6 +896,7 @@ void Engine::cq_events() {
 void Engine::set_error(Qp& qp) {
   if (qp.state == IBV_QPS_ERR) return;
   qp.state = IBV_QPS_ERR;
+  qp.sq_ring.publish_qp_state(IBV_QPS_ERR);
   flush(qp);
 }
 

@@ -72,7 +72,12 @@ ibv_wc_status MrTable::bind(const MwBind& b, const Pd* pd, std::uint64_t qp_hand
   // A type 2 window is bound once, then invalidated before it is bound again.
   if (w->mw_type == IBV_MW_TYPE_2 && w->parent != nullptr) return IBV_WC_MW_BIND_ERR;
   const unsigned remote = IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC;
-  if ((b.access & ~(remote | IBV_ACCESS_ZERO_BASED)) != 0) return IBV_WC_MW_BIND_ERR;
+  // Local rights in a bind's access are ignored, as rxe ignores them (the
+  // window takes the remote ones only; rdma-core's tests bind with
+  // LOCAL_WRITE | REMOTE_WRITE); anything else unknown is refused.
+  if ((b.access & ~(remote | IBV_ACCESS_ZERO_BASED | IBV_ACCESS_LOCAL_WRITE)) != 0) return IBV_WC_MW_BIND_ERR;
+  // A type 2 window is bound to a range of an MR, never to nothing (o10-37.2.40).
+  if (w->mw_type == IBV_MW_TYPE_2 && b.length == 0) return IBV_WC_MW_BIND_ERR;
   Mr* m = nullptr;
   if (w->mw_type == IBV_MW_TYPE_1 && b.length == 0 && b.mr_lkey == 0) {
     // Unbind: the window reaches nothing.

@@ -31,7 +31,7 @@ struct uroce_embedded_ops {
    *  no end) or poll fails (-1). `fd` < 0: at most one idle sleep. */
   int (*wait)(void* node, int fd, int timeout_ms);
   /** Makes every wait in the node, now and later, end at once (0): the
-   *  last close calls it before it waits for calls in flight to leave. */
+   *  stop at process exit calls it before it waits for calls in flight to leave. */
   void (*interrupt)(void* node);
   /** Stops the node and frees everything it held. No call may be in it. */
   void (*stop)(void* node);

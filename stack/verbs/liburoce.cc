@@ -118,11 +118,12 @@ struct EmbeddedNode {
   void* lib = nullptr;
   const uroce_embedded_ops* ops = nullptr;
   std::atomic<void*> node{nullptr};
-  std::atomic<int> inflight{0};  // calls into the node now: the last close waits for them
+  std::atomic<int> inflight{0};  // calls into the node now: the stop at exit waits for them
   std::string options, sock;
   int refs = 0;
   bool ended = false;  // started once and stopped: the EAL cannot start again
   bool atfork = false;  // the fork handler is registered
+  bool atexit = false;  // the exit handler (which stops the node) is registered
   bool forked = false;  // this process is a fork() child of the node's
   // A thread that turns the node while the application blocks outside
   // liburoce (UROCE_EMBEDDED_PROGRESS=thread, and always under uroce's
@@ -151,7 +152,7 @@ void forget_node_in_child() {
   g_emb.forked = true;
 }
 
-/// The node, held for one call into it (nullptr: none). The last close
+/// The node, held for one call into it (nullptr: none). The stop at exit
 /// takes the node away first and then waits until no call holds it, so a
 /// thread inside the node never sees it freed.
 class NodeRef {
@@ -223,6 +224,8 @@ void* progress_thread(void*) {
   return nullptr;
 }
 
+void embedded_at_exit();
+
 bool embedded_attach(const std::string& options, std::string& sock, std::string& why) {
   std::lock_guard<std::mutex> lk(g_emb.mu);
   if (g_emb.node.load()) {
@@ -240,7 +243,7 @@ bool embedded_attach(const std::string& options, std::string& sock, std::string&
     return false;
   }
   if (g_emb.ended) {
-    why = "the embedded node of this process was stopped, and DPDK's EAL cannot start twice in one process";
+    why = "the embedded node of this process failed to start or stopped at exit, and DPDK's EAL cannot start twice in one process";
     return false;
   }
   if (!g_emb.lib) {
@@ -274,6 +277,7 @@ bool embedded_attach(const std::string& options, std::string& sock, std::string&
   g_emb.sock = sock = path;
   g_emb.refs = 1;
   if (!g_emb.atfork) g_emb.atfork = ::pthread_atfork(nullptr, nullptr, forget_node_in_child) == 0;
+  if (!g_emb.atexit) g_emb.atexit = std::atexit(embedded_at_exit) == 0;
   g_emb.node.store(n, std::memory_order_release);
   const char* prog = std::getenv("UROCE_EMBEDDED_PROGRESS");
   const bool want_thread = (prog && std::strcmp(prog, "thread") == 0) ||
@@ -285,9 +289,17 @@ bool embedded_attach(const std::string& options, std::string& sock, std::string&
   return true;
 }
 
+/// The last context's close leaves the node running: DPDK's EAL cannot
+/// start twice in one process, and programs close their device and open it
+/// again (rdma-core's test suite, per test; ibv_get_device_guid opens and
+/// closes one). It stops when the process exits (embedded_at_exit).
 void embedded_detach() {
   std::lock_guard<std::mutex> lk(g_emb.mu);
-  if (--g_emb.refs > 0) return;
+  --g_emb.refs;
+}
+
+void embedded_at_exit() {
+  std::lock_guard<std::mutex> lk(g_emb.mu);
   if (g_emb.progress_running) {
     g_emb.progress_stop.store(true);
     if (void* live = g_emb.node.load()) g_emb.ops->interrupt(live);  // its wait ends early
@@ -499,11 +511,12 @@ bool map_fd(int fd, void*& map, std::size_t& len, const char* what) {
 }
 
 /// Receive work requests into a ring (a QP's RQ or an SRQ).
-int push_recvs(abi::Ring<uroce_recv_entry>& ring, ibv_recv_wr* wr, ibv_recv_wr** bad) {
+/// More than `max_sge` SGEs (the queue's max_recv_sge or max_sge) is EINVAL.
+int push_recvs(abi::Ring<uroce_recv_entry>& ring, ibv_recv_wr* wr, ibv_recv_wr** bad, int max_sge) {
   for (; wr; wr = wr->next) {
-    if (wr->num_sge < 0 || wr->num_sge > UROCE_ABI_MAX_SGE) {
+    if (wr->num_sge < 0 || wr->num_sge > UROCE_ABI_MAX_SGE || wr->num_sge > max_sge) {
       if (bad) *bad = wr;
-      return set_error(EINVAL, "too many SGEs");
+      return set_error(EINVAL, "more SGEs than the queue's max_recv_sge");
     }
     uroce_recv_entry e{};
     e.wr_id = wr->wr_id;
@@ -885,7 +898,7 @@ int uroce_close_device(uroce_context* ctx) {
   if (ctx->bell >= 0) ::close(ctx->bell);
   if (ctx->cm_fd >= 0) ::close(ctx->cm_fd);
   unpin(ctx->bufs);
-  if (ctx->embedded) embedded_detach();  // the last context stops the node
+  if (ctx->embedded) embedded_detach();  // the node stays until the process exits
   delete ctx;
   return 0;
 }
@@ -1017,6 +1030,9 @@ int uroce_query_device(uroce_context* ctx, ibv_device_attr* attr) {
   attr->max_mw = attr->max_mr;
   attr->phys_port_cnt = 1;
   attr->max_pkeys = 1;
+  // MRs and MWs take any byte range: every power-of-two page size from 4 KiB
+  // up is one uroce can map (rxe says the same).
+  attr->page_size_cap = ~std::uint64_t{0xfff};
   return 0;
 }
 
@@ -1134,7 +1150,8 @@ int uroce_comp_channel_fd(const uroce_comp_channel* ch) { return ch ? ch->fd : -
 
 uroce_cq* uroce_create_cq(uroce_context* ctx, int cqe, void* cq_context, uroce_comp_channel* channel,
                           int comp_vector) {
-  (void)comp_vector;  // one daemon lcore serves the session: a single vector
+  // One daemon lcore serves the session: a single vector (num_comp_vectors 1).
+  if (comp_vector != 0) return set_error(EINVAL, "comp_vector must be 0 (the device has one vector)"), nullptr;
   if (channel && channel->ctx != ctx) return set_error(EINVAL, "the channel belongs to another context"), nullptr;
   if (!ctx || cqe <= 0) return set_error(EINVAL, "cqe must be positive"), nullptr;
   uroce_create_cq_msg m{static_cast<std::uint32_t>(cqe)};
@@ -1254,6 +1271,12 @@ uroce_qp* uroce_create_qp(uroce_pd* pd, uroce_qp_init_attr* a) {
     delete qp;
     return set_error(EPROTO, "bad QP rings from uroced"), nullptr;
   }
+  // The queues' real depths, as ibv_create_qp reports them (at least what
+  // was asked: a power of two, and 1 for a queue asked with 0): a post past
+  // them fails with ENOMEM exactly there.
+  a->cap.max_send_wr = qp->sq.capacity();
+  if (!a->srq) a->cap.max_recv_wr = qp->rq.capacity();
+  qp->init.cap = a->cap;
   pd->ctx->qps[qp->handle] = qp;
   return qp;
 }
@@ -1350,6 +1373,12 @@ int uroce_destroy_qp(uroce_qp* qp) {
 }
 
 int uroce_post_send(uroce_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
+  // The daemon publishes the QP's state; before RTS a send is refused here,
+  // as rxe refuses it (in ERR it is taken, and flushed).
+  if (const int st = qp->sq.qp_state(); st >= 0 && st < IBV_QPS_RTS && wr) {
+    if (bad) *bad = wr;
+    return set_error(EINVAL, "the QP is not ready to send (not in RTS)");
+  }
   for (; wr; wr = wr->next) {
     if (wr->num_sge < 0 || wr->num_sge > UROCE_ABI_MAX_SGE) {
       if (bad) *bad = wr;
@@ -1445,7 +1474,15 @@ int uroce_post_recv(uroce_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
     if (bad) *bad = wr;
     return set_error(EINVAL, "this QP receives from an SRQ: use uroce_post_srq_recv");
   }
-  const int rc = push_recvs(qp->rq, wr, bad);
+  if (qp->sq.qp_state() == IBV_QPS_RESET && wr) {
+    if (bad) *bad = wr;
+    return set_error(EINVAL, "the QP is in RESET: receives are taken from INIT on");
+  }
+  // max_recv_sge as created bounds each receive (EINVAL past it, as rxe);
+  // a QP created with 0 takes up to the ABI's 4 (liburoce's own callers
+  // often leave it unset).
+  const std::uint32_t max_sge = qp->init.cap.max_recv_sge ? qp->init.cap.max_recv_sge : UROCE_ABI_MAX_SGE;
+  const int rc = push_recvs(qp->rq, wr, bad, static_cast<int>(max_sge));
   qp->ctx->kick();
   return rc;
 }
@@ -1483,7 +1520,7 @@ int uroce_destroy_srq(uroce_srq* srq) {
 }
 
 int uroce_post_srq_recv(uroce_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad) {
-  const int rc = push_recvs(srq->ring, wr, bad);
+  const int rc = push_recvs(srq->ring, wr, bad, UROCE_ABI_MAX_SGE);
   srq->ctx->kick();
   return rc;
 }

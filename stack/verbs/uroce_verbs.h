@@ -29,8 +29,9 @@
  * CM and timers running. An application that waits on a descriptor of its
  * own (a channel fd, a TCP socket) waits with uroce_wait_fd, or keeps
  * calling uroce_progress while it does. One
- * embedded node per process, and once it has stopped (the last context
- * closed) it cannot be started again, as DPDK's EAL cannot.
+ * embedded node per process: it starts with the first open, stays when the
+ * last context closes (an open after that finds it running), and stops
+ * when the process exits; it cannot be started twice, as DPDK's EAL cannot.
  *
  * Errors: functions returning pointers return NULL and set errno; functions
  * returning int return 0 or an errno value. uroce_last_error() gives the

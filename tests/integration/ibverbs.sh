@@ -19,6 +19,7 @@ IBV_DIR=${UROCE_IBVERBS_DIR:?the folder of the uroce libibverbs.so.1}
 CM_DIR=${UROCE_RDMACM_DIR:?the folder of the uroce librdmacm.so.1}
 URUN=${UROCE_RUN:?the path of tools/uroce-run}
 LOOP=${VERBS_LOOPBACK:?the path of verbs_loopback}
+RULES=${VERBS_RULES:?the path of verbs_rules}
 APPQP=${CM_APP_QP:?the path of cm_app_qp}
 SYSLIB=$(ls /usr/lib/*/libibverbs.so.1 2>/dev/null | head -1)
 # tools/setup.sh installs all three packages: a missing program fails.
@@ -297,6 +298,12 @@ st=$(ctl "$TMP/d.ctl" status)
 looped=$(echo "$st" | /usr/bin/python3 -c 'import json,sys; print(sum(p.get("tx_looped", 0) for k, p in json.load(sys.stdin).items() if k.startswith("ethdev")))' 2>/dev/null)
 echo "  daemon A looped back $looped frames"
 check "the loopback frames never left the port (counted as tx_looped)" "[ '${looped:-0}' -gt 1000 ]"
+
+echo "== the verbs API's rules: QP shapes, post refusals, limits (plain C, stock header)"
+run "$RULES" uroce0 > "$TMP/rules.out" 2>&1; rc=$?
+grep FAIL "$TMP/rules.out" | sed 's/^/  /'; tail -1 "$TMP/rules.out" | sed 's/^/  /'
+check "verbs_rules: every QP shape accepted, every refusal rxe gives, every check" \
+  "[ $rc -eq 0 ] && grep -qE '^[1-9][0-9]* passed, 0 failed' '$TMP/rules.out'"
 
 echo "== negative control: without uroce-run the same programs find no uroce device"
 UROCE_RUN_DIR="$TMP/run" timeout 20 ibv_devices > "$TMP/neg.out" 2>&1

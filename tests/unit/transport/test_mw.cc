@@ -257,7 +257,8 @@ TEST_F(Mw, BindRulesEachRefused) {
       {"remote write needs the MR's local write", IBV_MW_TYPE_1, 0, 4096, IBV_ACCESS_REMOTE_WRITE, ro},
       {"beyond the MR", IBV_MW_TYPE_2, kMrLen - 4096, 8192, IBV_ACCESS_REMOTE_READ, nullptr},
       {"type 1 is never zero based", IBV_MW_TYPE_1, 0, 4096, IBV_ACCESS_REMOTE_READ | IBV_ACCESS_ZERO_BASED, nullptr},
-      {"local rights are not a window's", IBV_MW_TYPE_2, 0, 4096, IBV_ACCESS_LOCAL_WRITE, nullptr},
+      {"a type 2 window binds a range, not nothing", IBV_MW_TYPE_2, 0, 0, IBV_ACCESS_REMOTE_READ, nullptr},
+      {"an unknown right", IBV_MW_TYPE_2, 0, 4096, IBV_ACCESS_REMOTE_READ | IBV_ACCESS_MW_BIND, nullptr},
       {"another PD's window", 0, 0, 4096, IBV_ACCESS_REMOTE_READ, nullptr},
   };
   for (const Case& c : cases) {
@@ -272,6 +273,16 @@ TEST_F(Mw, BindRulesEachRefused) {
     EXPECT_EQ(mw->rkey, before);  // unchanged
     const QpPair o = p.connect();  // (B's end of q is in ERR now, and drops requests)
     EXPECT_EQ(write(o.a, b_addr(c.off), k, 64, 1), IBV_WC_REM_ACCESS_ERR);
+  }
+  // Local rights beside remote ones are ignored, as rxe ignores them: the
+  // window takes the remote ones.
+  {
+    reconnect();
+    Mr* w1 = p.B().alloc_mw(p.node[1].pd, IBV_MW_TYPE_1);
+    std::uint32_t k = 0;
+    ASSERT_EQ(bind(q.b, w1, 0, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, k), IBV_WC_SUCCESS);
+    EXPECT_EQ(w1->access, static_cast<unsigned>(IBV_ACCESS_REMOTE_WRITE));
+    EXPECT_EQ(p.B().dealloc_mw(w1), 0);
   }
   // A new R_Key naming another slot.
   reconnect();

@@ -1,0 +1,299 @@
+/* The verbs API's rules on uroce, as the specification and rxe define them:
+ * plain C against rdma-core's stock <infiniband/verbs.h>, linked with
+ * `pkg-config libibverbs` (uroce-run swaps in uroce's library).
+ *
+ *   - every QP shape the API allows is accepted: RC, UC and UD, with and
+ *     without an SRQ, with 0, 1 or 16 send and receive work requests (a
+ *     send-only QP, a receive-only QP, an RQ-less QP on an SRQ), and the
+ *     depths it reports are at least those asked; what exceeds the
+ *     device's limits (max_qp_wr, max_sge) is refused with EINVAL;
+ *   - a send-only RC QP (max_recv_wr 0) WRITEs to a peer, every byte checked;
+ *   - posts the QP's state forbids are refused with EINVAL: a receive in
+ *     RESET, a send in INIT or RTR;
+ *   - a receive with more SGEs than the QP's max_recv_sge: EINVAL;
+ *   - a full receive queue: ENOMEM exactly at the depth the QP reports;
+ *   - a CQ over max_cqe, or with a comp_vector the device lacks: EINVAL;
+ *   - page_size_cap holds the page size; phys_port_cnt_ex is phys_port_cnt.
+ *
+ *   verbs_rules [DEVICE]      (default: the first device)
+ * Prints "N passed, M failed"; exits 0 only when nothing failed. */
+#include <errno.h>
+#include <infiniband/verbs.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static int passed, failed;
+static void check(int ok, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+static void check(int ok, const char* fmt, ...) {
+  if (ok) {
+    ++passed;
+    return;
+  }
+  ++failed;
+  va_list ap;
+  va_start(ap, fmt);
+  printf("FAIL: ");
+  vprintf(fmt, ap);
+  printf("\n");
+  va_end(ap);
+}
+
+static struct ibv_context* ctx;
+static struct ibv_pd* pd;
+static struct ibv_cq* cq;
+static struct ibv_device_attr dev;
+
+static const char* type_name(enum ibv_qp_type t) {
+  return t == IBV_QPT_RC ? "RC" : t == IBV_QPT_UC ? "UC" : "UD";
+}
+
+static struct ibv_qp* make_qp(enum ibv_qp_type type, struct ibv_srq* srq, uint32_t send_wr, uint32_t recv_wr,
+                              uint32_t send_sge, uint32_t recv_sge, struct ibv_qp_init_attr* out) {
+  struct ibv_qp_init_attr a = {0};
+  a.send_cq = a.recv_cq = cq;
+  a.srq = srq;
+  a.qp_type = type;
+  a.cap.max_send_wr = send_wr;
+  a.cap.max_recv_wr = recv_wr;
+  a.cap.max_send_sge = send_sge;
+  a.cap.max_recv_sge = recv_sge;
+  struct ibv_qp* qp = ibv_create_qp(pd, &a);
+  if (out) *out = a;
+  return qp;
+}
+
+static int to_init(struct ibv_qp* qp, enum ibv_qp_type type) {
+  struct ibv_qp_attr a = {0};
+  a.qp_state = IBV_QPS_INIT;
+  a.port_num = 1;
+  int mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT;
+  if (type == IBV_QPT_UD) {
+    a.qkey = 0x1234;
+    mask |= IBV_QP_QKEY;
+  } else {
+    a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE;
+    mask |= IBV_QP_ACCESS_FLAGS;
+  }
+  return ibv_modify_qp(qp, &a, mask);
+}
+
+/* Connects an RC QP in INIT to remote QPN on this device's GID, up to RTR (and RTS if rts). */
+static int rc_up(struct ibv_qp* qp, uint32_t remote, int rts) {
+  union ibv_gid gid;
+  if (ibv_query_gid(ctx, 1, 0, &gid)) return -1;
+  struct ibv_qp_attr a = {0};
+  a.qp_state = IBV_QPS_RTR;
+  a.path_mtu = IBV_MTU_1024;
+  a.dest_qp_num = remote;
+  a.rq_psn = 1;
+  a.max_dest_rd_atomic = 1;
+  a.min_rnr_timer = 12;
+  a.ah_attr.is_global = 1;
+  a.ah_attr.grh.dgid = gid;
+  a.ah_attr.grh.hop_limit = 64;
+  a.ah_attr.port_num = 1;
+  if (ibv_modify_qp(qp, &a,
+                    IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                        IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+    return -1;
+  if (!rts) return 0;
+  memset(&a, 0, sizeof a);
+  a.qp_state = IBV_QPS_RTS;
+  a.timeout = 14;
+  a.retry_cnt = 7;
+  a.rnr_retry = 7;
+  a.sq_psn = 1;
+  a.max_rd_atomic = 1;
+  return ibv_modify_qp(qp, &a,
+                       IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+                           IBV_QP_MAX_QP_RD_ATOMIC);
+}
+
+static int wait_wc(struct ibv_wc* wc) {
+  struct timespec t0, t;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  for (;;) {
+    const int n = ibv_poll_cq(cq, 1, wc);
+    if (n != 0) return n;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    if (t.tv_sec - t0.tv_sec > 5) return 0;
+  }
+}
+
+static void shapes(void) {
+  struct ibv_srq_init_attr sa = {0};
+  sa.attr.max_wr = 16;
+  sa.attr.max_sge = 1;
+  struct ibv_srq* srq = ibv_create_srq(pd, &sa);
+  check(srq != NULL, "create an SRQ: errno %d", errno);
+  const enum ibv_qp_type types[] = {IBV_QPT_RC, IBV_QPT_UC, IBV_QPT_UD};
+  const uint32_t depths[] = {0, 1, 16};
+  for (int t = 0; t < 3; ++t)
+    for (int s = 0; s < 2; ++s)
+      for (int i = 0; i < 3; ++i)
+        for (int j = 0; j < 3; ++j) {
+          if (s && !srq) continue;
+          struct ibv_qp_init_attr a;
+          struct ibv_qp* qp = make_qp(types[t], s ? srq : NULL, depths[i], depths[j], 1, 1, &a);
+          check(qp != NULL, "%s QP, %s SRQ, max_send_wr %u, max_recv_wr %u: accepted (errno %d)", type_name(types[t]),
+                s ? "with an" : "without", depths[i], depths[j], qp ? 0 : errno);
+          if (!qp) continue;
+          check(a.cap.max_send_wr >= depths[i] && (s || a.cap.max_recv_wr >= depths[j]),
+                "%s QP: reported depths %u/%u are at least those asked, %u/%u", type_name(types[t]), a.cap.max_send_wr,
+                a.cap.max_recv_wr, depths[i], depths[j]);
+          check(ibv_destroy_qp(qp) == 0, "destroy the %s QP", type_name(types[t]));
+        }
+  /* Over the device's limits. */
+  errno = 0;
+  struct ibv_qp* qp = make_qp(IBV_QPT_RC, NULL, (uint32_t)dev.max_qp_wr + 1, 1, 1, 1, NULL);
+  check(qp == NULL && errno == EINVAL, "max_send_wr over max_qp_wr (%d): EINVAL (errno %d)", dev.max_qp_wr, errno);
+  if (qp) ibv_destroy_qp(qp);
+  errno = 0;
+  qp = make_qp(IBV_QPT_RC, NULL, 1, (uint32_t)dev.max_qp_wr + 1, 1, 1, NULL);
+  check(qp == NULL && errno == EINVAL, "max_recv_wr over max_qp_wr: EINVAL (errno %d)", errno);
+  if (qp) ibv_destroy_qp(qp);
+  errno = 0;
+  qp = make_qp(IBV_QPT_RC, NULL, 1, 1, (uint32_t)dev.max_sge + 1, 1, NULL);
+  check(qp == NULL && errno == EINVAL, "max_send_sge over max_sge (%d): EINVAL (errno %d)", dev.max_sge, errno);
+  if (qp) ibv_destroy_qp(qp);
+  if (srq) ibv_destroy_srq(srq);
+}
+
+static void send_only(void) {
+  /* A send-only RC QP WRITEs into a receive-capable one on the same device. */
+  enum { kLen = 4096 };
+  uint8_t* buf = calloc(2, kLen);
+  struct ibv_mr* mr = buf ? ibv_reg_mr(pd, buf, 2 * kLen, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE) : NULL;
+  struct ibv_qp* a = make_qp(IBV_QPT_RC, NULL, 4, 0, 1, 0, NULL);
+  struct ibv_qp* b = make_qp(IBV_QPT_RC, NULL, 4, 4, 1, 1, NULL);
+  check(mr && a && b, "send-only QP, its peer and an MR (errno %d)", errno);
+  if (!(mr && a && b)) goto out;
+  int ok = to_init(a, IBV_QPT_RC) == 0 && to_init(b, IBV_QPT_RC) == 0 && rc_up(a, b->qp_num, 1) == 0 &&
+           rc_up(b, a->qp_num, 1) == 0;
+  check(ok, "send-only QP and its peer reach RTS (errno %d)", errno);
+  if (!ok) goto out;
+  for (int i = 0; i < kLen; ++i) buf[i] = (uint8_t)(i * 7 + 3);
+  memset(buf + kLen, 0xee, kLen);
+  struct ibv_sge sg = {(uintptr_t)buf, kLen, mr->lkey};
+  struct ibv_send_wr w = {0}, *bad = NULL;
+  w.wr_id = 77;
+  w.sg_list = &sg;
+  w.num_sge = 1;
+  w.opcode = IBV_WR_RDMA_WRITE;
+  w.send_flags = IBV_SEND_SIGNALED;
+  w.wr.rdma.remote_addr = (uintptr_t)(buf + kLen);
+  w.wr.rdma.rkey = mr->rkey;
+  check(ibv_post_send(a, &w, &bad) == 0, "send-only QP posts a WRITE");
+  struct ibv_wc wc;
+  const int n = wait_wc(&wc);
+  check(n == 1 && wc.status == IBV_WC_SUCCESS && wc.wr_id == 77, "the WRITE completes (status %d)",
+        n == 1 ? (int)wc.status : -1);
+  check(memcmp(buf, buf + kLen, kLen) == 0, "every byte of the WRITE arrived");
+out:
+  if (a) ibv_destroy_qp(a);
+  if (b) ibv_destroy_qp(b);
+  if (mr) ibv_dereg_mr(mr);
+  free(buf);
+}
+
+static void posts(void) {
+  uint8_t* buf = calloc(1, 4096);
+  struct ibv_mr* mr = buf ? ibv_reg_mr(pd, buf, 4096, IBV_ACCESS_LOCAL_WRITE) : NULL;
+  struct ibv_qp_init_attr ia;
+  struct ibv_qp* qp = make_qp(IBV_QPT_RC, NULL, 4, 5, 1, 2, &ia);
+  struct ibv_qp* peer = make_qp(IBV_QPT_RC, NULL, 4, 4, 1, 1, NULL);
+  check(mr && qp && peer, "QPs and an MR for the post rules (errno %d)", errno);
+  if (!(mr && qp && peer)) goto out;
+  struct ibv_sge sg[3] = {{(uintptr_t)buf, 64, mr->lkey}, {(uintptr_t)buf + 64, 64, mr->lkey},
+                          {(uintptr_t)buf + 128, 64, mr->lkey}};
+  struct ibv_recv_wr r = {0}, *rbad = NULL;
+  r.sg_list = sg;
+  r.num_sge = 1;
+  struct ibv_send_wr w = {0}, *sbad = NULL;
+  w.sg_list = sg;
+  w.num_sge = 1;
+  w.opcode = IBV_WR_SEND;
+  int rc = ibv_post_recv(qp, &r, &rbad);
+  check(rc == EINVAL && rbad == &r, "a receive in RESET: EINVAL (got %d)", rc);
+  check(to_init(qp, IBV_QPT_RC) == 0 && to_init(peer, IBV_QPT_RC) == 0, "the QPs go to INIT");
+  rc = ibv_post_send(qp, &w, &sbad);
+  check(rc == EINVAL && sbad == &w, "a send in INIT: EINVAL (got %d)", rc);
+  r.num_sge = (int)ia.cap.max_recv_sge + 1;
+  rc = ibv_post_recv(qp, &r, &rbad);
+  check(rc == EINVAL && rbad == &r, "a receive with max_recv_sge + 1 (%u) SGEs: EINVAL (got %d)", ia.cap.max_recv_sge + 1,
+        rc);
+  r.num_sge = 1;
+  struct ibv_qp_attr qa;
+  struct ibv_qp_init_attr qi;
+  check(ibv_query_qp(qp, &qa, IBV_QP_CAP, &qi) == 0 && qa.cap.max_recv_wr == ia.cap.max_recv_wr,
+        "query_qp reports the depth create_qp did (%u)", ia.cap.max_recv_wr);
+  uint32_t taken = 0;
+  for (; taken < ia.cap.max_recv_wr + 1; ++taken)
+    if ((rc = ibv_post_recv(qp, &r, &rbad)) != 0) break;
+  check(taken == ia.cap.max_recv_wr && rc == ENOMEM, "the receive queue takes exactly %u, then ENOMEM (took %u, got %d)",
+        ia.cap.max_recv_wr, taken, rc);
+  check(rc_up(qp, peer->qp_num, 0) == 0, "the QP goes to RTR");
+  rc = ibv_post_send(qp, &w, &sbad);
+  check(rc == EINVAL, "a send in RTR: EINVAL (got %d)", rc);
+out:
+  if (qp) ibv_destroy_qp(qp);
+  if (peer) ibv_destroy_qp(peer);
+  if (mr) ibv_dereg_mr(mr);
+  free(buf);
+}
+
+static void cqs_and_attrs(void) {
+  errno = 0;
+  struct ibv_cq* c = ibv_create_cq(ctx, dev.max_cqe + 1, NULL, NULL, 0);
+  check(c == NULL && errno == EINVAL, "a CQ over max_cqe (%d): EINVAL (errno %d)", dev.max_cqe, errno);
+  if (c) ibv_destroy_cq(c);
+  errno = 0;
+  c = ibv_create_cq(ctx, 16, NULL, NULL, ctx->num_comp_vectors);
+  check(c == NULL && errno == EINVAL, "comp_vector num_comp_vectors (%d): EINVAL (errno %d)", ctx->num_comp_vectors, errno);
+  if (c) ibv_destroy_cq(c);
+  c = ibv_create_cq(ctx, 16, NULL, NULL, ctx->num_comp_vectors - 1);
+  check(c != NULL, "comp_vector num_comp_vectors - 1: accepted");
+  if (c) ibv_destroy_cq(c);
+  check(dev.page_size_cap >= (uint64_t)sysconf(_SC_PAGESIZE) && (dev.page_size_cap & (uint64_t)sysconf(_SC_PAGESIZE)),
+        "page_size_cap 0x%llx holds the page size", (unsigned long long)dev.page_size_cap);
+  struct ibv_device_attr_ex ex;
+  check(ibv_query_device_ex(ctx, NULL, &ex) == 0 && ex.phys_port_cnt_ex == dev.phys_port_cnt,
+        "phys_port_cnt_ex %u is phys_port_cnt %u", ex.phys_port_cnt_ex, dev.phys_port_cnt);
+}
+
+int main(int argc, char** argv) {
+  int n = 0;
+  struct ibv_device** list = ibv_get_device_list(&n);
+  struct ibv_device* d = NULL;
+  for (int i = 0; list && i < n; ++i)
+    if (argc < 2 || strcmp(ibv_get_device_name(list[i]), argv[1]) == 0) {
+      d = list[i];
+      break;
+    }
+  if (!d) {
+    printf("verbs_rules: no such device\n");
+    return 1;
+  }
+  ctx = ibv_open_device(d);
+  pd = ctx ? ibv_alloc_pd(ctx) : NULL;
+  cq = ctx ? ibv_create_cq(ctx, 256, NULL, NULL, 0) : NULL;
+  if (!pd || !cq || ibv_query_device(ctx, &dev)) {
+    printf("verbs_rules: cannot open %s\n", ibv_get_device_name(d));
+    return 1;
+  }
+  shapes();
+  send_only();
+  posts();
+  cqs_and_attrs();
+  ibv_destroy_cq(cq);
+  ibv_dealloc_pd(pd);
+  ibv_close_device(ctx);
+  ibv_free_device_list(list);
+  printf("%d passed, %d failed\n", passed, failed);
+  return failed ? 1 : 0;
+}
