@@ -21,7 +21,7 @@ packages=(
   libboost-dev libboost-program-options-dev libpcap-dev nlohmann-json3-dev meson ninja-build python3-scapy tshark zlib1g-dev libisal-dev pkg-config
   g++ clang libclang-rt-14-dev valgrind nftables iproute2 gnuplot-nox bc
   busybox-static cpio zstd qemu-system-x86
-  ibverbs-utils perftest rdmacm-utils ucx-utils libucx-dev openmpi-bin libopenmpi-dev
+  ibverbs-utils perftest rdmacm-utils ucx-utils libucx-dev openmpi-bin libopenmpi-dev python3-pyverbs
 )
 
 log() { printf '== %s\n' "$*"; }
@@ -91,6 +91,9 @@ suite() {
 run_tests() {
   log "tests: unit + conformance + integration (plain build)"
   suite unit-conformance-integration "$build" --suite unit --suite conformance --suite integration
+  log "tests: rdma-core's own verbs test suite (python3-pyverbs), daemon and embedded mode"
+  suite rdma-core "$build" --suite rdma-core
+  grep -hE '^(== (daemon|embedded) mode|rdma-core suite:|  skips:|  of the )' "$build/meson-logs/rdma-core.txt" || true
   log "tests: interop with Linux rxe in a QEMU guest (a skip is allowed only where QEMU cannot run at all)"
   suite interop "$build" --suite interop
   # How often the interop suite's end-of-run rules and reruns fired (meson shows no stdout for a pass).
@@ -101,7 +104,7 @@ run_tests() {
   log "tests: unit + conformance + fuzz (ASan/UBSan build)"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
     suite asan-unit-conformance-fuzz "$asan_build" --suite unit --suite conformance --suite fuzz
-  log "logs: $build/meson-logs/{unit-conformance-integration,interop}.txt, $asan_build/meson-logs/asan-unit-conformance-fuzz.txt"
+  log "logs: $build/meson-logs/{unit-conformance-integration,rdma-core,interop}.txt, $asan_build/meson-logs/asan-unit-conformance-fuzz.txt"
 }
 
 case "${1:-}" in
