@@ -1308,6 +1308,11 @@ int uroce_destroy_ah(ibv_ah* ibv) {
 
 int uroce_modify_qp(uroce_qp* qp, ibv_qp_attr* a, int mask) {
   if (!qp || !a) return set_error(EINVAL, "no QP or attributes");
+  // RoCE addresses by GID only: an address vector without a GRH is refused
+  // here, as the kernel refuses it on a RoCE port (the message carries the
+  // GID alone, and would be taken as a GID of zeros).
+  if ((mask & IBV_QP_AV) && !a->ah_attr.is_global)
+    return set_error(EINVAL, "RoCE needs a global address (ah_attr.is_global with the peer's GID)");
   const uroce_modify_qp_msg m = abi::to_msg(*a, mask, qp->handle);
   return call(qp->ctx, UROCE_MSG_MODIFY_QP, &m, sizeof m, -1, nullptr, 0);
 }

@@ -13,6 +13,7 @@
  *   - a receive with more SGEs than the QP's max_recv_sge: EINVAL;
  *   - a full receive queue: ENOMEM exactly at the depth the QP reports;
  *   - a CQ over max_cqe, or with a comp_vector the device lacks: EINVAL;
+ *   - an address vector without a GRH (RoCE addresses by GID): EINVAL;
  *   - page_size_cap holds the page size; phys_port_cnt_ex is phys_port_cnt.
  *
  *   verbs_rules [DEVICE]      (default: the first device)
@@ -237,6 +238,23 @@ static void posts(void) {
     if ((rc = ibv_post_recv(qp, &r, &rbad)) != 0) break;
   check(taken == ia.cap.max_recv_wr && rc == ENOMEM, "the receive queue takes exactly %u, then ENOMEM (took %u, got %d)",
         ia.cap.max_recv_wr, taken, rc);
+  {
+    /* RoCE addresses by GID: an address vector without a GRH is EINVAL, as
+     * the kernel refuses it on a RoCE port (qperf without -cm1 does this). */
+    struct ibv_qp_attr a = {0};
+    a.qp_state = IBV_QPS_RTR;
+    a.path_mtu = IBV_MTU_1024;
+    a.dest_qp_num = peer->qp_num;
+    a.rq_psn = 1;
+    a.max_dest_rd_atomic = 1;
+    a.min_rnr_timer = 12;
+    a.ah_attr.dlid = 1;
+    a.ah_attr.port_num = 1;
+    rc = ibv_modify_qp(qp, &a,
+                       IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                           IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+    check(rc == EINVAL, "RTR with an address vector without a GRH: EINVAL (got %d)", rc);
+  }
   check(rc_up(qp, peer->qp_num, 0) == 0, "the QP goes to RTR");
   rc = ibv_post_send(qp, &w, &sbad);
   check(rc == EINVAL, "a send in RTR: EINVAL (got %d)", rc);
