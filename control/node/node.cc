@@ -23,6 +23,7 @@
 #include "drivers/pcap/pcap_io.h"
 #include "stack/pipeline/dataplane.h"
 #include "stack/pipeline/neigh.h"
+#include "stack/abi/qp_attr.h"
 #include "stack/transport/engine.h"
 
 namespace asio = boost::asio;
@@ -619,6 +620,7 @@ std::unique_ptr<Node> Node::start(const NodeOptions& o, bool embedded, std::stri
       ec.vlan_tci = static_cast<std::uint16_t>(o.vlan ? (o.pcp << 13) | o.vlan : 0);
       ec.seed = seed + n->pipes_.size();
       ec.ipv4_checksum_offload = port->ipv4_checksum_offload();
+      ec.ud_mtu = transport::mtu_bytes(abi::roce_active_mtu(port->link().mtu));
       ec.qpn_stride = o.shards;
       ec.qpn_offset = sh;
       p->eng = std::make_unique<transport::Engine>(ec);

@@ -16,6 +16,18 @@
 
 namespace uroce::abi {
 
+/// A RoCE port's active MTU for an Ethernet MTU, as Linux sizes it: the
+/// largest IB MTU whose packets fit with the most headers a RoCE packet
+/// carries (GRH-sized IP header, UDP, BTH, the largest extension, ICRC: 96
+/// bytes). 1500 gives 1024, 4200 and up 4096; 0 (unknown) gives 4096.
+/// What ibv_query_port reports, and a UD message's largest size.
+constexpr ibv_mtu roce_active_mtu(std::uint32_t eth_mtu) {
+  if (eth_mtu == 0) return IBV_MTU_4096;
+  const std::uint32_t room = eth_mtu > 96 ? eth_mtu - 96 : 0;
+  return room >= 4096 ? IBV_MTU_4096 : room >= 2048 ? IBV_MTU_2048 : room >= 1024 ? IBV_MTU_1024
+         : room >= 512 ? IBV_MTU_512 : IBV_MTU_256;
+}
+
 /// ibv_qp_attr (with its mask) as a message. Every field the message has
 /// room for travels, whether or not the mask names it; the receiver
 /// decides by the mask, as ibv_modify_qp does.

@@ -180,6 +180,7 @@ Qp* Engine::create_qp(Pd* pd, const QpInitAttr& attr) {
   qp->qpn = attr.gsi ? kGsiQpn
                      : kFirstQpn + cfg_.qpn_offset + static_cast<std::uint32_t>(slot - qps_.begin()) * cfg_.qpn_stride;
   qp->type = attr.qp_type;
+  if (qp->type == IBV_QPT_UD) qp->mtu = cfg_.ud_mtu;  // UD has no path MTU: the port's bounds a message
   qp->pd = pd;
   qp->send_cq = attr.send_cq;
   qp->recv_cq = attr.recv_cq;

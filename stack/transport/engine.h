@@ -67,6 +67,9 @@ struct EngineConfig {
   /// Selective repeat's cap on a QP's packets in flight (IRN's BDP-FC: about
   /// a bandwidth-delay product); 0 or more than 256: 256, what a SACK spans.
   std::uint32_t sr_window = 0;
+  /// A UD message's largest size, in bytes: the port's active MTU
+  /// (abi::roce_active_mtu of the link's Ethernet MTU), as rxe takes it.
+  std::uint32_t ud_mtu = 4096;
 };
 
 /// A QP's congestion control as telemetry shows it (Engine::cc_report).

@@ -1047,16 +1047,7 @@ int uroce_query_port(uroce_context* ctx, uint8_t port_num, ibv_port_attr* attr) 
   *attr = ibv_port_attr{};
   attr->state = static_cast<ibv_port_state>(pa.state);
   attr->max_mtu = IBV_MTU_4096;
-  // The largest IB MTU whose packets fit the Ethernet MTU with the most
-  // headers a RoCE packet carries (GRH-sized IP header, UDP, BTH, the
-  // largest extension, ICRC: 96 bytes), as Linux sizes a RoCE port's:
-  // 1500 gives 1024, 4200 and up give 4096. Unknown: 4096.
-  attr->active_mtu = IBV_MTU_4096;
-  if (pa.mtu != 0) {
-    const std::uint32_t room = pa.mtu > 96 ? pa.mtu - 96 : 0;
-    attr->active_mtu = room >= 4096 ? IBV_MTU_4096 : room >= 2048 ? IBV_MTU_2048 : room >= 1024 ? IBV_MTU_1024
-                       : room >= 512 ? IBV_MTU_512 : IBV_MTU_256;
-  }
+  attr->active_mtu = abi::roce_active_mtu(pa.mtu);  // as Linux sizes a RoCE port's
   attr->gid_tbl_len = 1;
   attr->pkey_tbl_len = 1;
   attr->link_layer = IBV_LINK_LAYER_ETHERNET;

@@ -27,13 +27,14 @@ for t in ibv_devices ibv_devinfo ibv_rc_pingpong ibv_uc_pingpong ibv_ud_pingpong
   need_prog $t ibverbs-utils
 done
 for t in rping ucmatose udaddy; do need_prog $t rdmacm-utils; done
+need_prog fi_pingpong libfabric-bin
 for t in ib_write_bw ib_send_bw ib_read_bw ib_atomic_bw ib_write_lat ib_send_lat ib_read_lat ib_atomic_lat; do
   need_prog $t perftest
 done
 SYSCM=$(ls /usr/lib/*/librdmacm.so.1 2>/dev/null | head -1)
 
 echo "== the binaries are Debian's, unmodified"
-pkgs="ibverbs-utils rdmacm-utils perftest"
+pkgs="ibverbs-utils rdmacm-utils perftest libfabric-bin"
 dpkg -V $pkgs > "$TMP/dpkg-V.out" 2>&1
 check "dpkg -V $pkgs prints nothing" "[ ! -s '$TMP/dpkg-V.out' ]"
 
@@ -279,6 +280,23 @@ done
 echo "== loopback: both ends on one device (one daemon)"
 client_dir=run
 pingpong ibv_rc_pingpong loopback -c -e -n 300 -s 4096
+# UD's bound is the port's active MTU (A's 9000-byte link: 4096), as on rxe.
+pingpong ibv_ud_pingpong loopback-4096 -c -e -n 300 -s 4096
+# libfabric's verbs provider (libfabric-bin's fi_pingpong, unmodified):
+# datagram endpoints over uroce0, every size up to 4 KiB (fi_pingpong
+# counts its messages and acknowledgements; it checks no data). Its MSG
+# endpoints (RC) are not listed: the provider wants an IP interface that
+# carries the device's address (docs/verbs.md).
+port=$((port + 1))
+timeout 60 "$URUN" --lib "$IBV_DIR" --run-dir "$TMP/run" fi_pingpong -p verbs -e dgram -I 200 -B $port > "$TMP/fis.out" 2>&1 & sp=$!
+tcp_ready $sp $port || echo "  (fi_pingpong: the server never listened on TCP port $port)"
+timeout 60 "$URUN" --lib "$IBV_DIR" --run-dir "$TMP/run" fi_pingpong -p verbs -e dgram -I 200 -P $port 127.0.0.1 > "$TMP/fic.out" 2>&1; crc=$?
+wait $sp; src=$?
+rows=$(grep -cE '^(64|256|1k|4k) +200 +=200 ' "$TMP/fic.out")
+echo "  fi_pingpong -p verbs -e dgram: client exit $crc, server exit $src, $rows of 4 sizes with every message acknowledged"
+[ $crc -eq 0 ] && [ $src -eq 0 ] || sed 's/^/    /' "$TMP/fic.out" "$TMP/fis.out" | tail -8
+check "fi_pingpong over libfabric's verbs provider (datagram), 64 B to 4 KiB, every message acknowledged" \
+  "[ $crc -eq 0 ] && [ $src -eq 0 ] && [ $rows -eq 4 ] && ! grep -q error '$TMP/fic.out' '$TMP/fis.out'"
 for t in ib_write_bw ib_send_lat; do
   port=$((port + 1))
   timeout 60 "$URUN" --lib "$IBV_DIR" --run-dir "$TMP/run" $t -d uroce0 -x 0 -n 200 -p $port > "$TMP/lbs-$t.out" 2>&1 & sp=$!

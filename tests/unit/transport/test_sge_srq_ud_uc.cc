@@ -147,7 +147,8 @@ TEST(Srq, TwoQpsShareOneReceiveQueue) {
 }
 
 TEST(Ud, DatagramsBetweenEnginesWithQkeyAndGrh) {
-  Pair p;
+  // A port of Ethernet MTU 1500: active MTU 1024, a UD message's most.
+  Pair p(1, 4u << 20, 64, false, [](int, EngineConfig& c) { c.ud_mtu = 1024; });
   PairOptions o;
   o.type = IBV_QPT_UD;
   o.qkey = 0x1234;
@@ -193,6 +194,45 @@ TEST(Ud, DatagramsBetweenEnginesWithQkeyAndGrh) {
   wr.sg_list = {&big, 1};
   wr.send_flags = IBV_SEND_SIGNALED;
   wr.remote_qkey = 0x1234;
+  ASSERT_EQ(p.A().post_send(q.a, wr), 0);
+  wa.clear();
+  ASSERT_TRUE(run_until_wcs(p, 0, 1, wa));
+  EXPECT_EQ(wa[0].status, IBV_WC_LOC_LEN_ERR);
+}
+
+TEST(Ud, AMessageAsLargeAsThePortsActiveMtu) {
+  // A 9000-byte link: active MTU 4096 (rxe takes a UD message's bound from
+  // the port, not from a path MTU, which UD has none of): 4096 bytes go,
+  // every byte, and 4097 is a local length error.
+  Pair p(1, 4u << 20, 64, false, [](int, EngineConfig& c) { c.ud_mtu = 4096; });
+  PairOptions o;
+  o.type = IBV_QPT_UD;
+  const QpPair q = p.connect(o);
+  Ah ah;
+  ah.dgid = p.B().config().ip;
+  ah.dmac = p.B().config().mac;
+  auto& am = p.node[0].mem;
+  for (int i = 0; i < 4097; ++i) am[static_cast<std::size_t>(i)] = static_cast<std::uint8_t>(i * 13 + 1);
+  Sge r = p.sge(1, 8192, 4096 + 40);
+  ASSERT_EQ(p.B().post_recv(q.b, RecvWr{3, {&r, 1}}), 0);
+  Sge s = p.sge(0, 0, 4096);
+  SendWr wr;
+  wr.opcode = IBV_WR_SEND;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.sg_list = {&s, 1};
+  wr.ah = &ah;
+  wr.remote_qpn = q.b->qpn;
+  wr.remote_qkey = o.qkey;
+  ASSERT_EQ(p.A().post_send(q.a, wr), 0);
+  std::vector<ibv_wc> wa, wb;
+  ASSERT_TRUE(run_until_wcs(p, 1, 1, wb));
+  ASSERT_TRUE(run_until_wcs(p, 0, 1, wa));
+  EXPECT_EQ(wa[0].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(wb[0].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(wb[0].byte_len, 4096u + 40);
+  EXPECT_EQ(0, std::memcmp(&p.node[1].mem[8192 + 40], &am[0], 4096));
+  Sge over = p.sge(0, 0, 4097);
+  wr.sg_list = {&over, 1};
   ASSERT_EQ(p.A().post_send(q.a, wr), 0);
   wa.clear();
   ASSERT_TRUE(run_until_wcs(p, 0, 1, wa));
