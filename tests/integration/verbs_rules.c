@@ -83,8 +83,9 @@ static int to_init(struct ibv_qp* qp, enum ibv_qp_type type) {
   return ibv_modify_qp(qp, &a, mask);
 }
 
-/* Connects an RC QP in INIT to remote QPN on this device's GID, up to RTR (and RTS if rts). */
-static int rc_up(struct ibv_qp* qp, uint32_t remote, int rts) {
+/* Moves an RC QP in INIT to RTR, connected to remote QPN on this device's
+ * GID (with a GRH if global; without one, RoCE refuses it). */
+static int to_rtr(struct ibv_qp* qp, uint32_t remote, int global) {
   union ibv_gid gid;
   if (ibv_query_gid(ctx, 1, 0, &gid)) return -1;
   struct ibv_qp_attr a = {0};
@@ -94,15 +95,21 @@ static int rc_up(struct ibv_qp* qp, uint32_t remote, int rts) {
   a.rq_psn = 1;
   a.max_dest_rd_atomic = 1;
   a.min_rnr_timer = 12;
-  a.ah_attr.is_global = 1;
+  a.ah_attr.is_global = global;
   a.ah_attr.grh.dgid = gid;
   a.ah_attr.grh.hop_limit = 64;
+  a.ah_attr.dlid = global ? 0 : 1;
   a.ah_attr.port_num = 1;
-  if (ibv_modify_qp(qp, &a,
-                    IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                        IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-    return -1;
+  return ibv_modify_qp(qp, &a,
+                       IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                           IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+}
+
+/* Connects an RC QP in INIT to remote QPN on this device's GID, up to RTR (and RTS if rts). */
+static int rc_up(struct ibv_qp* qp, uint32_t remote, int rts) {
+  if (to_rtr(qp, remote, 1)) return -1;
   if (!rts) return 0;
+  struct ibv_qp_attr a;
   memset(&a, 0, sizeof a);
   a.qp_state = IBV_QPS_RTS;
   a.timeout = 14;
@@ -238,23 +245,10 @@ static void posts(void) {
     if ((rc = ibv_post_recv(qp, &r, &rbad)) != 0) break;
   check(taken == ia.cap.max_recv_wr && rc == ENOMEM, "the receive queue takes exactly %u, then ENOMEM (took %u, got %d)",
         ia.cap.max_recv_wr, taken, rc);
-  {
-    /* RoCE addresses by GID: an address vector without a GRH is EINVAL, as
-     * the kernel refuses it on a RoCE port (qperf without -cm1 does this). */
-    struct ibv_qp_attr a = {0};
-    a.qp_state = IBV_QPS_RTR;
-    a.path_mtu = IBV_MTU_1024;
-    a.dest_qp_num = peer->qp_num;
-    a.rq_psn = 1;
-    a.max_dest_rd_atomic = 1;
-    a.min_rnr_timer = 12;
-    a.ah_attr.dlid = 1;
-    a.ah_attr.port_num = 1;
-    rc = ibv_modify_qp(qp, &a,
-                       IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                           IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
-    check(rc == EINVAL, "RTR with an address vector without a GRH: EINVAL (got %d)", rc);
-  }
+  /* RoCE addresses by GID: an address vector without a GRH is EINVAL, as
+   * the kernel refuses it on a RoCE port (qperf without -cm1 does this). */
+  rc = to_rtr(qp, peer->qp_num, 0);
+  check(rc == EINVAL, "RTR with an address vector without a GRH: EINVAL (got %d)", rc);
   check(rc_up(qp, peer->qp_num, 0) == 0, "the QP goes to RTR");
   rc = ibv_post_send(qp, &w, &sbad);
   check(rc == EINVAL, "a send in RTR: EINVAL (got %d)", rc);
