@@ -65,7 +65,8 @@ bool FaultConfig::parse(const std::string& text, FaultConfig& out, std::string& 
         err = "fault rule action '" + a + "' is not drop, dup, corrupt, ecn or delay";
         return false;
       }
-      ok = parse_uint(q, r.qpn) && parse_uint(p, r.psn) && (t.empty() || parse_uint(t, r.times));
+      r.any_qpn = q == "*";
+      ok = (r.any_qpn || parse_uint(q, r.qpn)) && parse_uint(p, r.psn) && (t.empty() || parse_uint(t, r.times));
       ok = ok && r.qpn <= 0xffffff && r.psn <= 0xffffff;
       if (ok) c.rules.push_back(r);
     } else {
@@ -73,7 +74,7 @@ bool FaultConfig::parse(const std::string& text, FaultConfig& out, std::string& 
       return false;
     }
     if (!ok) {
-      err = "bad value for fault key '" + k + "': '" + v + "' (probabilities are 0..1; rule=action:qpn:psn[:times])";
+      err = "bad value for fault key '" + k + "': '" + v + "' (probabilities are 0..1; rule=action:qpn|*:psn[:times])";
       return false;
     }
   }
@@ -133,7 +134,7 @@ FaultInjector::Fate FaultInjector::decide(wire::ConstBytes frame, std::uint64_t 
     ++st_.corrupted;
   };
   for (FaultRule& r : cfg_.rules) {
-    if (r.times == 0 || r.qpn != pkt.destqp || r.psn != pkt.psn.value()) continue;
+    if (r.times == 0 || (!r.any_qpn && r.qpn != pkt.destqp) || r.psn != pkt.psn.value()) continue;
     --r.times;
     ++st_.rule_hits;
     switch (r.action) {

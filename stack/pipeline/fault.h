@@ -18,6 +18,7 @@ namespace uroce::pipeline {
 struct FaultRule {
   enum class Action : std::uint8_t { kDrop, kDup, kCorrupt, kEcn, kDelay };
   std::uint32_t qpn = 0;  // destination QP in the BTH
+  bool any_qpn = false;   // "*": any destination QP (a test that knows the PSN before the QP)
   std::uint32_t psn = 0;
   Action action = Action::kDrop;
   std::uint32_t times = 1;  // how many matching frames it applies to
@@ -32,7 +33,8 @@ struct FaultConfig {
     return drop > 0 || dup > 0 || reorder > 0 || corrupt > 0 || ecn > 0 || delay_us > 0 || !rules.empty();
   }
   /// Parses "drop=0.01,dup=0.02,reorder=0.05,corrupt=0.001,ecn=0.1,delay_us=20,
-  /// rule=drop:QPN:PSN[:N]" (rules may repeat). Returns false with `err` set.
+  /// rule=drop:QPN:PSN[:N]" (rules may repeat; QPN * matches any QP).
+  /// Returns false with `err` set.
   static bool parse(const std::string& text, FaultConfig& out, std::string& err);
   [[nodiscard]] std::string to_string() const;
 };

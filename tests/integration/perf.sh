@@ -4,16 +4,17 @@
 # perftest's (and ibv_rc_pingpong's) TCP exchange against the real tools'
 # format and order before relaying it.
 . "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/ready.sh"
 need_root
 PERF=${UROCE_PERF:?path to uroce-perf}
 PP=${UROCE_PINGPONG:?path to uroce-pingpong}
 PEER="/usr/bin/python3 $(dirname "$0")/perftest_peer.py"
 start_daemon "" da --port net_memif0 --vdev "net_memif0,role=server,socket=$TMP/m.sock" --ip 10.95.0.1 --lcore 0 \
   --app-socket "$TMP/a.app" --ctl-socket "$TMP/a.ctl"
-sleep 1
+wait_sockets "$TMP/a.app" "$TMP/a.ctl" || bad "daemon A is up (gave up after $PROBES looks)"
 start_daemon "" db --port net_memif0 --vdev "net_memif0,role=client,socket=$TMP/m.sock" --ip 10.95.0.2 --lcore 1 \
   --app-socket "$TMP/b.app" --ctl-socket "$TMP/b.ctl"
-for i in $(seq 1 50); do [ -S "$TMP/a.app" ] && [ -S "$TMP/b.app" ] && break; sleep 0.1; done
+wait_sockets "$TMP/a.app" "$TMP/b.app" || bad "both daemons are up (gave up after $PROBES looks)"
 BASE=$((21000 + ($$ % 200) * 20))
 py() { /usr/bin/python3 -c "import json,sys; r=json.load(open(sys.argv[1])); $1" "$2"; }
 
@@ -22,9 +23,9 @@ pair() {
   local test=$1 name=$2 pargs=$3; shift 3
   local sp=$BASE cp=$((BASE + 1)); BASE=$((BASE + 2))
   timeout 120 $PERF "$test" -d "$TMP/a.app" -p $sp --json "$@" > "$TMP/$name.srv" 2> "$TMP/$name.srv.err" & local s=$!
-  sleep 0.2
+  wait_listen "" "" $sp || echo "  ($name: the server never listened on TCP port $sp)"
   $PEER proxy "$test" $cp $sp $pargs > "$TMP/$name.peer" 2>&1 & local p=$!
-  sleep 0.2
+  wait_listen "" "" $cp || echo "  ($name: the peer never listened on TCP port $cp)"
   timeout 120 $PERF "$test" -d "$TMP/b.app" -p $cp --json "$@" 127.0.0.1 > "$TMP/$name.cli" 2> "$TMP/$name.cli.err"
   local crc=$?
   wait $s; local src=$?
@@ -60,17 +61,17 @@ check "write_bw -q 4: 4 x 200 messages" "py 'sys.exit(r[\"results\"][0][\"iterat
 check "write_bw -D 2: a timed run counts what it did" "pair write_bw dur '' -D 2"
 check "write_bw -D 2: iterations counted, a progress line shown" \
   "py 'sys.exit(r[\"results\"][0][\"iterations\"]<10)' $TMP/dur.cli && grep -q 'progress:' $TMP/dur.cli.err"
-timeout 60 $PERF send_bw -d "$TMP/a.app" -p $BASE -n 200 --report_gbits > "$TMP/gb.srv" 2>&1 & s=$!; sleep 0.2
+timeout 60 $PERF send_bw -d "$TMP/a.app" -p $BASE -n 200 --report_gbits > "$TMP/gb.srv" 2>&1 & s=$!; wait_listen "" "" $BASE || echo "  (nothing listened on TCP port $BASE)"
 timeout 60 $PERF send_bw -d "$TMP/b.app" -p $BASE -n 200 --report_gbits 127.0.0.1 > "$TMP/gb.cli" 2>&1; wait $s
 BASE=$((BASE + 1))
 check "--report_gbits: perftest's Gb/s header" \
   "grep -qxF ' #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]' $TMP/gb.cli"
-timeout 60 $PERF read_lat -d "$TMP/a.app" -p $BASE -n 50 > "$TMP/tl.srv" 2>&1 & s=$!; sleep 0.2
+timeout 60 $PERF read_lat -d "$TMP/a.app" -p $BASE -n 50 > "$TMP/tl.srv" 2>&1 & s=$!; wait_listen "" "" $BASE || echo "  (nothing listened on TCP port $BASE)"
 timeout 60 $PERF read_lat -d "$TMP/b.app" -p $BASE -n 50 127.0.0.1 > "$TMP/tl.cli" 2>&1; wait $s
 check "text output: perftest's latency header" \
   "grep -qxF ' #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] ' $TMP/tl.cli"
 BASE=$((BASE + 1))
-timeout 120 $PERF write_bw -d "$TMP/a.app" -p $BASE -n 20 -a --json > "$TMP/all.srv" 2>&1 & s=$!; sleep 0.2
+timeout 120 $PERF write_bw -d "$TMP/a.app" -p $BASE -n 20 -a --json > "$TMP/all.srv" 2>&1 & s=$!; wait_listen "" "" $BASE || echo "  (nothing listened on TCP port $BASE)"
 timeout 120 $PERF write_bw -d "$TMP/b.app" -p $BASE -n 20 -a --json 127.0.0.1 > "$TMP/all.cli" 2>&1; wait $s
 BASE=$((BASE + 1))
 check "write_bw -a: 23 sizes, 2 B to 8 MiB" \
@@ -79,7 +80,7 @@ check "write_bw -a: 23 sizes, 2 B to 8 MiB" \
 echo "== the newer perftest (6.24: no closing 'done'), and an old one"
 check "write_bw against a 6.24 server" "pair write_bw v624 '--as-version 6.24 --no-done' -n 200"
 check "send_lat against a 6.24 server" "pair send_lat v624l '--as-version 6.24 --no-done' -n 100"
-$PEER old-server $BASE 5.60 > "$TMP/old.peer" 2>&1 & p=$!; sleep 0.2
+$PEER old-server $BASE 5.60 > "$TMP/old.peer" 2>&1 & p=$!; wait_listen "" "" $BASE || echo "  (nothing listened on TCP port $BASE)"
 timeout 30 $PERF write_bw -d "$TMP/b.app" -p $BASE 127.0.0.1 > "$TMP/old.cli" 2>&1; orc=$?; wait $p; prc=$?
 BASE=$((BASE + 1))
 check "a peer at perftest 5.60 is refused with a clear error" \
@@ -96,8 +97,8 @@ check "no such device: a clear error" "$PERF write_bw -d nosuchdev 127.0.0.1 2>&
 echo "== uroce-pingpong, through the scripted ibv_rc_pingpong peer, data checked"
 for sz in 1 1000 4096; do
   sp=$BASE; cp=$((BASE + 1)); BASE=$((BASE + 2))
-  timeout 60 $PP -d "$TMP/a.app" -p $sp -s $sz -n 200 -c -e > "$TMP/pp$sz.srv" 2>&1 & s=$!; sleep 0.2
-  $PEER pingpong-proxy $cp $sp > "$TMP/pp$sz.peer" 2>&1 & p=$!; sleep 0.2
+  timeout 60 $PP -d "$TMP/a.app" -p $sp -s $sz -n 200 -c -e > "$TMP/pp$sz.srv" 2>&1 & s=$!; wait_listen "" "" $sp || echo "  (nothing listened on TCP port $sp)"
+  $PEER pingpong-proxy $cp $sp > "$TMP/pp$sz.peer" 2>&1 & p=$!; wait_listen "" "" $cp || echo "  (nothing listened on TCP port $cp)"
   timeout 60 $PP -d "$TMP/b.app" -p $cp -s $sz -n 200 -c -g 0 127.0.0.1 > "$TMP/pp$sz.cli" 2>&1; crc=$?
   wait $s; src=$?; wait $p; prc=$?
   echo "  $sz B: $(grep usec/iter "$TMP/pp$sz.cli")"
@@ -105,20 +106,18 @@ for sz in 1 1000 4096; do
     "[ $crc -eq 0 ] && [ $src -eq 0 ] && [ $prc -eq 0 ] && grep -q '^200 messages checked, 0 bad' $TMP/pp$sz.cli && grep -q '^200 messages checked, 0 bad' $TMP/pp$sz.srv"
 done
 echo "== uroce-pingpong: the ACK of the client's last SEND never comes, as when the peer has already left"
-# Daemon A drops every ACK of the client's last PSN (its first PSN, from its
-# "local address" line, plus 1499): its retries run out after all 1500
-# replies have arrived, which is the end of the run, not a failure. (-e:
-# completion events, about 1.5 ms an iteration here, so the rule is in place
-# long before the end.)
+# Daemon A drops every ACK of the client's last PSN: its retries run out
+# after all 1500 replies have arrived, which is the end of the run, not a
+# failure. The PSNs are fixed (--psn), so the rule is in place before the
+# run starts (QPN *: the client's QP number is not known yet); the server's
+# own PSNs are far from the client's, so the rule can only hit that ACK.
 sp=$BASE; BASE=$((BASE + 1))
-timeout 60 $PP -d "$TMP/a.app" -p $sp -s 64 -n 1500 -c -e > "$TMP/ppl.srv" 2>&1 & s=$!; sleep 0.2
-timeout 60 $PP -d "$TMP/b.app" -p $sp -s 64 -n 1500 -c -e 127.0.0.1 > "$TMP/ppl.cli" 2>&1 & c=$!
-for i in $(seq 500); do grep -q "local address" "$TMP/ppl.cli" && break; sleep 0.01; done
-read -r qpn psn < <(sed -n 's/.*local address:.*QPN \(0x[0-9a-f]*\), PSN \(0x[0-9a-f]*\).*/\1 \2/p' "$TMP/ppl.cli")
-last=$(printf '0x%06x' $(( (psn + 1499) & 0xffffff )))
-reply=$(ctl "$TMP/a.ctl" "fault tx rule=drop:$qpn:$last:100")
-kill -0 $c 2>/dev/null || echo "  (the client ended before the rule was set)"
+cpsn=0x100000; last=$(printf '0x%06x' $(( cpsn + 1499 )))
+reply=$(ctl "$TMP/a.ctl" "fault tx rule=drop:*:$last:100")
+timeout 60 $PP -d "$TMP/a.app" -p $sp -s 64 -n 1500 -c -e --psn 0x200000 > "$TMP/ppl.srv" 2>&1 & s=$!; wait_listen "" "" $sp || echo "  (nothing listened on TCP port $sp)"
+timeout 60 $PP -d "$TMP/b.app" -p $sp -s 64 -n 1500 -c -e --psn $cpsn 127.0.0.1 > "$TMP/ppl.cli" 2>&1 & c=$!
 wait $c; crc=$?; wait $s; src=$?
+qpn=$(sed -n 's/.*local address:.*QPN \(0x[0-9a-f]*\).*/\1/p' "$TMP/ppl.cli")
 ftx=$(ctl "$TMP/a.ctl" status | grep -o "\"fault_tx\": {[^}]*"); echo "  $ftx"; hits=$(echo "$ftx" | grep -o "\"rule_hits\": [0-9]*" | awk "{print \$2}")
 ctl "$TMP/a.ctl" "fault tx off" > /dev/null
 echo "  client QPN $qpn, last PSN $last; ACKs dropped: ${hits:-?}; $(grep 'never acknowledged' "$TMP/ppl.cli" | cut -c1-60)..."
@@ -126,18 +125,16 @@ check "pingpong, last ACK lost: the client ends cleanly with all 1500 replies ch
   "echo '$reply' | grep -q '\"ok\": true' && [ $crc -eq 0 ] && [ $src -eq 0 ] && [ \${hits:-0} -ge 2 ] && grep -q '^1500 messages checked, 0 bad' $TMP/ppl.cli && grep -q 'last SEND was never acknowledged' $TMP/ppl.cli"
 echo "== write_lat: the ACK of the server's last WRITE is lost once, after the client has finished"
 # The client (daemon B) drops its one ACK of the server's last PSN (the
-# server's first PSN, from the client's "remote address" line, plus 2999).
+# server's first, fixed by --psn, plus 2999; the rule is set before the run).
 # The server retries; the client has left, and its QP's number, in
 # quarantine in daemon B, must answer it (the tools no longer linger).
 sp=$BASE; BASE=$((BASE + 1))
-timeout 60 $PERF write_lat -d "$TMP/a.app" -p $sp -n 3000 > "$TMP/wl.srv" 2>&1 & s=$!; sleep 0.2
-timeout 60 $PERF write_lat -d "$TMP/b.app" -p $sp -n 3000 127.0.0.1 > "$TMP/wl.cli" 2>&1 & c=$!
-for i in $(seq 500); do grep -q "remote address" "$TMP/wl.cli" && break; sleep 0.01; done
-read -r qpn psn < <(sed -n 's/.*remote address: LID [0-9a-fx]* QPN \(0x[0-9a-f]*\) PSN \(0x[0-9a-f]*\).*/\1 \2/p' "$TMP/wl.cli")
-last=$(printf '0x%06x' $(( (psn + 2999) & 0xffffff )))
-reply=$(ctl "$TMP/b.ctl" "fault tx rule=drop:$qpn:$last:1")
-kill -0 $c 2>/dev/null || echo "  (the client ended before the rule was set)"
+spsn=0x300000; last=$(printf '0x%06x' $(( spsn + 2999 )))
+reply=$(ctl "$TMP/b.ctl" "fault tx rule=drop:*:$last:1")
+timeout 60 $PERF write_lat -d "$TMP/a.app" -p $sp -n 3000 --psn $spsn > "$TMP/wl.srv" 2>&1 & s=$!; wait_listen "" "" $sp || echo "  (nothing listened on TCP port $sp)"
+timeout 60 $PERF write_lat -d "$TMP/b.app" -p $sp -n 3000 --psn 0x400000 127.0.0.1 > "$TMP/wl.cli" 2>&1 & c=$!
 wait $c; crc=$?; wait $s; src=$?
+qpn=$(sed -n 's/.*remote address: LID [0-9a-fx]* QPN \(0x[0-9a-f]*\).*/\1/p' "$TMP/wl.cli")
 hits=$(ctl "$TMP/b.ctl" status | grep -o '"fault_tx": {[^}]*' | grep -o '"rule_hits": [0-9]*' | awk '{print $2}')
 ctl "$TMP/b.ctl" "fault tx off" > /dev/null
 echo "  server QPN $qpn, last PSN $last; ACKs dropped: ${hits:-?}; server: $(grep -E '^ [0-9]+ +3000 ' "$TMP/wl.srv" | head -1)"
@@ -155,17 +152,16 @@ echo "== write_lat: the peer left before the ACK of our last WRITE, which never 
 # iterations is what proves that WRITE arrived.
 wl_left() {  # SIDE: srv|cli
   local side=$1 sp=$BASE; BASE=$((BASE + 1))
-  local ctlf=$TMP/b.ctl pat='remote address'
-  [ "$side" = cli ] && { ctlf=$TMP/a.ctl; pat='local address'; }
-  timeout 60 $PERF write_lat -d "$TMP/a.app" -p $sp -n 3000 > "$TMP/wll.srv" 2>&1 & local s=$!; sleep 0.2
-  timeout 60 $PERF write_lat -d "$TMP/b.app" -p $sp -n 3000 127.0.0.1 > "$TMP/wll.cli" 2>&1 & local c=$!
-  for i in $(seq 500); do grep -q "$pat" "$TMP/wll.cli" && break; sleep 0.01; done
-  local qpn psn
-  read -r qpn psn < <(sed -n "s/.*$pat: LID [0-9a-fx]* QPN \(0x[0-9a-f]*\) PSN \(0x[0-9a-f]*\).*/\1 \2/p" "$TMP/wll.cli")
-  local last; last=$(printf '0x%06x' $(( (psn + 2999) & 0xffffff )))
-  local reply; reply=$(ctl "$ctlf" "fault tx rule=drop:$qpn:$last:100")
-  kill -0 $c 2>/dev/null || echo "  (the client ended before the rule was set)"
+  # Fixed PSNs (--psn), so the rule is set before the run: the server's
+  # from 0x500000, the client's from 0x600000; SIDE's last one's ACKs drop.
+  local ctlf=$TMP/b.ctl first=0x500000 pat='remote address'
+  [ "$side" = cli ] && { ctlf=$TMP/a.ctl; first=0x600000; pat='local address'; }
+  local last; last=$(printf '0x%06x' $(( first + 2999 )))
+  local reply; reply=$(ctl "$ctlf" "fault tx rule=drop:*:$last:100")
+  timeout 60 $PERF write_lat -d "$TMP/a.app" -p $sp -n 3000 --psn 0x500000 > "$TMP/wll.srv" 2>&1 & local s=$!; wait_listen "" "" $sp || echo "  (nothing listened on TCP port $sp)"
+  timeout 60 $PERF write_lat -d "$TMP/b.app" -p $sp -n 3000 --psn 0x600000 127.0.0.1 > "$TMP/wll.cli" 2>&1 & local c=$!
   wait $c; local crc=$?; wait $s; local src=$?
+  local qpn; qpn=$(sed -n "s/.*$pat: LID [0-9a-fx]* QPN \(0x[0-9a-f]*\).*/\1/p" "$TMP/wll.cli")
   local hits; hits=$(ctl "$ctlf" status | grep -o '"fault_tx": {[^}]*' | grep -o '"rule_hits": [0-9]*' | awk '{print $2}')
   ctl "$ctlf" "fault tx off" > /dev/null
   echo "  $side: QPN $qpn, last PSN $last; ACKs dropped: ${hits:-?}; $(grep -h 'never acknowledged' "$TMP/wll.$side" | cut -c1-60)..."

@@ -63,6 +63,7 @@ struct Options {
   int timeout_ms = 60000;  // waiting for the peer
   uroce::tools::WaitMode wait;  // spin briefly, then block; or busy-poll
   std::uint8_t qp_timeout = 14;  // -u: 4.096 us * 2^N before a retry (perftest's default 14)
+  std::int64_t psn = -1;         // --psn: QP i's first send PSN is this + i (default: random)
 };
 
 const char* verb_name(Verb v) {
@@ -169,7 +170,7 @@ bool setup(Ctx& c, const Options& o, std::uint32_t max_size) {
     Dest d;
     d.out_reads = (o.verb == Verb::kRead || o.verb == Verb::kAtomic) ? kMaxRdAtomic : 1;
     d.qpn = uroce_qp_num(q);
-    d.psn = rng() & 0xffffff;
+    d.psn = o.psn >= 0 ? static_cast<std::uint32_t>((o.psn + i) & 0xffffff) : rng() & 0xffffff;
     d.rkey = uroce_mr_rkey(c.mr);
     d.vaddr = reinterpret_cast<std::uint64_t>(c.recv_half(i));
     std::memcpy(d.gid.data(), gid.raw, 16);
@@ -684,6 +685,8 @@ void usage(FILE* f) {
                "      --busy-poll       poll completions without end, as perftest does (default: poll\n"
                "                        --spin-us, then block on the completion channel)\n"
                "      --spin-us N       poll this long before blocking (5)\n"
+               "      --psn N           the first send PSN (QP i: N + i; default random), so a\n"
+               "                        test can aim a fault rule at a PSN before the run\n"
                "      --yield           busy-poll, with sched_yield() after an empty poll\n");
 }
 
@@ -706,7 +709,7 @@ bool parse_args(int argc, char** argv, Options& o) {
       known = true;
     }
   if (!known) return die("unknown test '" + o.test + "'");
-  enum { kGbits = 1000, kJson, kYield, kBusy, kSpin };
+  enum { kGbits = 1000, kJson, kYield, kBusy, kSpin, kPsn };
   static const option kLong[] = {{"size", required_argument, nullptr, 's'},    {"iters", required_argument, nullptr, 'n'},
                                  {"all", no_argument, nullptr, 'a'},           {"qp", required_argument, nullptr, 'q'},
                                  {"duration", required_argument, nullptr, 'D'}, {"mtu", required_argument, nullptr, 'm'},
@@ -716,6 +719,7 @@ bool parse_args(int argc, char** argv, Options& o) {
                                  {"yield", no_argument, nullptr, kYield},
                                  {"busy-poll", no_argument, nullptr, kBusy},
                                  {"spin-us", required_argument, nullptr, kSpin},
+                                 {"psn", required_argument, nullptr, kPsn},
                                  {"qp-timeout", required_argument, nullptr, 'u'},
                                  {"help", no_argument, nullptr, 'h'},          {nullptr, 0, nullptr, 0}};
   optind = 2;
@@ -775,6 +779,10 @@ bool parse_args(int argc, char** argv, Options& o) {
       case kSpin:
         if (!number(optarg, 0, 1000000, v)) return die("--spin-us: 0..1000000");
         o.wait.spin_us = static_cast<int>(v);
+        break;
+      case kPsn:
+        if (!number(optarg, 0, 0xffffff, v)) return die("--psn: 0..0xffffff");
+        o.psn = static_cast<std::int64_t>(v);
         break;
       case 'h': usage(stdout); std::exit(0);
       default: return false;

@@ -68,6 +68,7 @@ struct Opts {
   ibv_mtu mtu = IBV_MTU_1024;
   int gidx = -1;
   bool events = false, check = false;
+  long psn = -1;  // --psn: the first send PSN (default: random, as ibv_rc_pingpong)
   int timeout_ms = 30000;
   uroce::tools::WaitMode wait;  // without -e: spin briefly, then block; or busy-poll
 };
@@ -224,7 +225,7 @@ int run(const Opts& o) {
   Dest me;
   me.qpn = uroce_qp_num(qp);
   srand48(getpid() * time(nullptr));
-  me.psn = static_cast<unsigned>(lrand48()) & 0xffffff;
+  me.psn = o.psn >= 0 ? static_cast<unsigned>(o.psn) : static_cast<unsigned>(lrand48()) & 0xffffff;
   if (o.gidx >= 0) {
     ibv_gid g{};
     uroce_query_gid(ctx, 1, 0, &g);
@@ -397,7 +398,7 @@ int main(int argc, char** argv) {
                                  {"iters", required_argument, nullptr, 'n'},   {"sl", required_argument, nullptr, 'l'},
                                  {"events", no_argument, nullptr, 'e'},        {"gid-idx", required_argument, nullptr, 'g'},
                                  {"chk", no_argument, nullptr, 'c'},           {"busy-poll", no_argument, nullptr, 'B'},
-                                 {"spin-us", required_argument, nullptr, 'S'},
+                                 {"spin-us", required_argument, nullptr, 'S'}, {"psn", required_argument, nullptr, 'Q'},
                                  {nullptr, 0, nullptr, 0}};
   int c;
   auto num = [](const char* s, long lo, long hi, long& out) {
@@ -445,9 +446,13 @@ int main(int argc, char** argv) {
         if (!num(optarg, 0, 1000000, v)) return fail("--spin-us: 0..1000000");
         o.wait.spin_us = static_cast<int>(v);
         break;
+      case 'Q':
+        if (!num(optarg, 0, 0xffffff, v)) return fail("--psn: 0..0xffffff");
+        o.psn = v;
+        break;
       default:
         std::fprintf(stderr, "usage: uroce-pingpong [-p port] [-d dev] [-s size] [-m mtu] [-r rx_depth] [-n iters] [-e] "
-                             "[-g gid_idx] [-c] [--busy-poll] [--spin-us N] [host]\n");
+                             "[-g gid_idx] [-c] [--busy-poll] [--spin-us N] [--psn N] [host]\n");
         return 2;
     }
   }

@@ -191,6 +191,25 @@ TEST(Fault, RulesHitTheNamedPacketOnly) {
   EXPECT_EQ(n, 1);
 }
 
+TEST(Fault, ARuleWithQpnStarHitsThatPsnOnAnyQp) {
+  FaultInjector fi(1);
+  FaultConfig c;
+  std::string err;
+  ASSERT_TRUE(FaultConfig::parse("rule=drop:*:7:2", c, err)) << err;
+  EXPECT_TRUE(c.rules[0].any_qpn);
+  EXPECT_FALSE(FaultConfig::parse("rule=drop:**:7", c, err));
+  ASSERT_TRUE(FaultConfig::parse("rule=drop:*:7:2", c, err));
+  fi.configure(c);
+  int n = 0;
+  const auto count = [&](wire::ConstBytes) { ++n; };
+  fi.apply(roce_frame(0x11, 7), 0, count);  // dropped
+  fi.apply(roce_frame(0x12, 6), 0, count);  // another PSN: passes
+  fi.apply(roce_frame(0x12, 7), 0, count);  // another QP, the PSN: dropped
+  fi.apply(roce_frame(0x13, 7), 0, count);  // its two times are used up: passes
+  EXPECT_EQ(n, 2);
+  EXPECT_EQ(fi.stats().rule_hits, 2u);
+}
+
 TEST(Fault, DelayHoldsFramesUntilTheirTime) {
   FaultInjector fi(2);
   FaultConfig c;
