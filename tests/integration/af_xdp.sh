@@ -5,6 +5,7 @@
 # same kernel call. Any other failure to start (a crash, an option error, a
 # socket the kernel refuses for another reason) is a failure.
 . "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/ready.sh"
 need_root
 make_link
 start_daemon "$NS_A" probe --port net_af_xdp0 --vdev "net_af_xdp0,iface=veth0" --ip 10.90.2.1 --duration 1
@@ -44,7 +45,7 @@ if [ $rc -ne 0 ]; then
   finish; exit 1
 fi
 start_traffic "$NS_A" srv --port net_af_xdp0 --vdev "net_af_xdp0,iface=veth0" --ip 10.90.2.1 --lcore 0 --role server
-sleep 1
+wait_listen "$NS_A" "$LAST_PID" 18515 || bad "af_xdp: the server listens on TCP 18515 (gave up after $PROBES looks)"
 start_traffic "$NS_B" cli --port net_af_xdp0 --vdev "net_af_xdp0,iface=veth0" --ip 10.90.2.2 --lcore 1 \
   --role client --peer 10.90.1.1 --messages 2000
 cpid=$LAST_PID
