@@ -206,11 +206,11 @@ check "a spec with a bad escape: refused, not thrown at the application (found b
   "[ $rc5 -ne 0 ] && [ $rc5 -lt 128 ] && grep -q 'cannot split the options' '$TMP/bad5.out'"
 UROCE_EMBEDDED="$(spec b)" "$APP" devices 1 > "$TMP/dev.out" 2>&1; rc=$?
 check "\$UROCE_EMBEDDED lists one device, embedded, and it opens" "[ $rc -eq 0 ] && grep -q '^device embedded ' '$TMP/dev.out'"
-echo "== the node's life: shared by two contexts, gone after the last close, not restartable"
+echo "== the node's life: shared by two contexts, kept after the last close (an open finds it), stopped at exit"
 before=$(ls -d /tmp/uroce-embedded-* 2>/dev/null | sort | tr '\n' ' ')
 "$APP" reopen "embedded:$(spec b)" > "$TMP/reopen.out" 2>&1; rc=$?
 after=$(ls -d /tmp/uroce-embedded-* 2>/dev/null | sort | tr '\n' ' ')
 grep FAIL "$TMP/reopen.out" | sed 's/^/  /'
 check "reopen: all checks pass" "[ $rc -eq 0 ] && grep -qE '^[1-9][0-9]* passed, 0 failed' '$TMP/reopen.out'"
-check "the private socket directory is removed with the node" "[ '$before' = '$after' ]"
+check "the private socket directory is removed with the node (at exit)" "[ '$before' = '$after' ]"
 finish
