@@ -109,9 +109,8 @@ struct UDevice {
 
 struct UContext {
   uroce_context* u = nullptr;
-  // A context imported from another (ibv_import_device) shares its session:
-  // `shared` counts the UContexts on it; the last to close closes it.
-  std::shared_ptr<int> shared;
+  // A context imported from another (ibv_import_device) shares its
+  // session `u`: the last UContext on it (g_contexts) closes it.
   // Async events name liburoce's objects: these find the verbs ones.
   std::mutex mu;
   std::vector<std::pair<uroce_cq*, ibv_cq*>> cqs;
@@ -711,7 +710,7 @@ std::pair<dev_t, ino_t> file_id(int fd) {
   if (fd < 0 || ::fstat(fd, &st) != 0) return {0, 0};
   return {st.st_dev, st.st_ino};
 }
-ibv_context* make_context(ibv_device* device, uroce_context* u, std::shared_ptr<int> shared, int cmd_fd);
+ibv_context* make_context(ibv_device* device, uroce_context* u, int cmd_fd);
 }  // namespace
 
 ibv_context* ibv_open_device(ibv_device* device) {
@@ -719,14 +718,13 @@ ibv_context* ibv_open_device(ibv_device* device) {
   uroce_context* u = uroce_open_device(udevice(device)->path.c_str());
   if (!u) return fail_null<ibv_context>(ENODEV);
   const int token = ::memfd_create("uroce-context", MFD_CLOEXEC);
-  return make_context(device, u, std::make_shared<int>(0), token);
+  return make_context(device, u, token);
 }
 
 namespace {
-ibv_context* make_context(ibv_device* device, uroce_context* u, std::shared_ptr<int> shared, int cmd_fd) {
+ibv_context* make_context(ibv_device* device, uroce_context* u, int cmd_fd) {
   auto* c = new UContext();
   c->u = u;
-  c->shared = std::move(shared);
   {
     std::lock_guard<std::mutex> lock(g_mu);
     g_contexts.push_back(c);
@@ -763,7 +761,7 @@ int ibv_close_device(ibv_context* context) {
   {
     std::lock_guard<std::mutex> lock(g_mu);
     std::erase(g_contexts, c);
-    last = c->shared.use_count() == 1;
+    last = std::none_of(g_contexts.begin(), g_contexts.end(), [c](const UContext* o) { return o->u == c->u; });
   }
   const int rc = last ? uroce_close_device(c->u) : 0;
   if (context->cmd_fd >= 0) ::close(context->cmd_fd);
@@ -786,7 +784,7 @@ ibv_context* ibv_import_device(int cmd_fd) {
       if (file_id(c->v.context.cmd_fd) == id) from = c;
   }
   if (!from) return fail_null<ibv_context>(EOPNOTSUPP);
-  return make_context(from->v.context.device, from->u, from->shared, cmd_fd);
+  return make_context(from->v.context.device, from->u, cmd_fd);
 }
 
 int ibv_query_device(ibv_context* context, ibv_device_attr* device_attr) {

@@ -120,7 +120,6 @@ struct EmbeddedNode {
   std::atomic<void*> node{nullptr};
   std::atomic<int> inflight{0};  // calls into the node now: the stop at exit waits for them
   std::string options, sock;
-  int refs = 0;
   bool ended = false;  // started once and stopped: the EAL cannot start again
   bool atfork = false;  // the fork handler is registered
   bool atexit = false;  // the exit handler (which stops the node) is registered
@@ -233,7 +232,6 @@ bool embedded_attach(const std::string& options, std::string& sock, std::string&
       why = "an embedded node with other options already runs in this process (one per process)";
       return false;
     }
-    ++g_emb.refs;
     sock = g_emb.sock;
     return true;
   }
@@ -275,7 +273,6 @@ bool embedded_attach(const std::string& options, std::string& sock, std::string&
   }
   g_emb.options = options;
   g_emb.sock = sock = path;
-  g_emb.refs = 1;
   if (!g_emb.atfork) g_emb.atfork = ::pthread_atfork(nullptr, nullptr, forget_node_in_child) == 0;
   if (!g_emb.atexit) g_emb.atexit = std::atexit(embedded_at_exit) == 0;
   g_emb.node.store(n, std::memory_order_release);
@@ -289,15 +286,11 @@ bool embedded_attach(const std::string& options, std::string& sock, std::string&
   return true;
 }
 
-/// The last context's close leaves the node running: DPDK's EAL cannot
-/// start twice in one process, and programs close their device and open it
-/// again (rdma-core's test suite, per test; ibv_get_device_guid opens and
-/// closes one). It stops when the process exits (embedded_at_exit).
-void embedded_detach() {
-  std::lock_guard<std::mutex> lk(g_emb.mu);
-  --g_emb.refs;
-}
-
+/// The node outlives every context: closing the last one leaves it running,
+/// as DPDK's EAL cannot start twice in one process and programs close their
+/// device and open it again (rdma-core's test suite, per test;
+/// ibv_get_device_guid opens and closes one). It stops when the process
+/// exits.
 void embedded_at_exit() {
   std::lock_guard<std::mutex> lk(g_emb.mu);
   if (g_emb.progress_running) {
@@ -335,7 +328,6 @@ bool embedded_spec(const char* path, std::string& options) {
 
 struct uroce_context {
   int sock = -1;
-  bool embedded = false;  // attached to this process's embedded node
   std::uint32_t seq = 0;
   std::uint32_t session = 0;
   std::uint16_t minor = 0;  // the daemon's ABI minor
@@ -848,7 +840,6 @@ uroce_context* uroce_open_device(const char* path) {
     path = emb_sock.c_str();
   }
   auto ctx = new uroce_context();
-  ctx->embedded = embedded;
   ctx->sock = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_un a{};
   a.sun_family = AF_UNIX;
@@ -898,7 +889,7 @@ int uroce_close_device(uroce_context* ctx) {
   if (ctx->bell >= 0) ::close(ctx->bell);
   if (ctx->cm_fd >= 0) ::close(ctx->cm_fd);
   unpin(ctx->bufs);
-  if (ctx->embedded) embedded_detach();  // the node stays until the process exits
+  // An embedded context leaves the node running (embedded_at_exit).
   delete ctx;
   return 0;
 }
