@@ -24,7 +24,7 @@ cleanup() {
   rm -rf "$dir"
 }
 trap cleanup EXIT
-common=(--no-huge --mem-mb 256 --port net_memif0)
+common=(--no-huge --mem-mb 256 --port net_memif0 --no-host-netdev)  # two daemons in one namespace: no host netdevs
 echo "== starting two uroced over net_memif (socket $dir/memif.sock)"
 "$uroced" "${common[@]}" --file-prefix demo-a-$$ --lcore 0 --vdev "net_memif0,role=server,socket=$dir/memif.sock,bsize=8192" \
   --ip 10.77.7.1 --app-socket "$dir/a.sock" --ctl-socket "$dir/a.ctl" --capture "$dir/a.pcap" > "$dir/a.out" 2> "$dir/a.log" &

@@ -21,7 +21,7 @@ packages=(
   libboost-dev libboost-program-options-dev libpcap-dev nlohmann-json3-dev meson ninja-build python3-scapy tshark zlib1g-dev libisal-dev pkg-config
   g++ clang libclang-rt-14-dev valgrind nftables iproute2 gnuplot-nox bc
   busybox-static cpio zstd qemu-system-x86
-  ibverbs-utils perftest rdmacm-utils ucx-utils libucx-dev openmpi-bin libopenmpi-dev python3-pyverbs libfabric-bin
+  ibverbs-utils perftest rdmacm-utils ucx-utils libucx-dev openmpi-bin libopenmpi-dev python3-pyverbs libfabric-bin qperf
 )
 
 log() { printf '== %s\n' "$*"; }

@@ -20,6 +20,7 @@
 #include "control/node/sessions.h"
 #include "control/node/sigbus_guard.h"
 #include "drivers/dpdk/dpdk_port.h"
+#include "drivers/host/host_tap.h"
 #include "drivers/pcap/pcap_io.h"
 #include "stack/pipeline/dataplane.h"
 #include "stack/pipeline/neigh.h"
@@ -231,7 +232,17 @@ nlohmann::ordered_json Node::status() const {
                  {"warm_ms", ic.warm_ms},             {"max_sleep_us", ic.max_sleep_us},
                  {"doorbells", sessions_ ? sessions_->doorbells() : 0},
                  {"rx_interrupts", pipes_[0]->dp->rx_wakes()},
-                 {"rx_wakes", rx_wakes_}};
+                 {"rx_wakes", rx_wakes_},
+                 {"host_wakes", host_wakes_}};
+  }
+  if (host_) {
+    const host::TapStats& hs = host_->stats();
+    o["host_netdev"] = {{"name", host_->name()},
+                        {"from_kernel", hs.rx_frames},
+                        {"to_kernel", hs.tx_frames},
+                        {"to_kernel_dropped", hs.tx_dropped}};
+  } else {
+    o["host_netdev"] = nullptr;
   }
   o["limits"] = sessions_ ? sessions_->limits_status() : nlohmann::ordered_json::object();
   o["limits"]["control_line_bytes"] = kMaxControlLine;
@@ -521,10 +532,23 @@ class Node::MainWait {
     rx_.emplace(io_, ::dup(fd));
     rx_wakes_ = wakes;
   }
+  /// Also wake when `fd` (the host netdev) is readable.
+  void watch_host(int fd, std::uint64_t* wakes) {
+    host_.emplace(io_, ::dup(fd));
+    host_wakes_ = wakes;
+  }
   /// Before the loop's last look at the port: from here a frame ends the
   /// coming sleep (asio's epoll is edge-triggered, so the wait must be
   /// registered before that look, not after it).
   void arm_rx() {
+    if (host_ && !host_pending_) {
+      host_pending_ = true;
+      host_->async_wait(asio::posix::descriptor_base::wait_read, in_slots(g_wait_slots, [this](boost::system::error_code ec) {
+        if (ec == asio::error::operation_aborted) return;
+        host_pending_ = false;
+        if (!ec) ++*host_wakes_;
+      }));
+    }
     if (!rx_ || rx_pending_) return;
     rx_pending_ = true;
     auto woke = [this](boost::system::error_code ec) {
@@ -542,9 +566,48 @@ class Node::MainWait {
   std::optional<asio::posix::stream_descriptor> rx_;
   bool rx_pending_ = false;
   std::uint64_t* rx_wakes_ = nullptr;
+  std::optional<asio::posix::stream_descriptor> host_;
+  bool host_pending_ = false;
+  std::uint64_t* host_wakes_ = nullptr;
 };
 
 Node::Node() = default;
+
+/// The host netdev (drivers/host) of pipeline 0, as the options ask.
+bool Node::open_host_netdev(Node& n, const NodeOptions& o, bool embedded, std::string& err) {
+  std::string name = o.host_netdev;
+  if (name == "auto") {
+    // A daemon that serves applications gets one, named as its device.
+    name.clear();
+    if (!embedded && !o.app_socket.empty() && o.ports[0].rfind("net_af_packet", 0) != 0) {
+      name = o.app_socket.substr(o.app_socket.rfind('/') + 1);
+      if (name.size() > 5 && name.compare(name.size() - 5, 5, ".sock") == 0) name.resize(name.size() - 5);
+      if (name.empty() || name.size() > 15) name = "uroce%d";
+    }
+  }
+  if (name.empty()) return true;
+  if (n.pipes_.size() != 1) {
+    err = "--host-netdev needs a single pipeline (one port, --shards 1)";
+    return false;
+  }
+  Pipeline& p = *n.pipes_[0];
+  host::TapOptions t;
+  t.name = name;
+  t.mac = p.port->mac();
+  t.ip = o.ips[0];
+  t.prefix = o.prefixes.empty() ? 0 : o.prefixes[0];
+  t.mtu = p.port->link().mtu;
+  n.host_ = host::HostTap::open(t, err);
+  if (!n.host_) {
+    err = "host netdev: " + err + " (--no-host-netdev runs without one)";
+    return false;
+  }
+  p.neigh->answer = false;  // the host's stack answers ARP, ND and ICMP for the address
+  p.dp->set_host(n.host_.get());
+  log(1, "host netdev up", "name=" + n.host_->name() + " ip=" + t.ip.to_string() +
+                               (t.prefix ? "/" + std::to_string(t.prefix) : std::string()));
+  return true;
+}
 
 std::unique_ptr<Node> Node::start(const NodeOptions& o, bool embedded, std::string& err, const StageSpec& stage) {
   g_log_level = o.log_level;
@@ -661,6 +724,7 @@ std::unique_ptr<Node> Node::start(const NodeOptions& o, bool embedded, std::stri
     }
     n->ports_.push_back(std::move(port));
   }
+  if (!open_host_netdev(*n, o, embedded, err)) return nullptr;
   if (stage.make) {
     if (stage.pipeline >= n->pipes_.size()) {
       err = "the stage's pipeline " + std::to_string(stage.pipeline) + " does not exist (the node has " +
@@ -756,6 +820,7 @@ int Node::run(const volatile sig_atomic_t& stop) {
   MainWait waiter(io_);
   dpdk::Port* rx_port = main_pipe.dp->rx_wakes() ? main_pipe.port : nullptr;
   if (rx_port) waiter.watch_rx(rx_port->rx_interrupt_fd(), &rx_wakes_);
+  if (host_) waiter.watch_host(host_->fd(), &host_wakes_);
   for (;;) {
     std::uint64_t now = now_ns();
     std::size_t work = one_pass(now);
@@ -784,12 +849,12 @@ int Node::run(const volatile sig_atomic_t& stop) {
     // once more: a post published before they saw the flag is found here,
     // and one after it rings the doorbell (uroce_abi.h, the session page).
     if (sessions_) sessions_->set_sleeping(true);
-    if (rx_port) {  // a frame after this arm wakes the sleep; one before it is found by the pass below
-      rx_port->rx_interrupt_arm();
-      waiter.arm_rx();
-    }
+    if (rx_port) rx_port->rx_interrupt_arm();
+    // A frame after this arm wakes the sleep; one before it is found by the
+    // pass below (and the host netdev's by the read after it).
+    waiter.arm_rx();
     now = now_ns();
-    if (one_pass(now) == 0 && !stop && !stop_requested_) {
+    if (one_pass(now) == 0 && main_pipe.dp->poll_host(now) == 0 && !stop && !stop_requested_) {
       waiter.sleep(sleep_ns);
       last_ctl = now_ns();
     } else {
@@ -823,7 +888,8 @@ int Node::wait_readable(int fd, int timeout_ms) {
   // (a frame then ends a sleep; without one the poll tick bounds it).
   dpdk::Port* port = pipes_[0]->port;
   const int rx_fd = pipes_[0]->dp->rx_wakes() ? port->rx_interrupt_fd() : -1;
-  pollfd p[2] = {{fd, POLLIN, 0}, {rx_fd, POLLIN, 0}};
+  // The host netdev's descriptor is level-triggered here: always watched.
+  pollfd p[3] = {{fd, POLLIN, 0}, {host_ ? host_->fd() : -1, POLLIN, 0}, {rx_fd, POLLIN, 0}};
   const nfds_t nfds = fd >= 0 ? 1 : 0;
   bool armed = false;
   const auto disarm = [&] {
@@ -871,7 +937,8 @@ int Node::wait_readable(int fd, int timeout_ms) {
     if (sleep_ns == 0) continue;
     sleep_ns = std::min(sleep_ns, deadline - now);
     const timespec ts{static_cast<time_t>(sleep_ns / 1'000'000'000ull), static_cast<long>(sleep_ns % 1'000'000'000ull)};
-    const int r = ::ppoll(fd >= 0 ? p : p + 1, nfds + (armed ? 1 : 0), &ts, nullptr);
+    // p[1] (the host netdev) is ignored when its fd is -1; p[2] counts only when armed.
+    const int r = ::ppoll(fd >= 0 ? p : p + 1, nfds + 1 + (armed ? 1 : 0), &ts, nullptr);
     if (r > 0 && nfds && (p[0].revents & POLLIN)) {
       disarm();
       return 1;

@@ -32,6 +32,9 @@
 namespace uroce::dpdk {
 class Port;
 }
+namespace uroce::host {
+class HostTap;
+}
 namespace uroce::pcapio {
 class Writer;
 }
@@ -138,6 +141,7 @@ class Node {
 
   class ControlServer;
   class MainWait;
+  static bool open_host_netdev(Node& n, const NodeOptions& o, bool embedded, std::string& err);
 
   bool embedded_ = false;
   NodeOptions opts_;
@@ -148,6 +152,7 @@ class Node {
   boost::asio::executor_work_guard<boost::asio::io_context::executor_type> io_work_{io_.get_executor()};
   std::vector<std::unique_ptr<dpdk::Port>> ports_;
   std::vector<std::unique_ptr<Pipeline>> pipes_;
+  std::unique_ptr<host::HostTap> host_;  // the host netdev of pipeline 0, if any
   std::unique_ptr<Stage> stage_;
   std::unique_ptr<SessionServer> sessions_;
   std::unique_ptr<ControlServer> ctl_;
@@ -158,6 +163,7 @@ class Node {
   std::atomic<bool> interrupted_{false};
   bool started_ = false;  // start() finished: the stop is worth a log line
   std::uint64_t rx_wakes_ = 0;  // sleeps a frame ended (the port's RX interrupt)
+  std::uint64_t host_wakes_ = 0;  // sleeps the host netdev ended (a frame from the kernel)
   std::uint64_t last_serve_ = 0;
 };
 

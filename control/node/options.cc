@@ -76,7 +76,8 @@ ParseResult parse_options(int argc, const char* const* argv, NodeOptions& out, s
   pipeline::IdleConfig idle_cfg = out.idle;
   SessionLimits lim = out.limits;
   std::uint64_t max_mr_mb = lim.max_mr_bytes >> 20;
-  bool busy_poll = false;
+  bool busy_poll = false, no_host_netdev = false;
+  std::string host_netdev = out.host_netdev;
   unsigned mem_mb = out.mem_mb, vlan = out.vlan, pcp = out.pcp, dscp = out.dscp, ecn = out.ecn, lcore = 0;
   unsigned cnp_interval_us = out.cnp_interval_us, cnp_dscp = out.cnp_dscp;
   std::string cc = out.cc;
@@ -98,7 +99,14 @@ ParseResult parse_options(int argc, const char* const* argv, NodeOptions& out, s
       ("lcore", po::value(&lcore), "the first lcore to run on (default 0)")
       ("file-prefix", po::value(&file_prefix), "EAL file prefix (needed for several daemons on one host)")
       ("eal", po::value(&eal_extra), "extra EAL arguments, space separated")
-      ("ip", po::value(&ip_texts)->composing(), "the RoCE address (GID), IPv4 or IPv6: one per --port, in order")
+      ("ip", po::value(&ip_texts)->composing(),
+       "the RoCE address (GID), IPv4 or IPv6, with its prefix length if the host netdev is to route the subnet "
+       "(10.0.0.1/24): one per --port, in order")
+      ("host-netdev", po::value(&host_netdev),
+       "the kernel netdev (TAP) that carries the first port's address, so that the host's own stack answers ARP, ND "
+       "and ICMP on it and runs TCP and UDP sockets on it (default: one named after the application socket, for a "
+       "daemon that serves applications)")
+      ("no-host-netdev", po::bool_switch(&no_host_netdev), "no host netdev: the node answers ARP, ND and ICMP itself")
       ("neighbor", po::value(&neighbors)->composing(), "static neighbour IP=MAC (repeatable)")
       ("vlan", po::value(&vlan), "802.1Q VLAN ID for all traffic, 1..4094 (default: untagged)")
       ("pcp", po::value(&pcp), "802.1Q priority with --vlan, 0..7 (default 0)")
@@ -215,8 +223,28 @@ ParseResult parse_options(int argc, const char* const* argv, NodeOptions& out, s
     return bad("give one --ip per --port (" + std::to_string(port_names.size()) + " ports, " +
                std::to_string(ip_texts.size()) + " addresses)");
   std::vector<wire::IpAddr> ips(ip_texts.size());
-  for (std::size_t i = 0; i < ip_texts.size(); ++i)
-    if (!wire::IpAddr::parse(ip_texts[i], ips[i])) return bad("--ip must be an IPv4 or IPv6 address, got '" + ip_texts[i] + "'");
+  std::vector<unsigned> prefixes(ip_texts.size(), 0);
+  for (std::size_t i = 0; i < ip_texts.size(); ++i) {
+    std::string addr = ip_texts[i];
+    const auto slash = addr.find('/');
+    if (slash != std::string::npos) {
+      const std::string len = addr.substr(slash + 1);
+      addr.resize(slash);
+      char* end = nullptr;
+      const unsigned long v = std::strtoul(len.c_str(), &end, 10);
+      if (len.empty() || len.size() > 3 || len.find_first_not_of("0123456789") != std::string::npos || *end != '\0' ||
+          v == 0 || v > 128)
+        return bad("--ip: the prefix length after '/' must be 1..32 (IPv4) or 1..128 (IPv6), got '" + ip_texts[i] + "'");
+      prefixes[i] = static_cast<unsigned>(v);
+    }
+    if (!wire::IpAddr::parse(addr, ips[i])) return bad("--ip must be an IPv4 or IPv6 address, got '" + ip_texts[i] + "'");
+    if (ips[i].is_v4_mapped() && prefixes[i] > 32) return bad("--ip: an IPv4 prefix length is 1..32, got '" + ip_texts[i] + "'");
+  }
+  if (no_host_netdev) host_netdev.clear();
+  if (vm.count("host-netdev") && no_host_netdev) return bad("give --host-netdev or --no-host-netdev, not both");
+  if (vm.count("host-netdev") && host_netdev != "auto" &&
+      (host_netdev.empty() || host_netdev.size() > 15 || host_netdev.find_first_of("/ \t:") != std::string::npos))
+    return bad("--host-netdev must be a netdev name of 1..15 bytes without '/', ':' or spaces, or auto");
   if (shards < 1 || shards > 64) return bad("--shards must be 1..64");
   const std::size_t npipes = port_names.size() * shards;
   std::vector<unsigned> lcores;
@@ -300,6 +328,8 @@ ParseResult parse_options(int argc, const char* const* argv, NodeOptions& out, s
   }
   out.ports = port_names;
   out.ips = ips;
+  out.prefixes = prefixes;
+  out.host_netdev = host_netdev;
   out.shards = shards;
   out.lcores = lcores;
   out.app_socket = app_socket;

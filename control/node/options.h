@@ -39,6 +39,13 @@ struct SessionLimits {
 struct NodeOptions {
   std::vector<std::string> ports;  // ethdev names, one pipeline each (times shards)
   std::vector<wire::IpAddr> ips;   // one per port
+  std::vector<unsigned> prefixes;  // each address's prefix length (--ip ADDR/LEN); 0: none given
+  /// The host netdev (drivers/host): a TAP with the first port's address.
+  /// "auto": one named after the application socket (uroce0.sock: uroce0)
+  /// when the node serves applications as a daemon, none otherwise (an
+  /// embedded node, a host program, or a net_af_packet port, whose kernel
+  /// netdev already sees every frame). "" (--no-host-netdev): none.
+  std::string host_netdev = "auto";
   unsigned shards = 1;
   std::vector<unsigned> lcores;  // one per pipeline; the first is the main lcore
   std::string app_socket;        // where liburoce sessions attach (empty: none)

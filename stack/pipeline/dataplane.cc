@@ -27,7 +27,10 @@ void Dataplane::dispatch(wire::ConstBytes frame, std::uint64_t now) {
       send_raw(wire::ConstBytes(reply_, reply_len), now);
       inc(DpCounter::tx_replies);
       return;
-    case Neighbors::Verdict::kHandled: inc(DpCounter::rx_arp_nd); return;
+    case Neighbors::Verdict::kHandled:
+      inc(DpCounter::rx_arp_nd);
+      if (host_) to_host(frame);  // learned here; the host answers
+      return;
     case Neighbors::Verdict::kNotMine: break;
   }
   // With a VLAN configured, only that VLAN's frames are ours (and without
@@ -42,7 +45,60 @@ void Dataplane::dispatch(wire::ConstBytes frame, std::uint64_t now) {
   // Everything else goes to the transport, which parses it, counts RoCE
   // frames it refuses by reason, and counts non-RoCE frames as rx_not_roce.
   if (capture_) capture_(capture_ctx_, frame, false, now);
-  inc(eng_.rx(frame, now) == transport::RxVerdict::kNotRoce ? DpCounter::rx_other : DpCounter::rx_roce);
+  if (eng_.rx(frame, now) != transport::RxVerdict::kNotRoce) {
+    inc(DpCounter::rx_roce);
+  } else if (host_) {
+    to_host(frame);
+  } else {
+    inc(DpCounter::rx_other);
+  }
+}
+
+void Dataplane::to_host(wire::ConstBytes frame) {
+  // The host's netdev is untagged: our VLAN's tag comes off on the way in
+  // (and goes back on in from_host).
+  if (frame.size() >= 18 && frame[12] == 0x81 && frame[13] == 0x00) {
+    if (frame.size() - 4 > sizeof flat_) return;
+    std::memcpy(flat_, frame.data(), 12);
+    std::memcpy(flat_ + 12, frame.data() + 16, frame.size() - 16);
+    frame = wire::ConstBytes(flat_, frame.size() - 4);
+  }
+  inc(host_->tx_raw(frame) ? DpCounter::rx_to_host : DpCounter::host_drops);
+}
+
+std::size_t Dataplane::from_host(std::uint64_t now) {
+  host_polled_ = now;
+  RxFrame burst[8];
+  const std::uint16_t n = host_->rx_burst(burst, 8);
+  const std::uint16_t tci = eng_.config().vlan_tci;
+  for (std::uint16_t i = 0; i < n; ++i) {
+    wire::ConstBytes f(burst[i].data, burst[i].len);
+    if (f.size() < 14) {
+      inc(DpCounter::host_drops);
+      continue;
+    }
+    if (tci != 0) {  // onto our VLAN
+      if (f.size() + 4 > sizeof flat_) {
+        inc(DpCounter::host_drops);
+        continue;
+      }
+      std::memcpy(flat_, f.data(), 12);
+      flat_[12] = 0x81;
+      flat_[13] = 0x00;
+      flat_[14] = static_cast<std::uint8_t>(tci >> 8);
+      flat_[15] = static_cast<std::uint8_t>(tci);
+      std::memcpy(flat_ + 16, f.data() + 12, f.size() - 12);
+      f = wire::ConstBytes(flat_, f.size() + 4);
+    }
+    if (port_.tx_raw(f)) {
+      inc(DpCounter::tx_from_host);
+      inc(DpCounter::tx_frames);
+    } else {
+      inc(DpCounter::host_drops);
+    }
+  }
+  host_->rx_done();
+  return n;
 }
 
 void Dataplane::send_raw(wire::ConstBytes frame, std::uint64_t now) {
@@ -76,6 +132,9 @@ std::size_t Dataplane::iterate(std::uint64_t now) {
     }
   }
   port_.rx_done();
+  // The host's frames for the wire: a read costs a system call, so at most
+  // every poll tick while busy (and on the first pass after any sleep).
+  if (host_ && now - host_polled_ >= std::uint64_t{idle_cfg_.tick_us} * 1000) work += from_host(now);
   if (rx_fault_.active()) rx_fault_.release(now, [&](wire::ConstBytes f) { dispatch(f, now); });
   // Stage 3: the transport (completer, responder, requester, timers).
   eng_.poll(now);

@@ -5,6 +5,11 @@
 //   dropped and counted) -> engine.poll (completer/responder/requester,
 //   timers) -> app hook -> tx flush -> adaptive idle
 //
+// With a host port (set_host: the kernel's TAP netdev that carries the
+// RoCE address), the host answers ARP, ND and ICMP instead: every frame
+// that is not RoCE goes to it (neighbours are still learned from ARP/ND),
+// and what the host sends goes out on the wire.
+//
 // RX and TX faults, when configured, wrap the first and last stages.
 #pragma once
 
@@ -28,7 +33,10 @@ namespace uroce::pipeline {
   X(tx_frames, "frames queued on the port")                      \
   X(tx_replies, "ARP/ND/ICMP replies sent")                      \
   X(neigh_requests, "ARP requests and neighbour solicitations sent") \
-  X(idle_sleeps, "times the loop slept while idle")
+  X(idle_sleeps, "times the loop slept while idle")                  \
+  X(rx_to_host, "frames that are not RoCE handed to the host netdev") \
+  X(tx_from_host, "frames from the host netdev sent on the wire")     \
+  X(host_drops, "frames the host netdev or the wire refused")
 
 enum class DpCounter : std::uint8_t {
 #define UROCE_X(n, h) n,
@@ -83,6 +91,12 @@ class Dataplane {
     app_ctx_ = ctx;
   }
   void set_idle(const IdleConfig& c) { idle_cfg_ = c; }
+  /// The host's netdev (the exception path), or nullptr for none. With one,
+  /// the Neighbors given must not answer (the host does).
+  void set_host(PortIo* host) { host_ = host; }
+  /// Reads the host netdev now (iterate() reads it at most every poll tick):
+  /// for a loop's last look before it sleeps. Returns the frames sent on.
+  std::size_t poll_host(std::uint64_t now) { return host_ ? from_host(now) : 0; }
   /// The loop's sleeps end when a frame arrives (the port's RX interrupt is
   /// among what it blocks on), so the idle policy skips the poll tick.
   void set_rx_wakes(bool on) { rx_wakes_ = on; }
@@ -100,6 +114,8 @@ class Dataplane {
  private:
   void dispatch(wire::ConstBytes frame, std::uint64_t now);
   void send_raw(wire::ConstBytes frame, std::uint64_t now);
+  void to_host(wire::ConstBytes frame);
+  std::size_t from_host(std::uint64_t now);
   void inc(DpCounter c, std::uint64_t n = 1) { ctr_[static_cast<std::size_t>(c)] += n; }
 
   transport::Engine& eng_;
@@ -109,6 +125,8 @@ class Dataplane {
   FaultInjector tx_fault_;
   Capture capture_ = nullptr;
   void* capture_ctx_ = nullptr;
+  PortIo* host_ = nullptr;
+  std::uint64_t host_polled_ = 0;  // when the host port was last read
   AppHook app_ = nullptr;
   void* app_ctx_ = nullptr;
   IdleConfig idle_cfg_{};

@@ -87,6 +87,7 @@ struct Id {
   std::uint32_t conn = 0;  // the agent's connection
   bool has_conn = false, established = false, disconnected = false;
   bool listening = false;
+  bool any_port = false;  // bound to port 0: the port was picked here, and listen may pick another if it is taken
   std::uint16_t listen_port = 0;
   std::vector<Dev*> listen_devs;
   ibv_sa_path_rec path{};
@@ -190,7 +191,19 @@ bool is_any(const sockaddr* a) {
   return std::all_of(g.raw, g.raw + 16, [](std::uint8_t b) { return b == 0; });
 }
 
+/// 127.0.0.0/8 or ::1: the kernel's rdma_cm binds such an address to the
+/// first active device, and resolves it to that device's own address.
+bool is_loopback(const sockaddr* a) {
+  if (a->sa_family == AF_INET) return (ntohl(reinterpret_cast<const sockaddr_in*>(a)->sin_addr.s_addr) >> 24) == 127;
+  if (a->sa_family == AF_INET6) {
+    const in6_addr& v6 = reinterpret_cast<const sockaddr_in6*>(a)->sin6_addr;
+    return IN6_IS_ADDR_LOOPBACK(&v6) || (IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127);
+  }
+  return false;
+}
+
 Dev* dev_with_ip(const sockaddr* a) {
+  if (is_loopback(a)) return g_devs.empty() ? nullptr : g_devs.front();
   ibv_gid g;
   if (!gid_of(a, g)) return nullptr;
   for (Dev* d : g_devs)
@@ -376,20 +389,22 @@ void route_locked(Dev* d, const uroce_cm_event& ev) {
   p.retry_count = 7;
   p.rnr_retry_count = 7;
   p.qp_num = ev.peer_qp_num;
-  if (ev.ud && ev.event == UROCE_CM_EVENT_ESTABLISHED) {
-    // A SIDR answer: the QP to send to, its Q_Key, and how to reach it.
+  if (ev.ud && (ev.event == UROCE_CM_EVENT_ESTABLISHED || ev.event == UROCE_CM_EVENT_CONNECT_REQUEST)) {
+    // A SIDR answer: the QP to send to, its Q_Key, and how to reach it. A
+    // SIDR request: how to reach the asker (qperf's UD server makes its
+    // address handle from it), and the Q_Key of rdma_cm's UD QPs.
     rdma_ud_param& u = e->e.param.ud;
     u = rdma_ud_param{};
     u.private_data_len = ev.private_data_len;
     u.private_data = ev.private_data_len ? e->priv : nullptr;
     u.qp_num = ev.peer_qp_num;
-    u.qkey = ev.qkey;
+    u.qkey = ev.event == UROCE_CM_EVENT_ESTABLISHED ? ev.qkey : RDMA_UDP_QKEY;
     u.ah_attr.is_global = 1;
     u.ah_attr.grh.dgid = ev.peer_gid;
     u.ah_attr.grh.sgid_index = 0;
     u.ah_attr.grh.hop_limit = 64;
     u.ah_attr.port_num = 1;
-    g_conns.erase({d, ev.id});  // nothing more comes for it
+    if (ev.event == UROCE_CM_EVENT_ESTABLISHED) g_conns.erase({d, ev.id});  // nothing more comes for it
   }
   enqueue(id->chan, e);
 }
@@ -451,7 +466,11 @@ int sync_wait(Id* id, rdma_cm_event_type want) {
   return 0;
 }
 
-bool nonblocking(const Channel* ch) { return (::fcntl(ch->ch.fd, F_GETFL) & O_NONBLOCK) != 0; }
+/// A destroyed channel (its descriptor closed) counts as blocking: a thread
+/// that comes back to it after another destroyed it (rping's CM thread,
+/// racing its main thread's teardown) waits for good, as one already
+/// waiting does, instead of failing with EBADF and taking the process down.
+bool nonblocking(const Channel* ch) { return ch->ch.fd >= 0 && (::fcntl(ch->ch.fd, F_GETFL) & O_NONBLOCK) != 0; }
 
 int cm_error(int rc) { return fail(rc > 0 ? rc : EIO); }
 
@@ -586,6 +605,12 @@ void fill_path(Id* id) {
   p.packet_life_time = 14;
   id->id.route.path_rec = &id->path;
   id->id.route.num_paths = 1;
+}
+
+/// A port from the range Linux gives out by default (32768..60999).
+std::uint16_t ephemeral_port() {
+  static thread_local std::mt19937 rng(std::random_device{}());
+  return static_cast<std::uint16_t>(32768 + rng() % 28232);
 }
 
 }  // namespace
@@ -734,6 +759,11 @@ int rdma_bind_addr(rdma_cm_id* cm_id, sockaddr* addr) {
     attach(id, d);
   }
   std::memcpy(&id->id.route.addr.src_storage, addr, addr_len(addr));
+  // Port 0: an ephemeral port now, as the kernel gives one at bind, so that
+  // rdma_get_src_port() names the port before rdma_listen (qperf sends it
+  // to its client in between).
+  id->any_port = port_of(addr) == 0;
+  if (id->any_port) set_port(&id->id.route.addr.src_addr, htons(ephemeral_port()));
   return 0;
 }
 
@@ -756,6 +786,7 @@ int rdma_resolve_addr(rdma_cm_id* cm_id, sockaddr* src, sockaddr* dst, int timeo
     sockaddr_of(d->gid, port, id->id.route.addr.src_storage);
     std::memcpy(&id->id.route.addr.dst_storage, dst, addr_len(dst));
     gid_of(dst, id->id.route.addr.addr.ibaddr.dgid);
+    if (is_loopback(dst)) id->id.route.addr.addr.ibaddr.dgid = d->gid;  // this device itself
   }
   // The peer's MAC, as the kernel resolves it here: an address handle to
   // it (the daemon's ARP/ND), made and dropped.
@@ -797,9 +828,9 @@ int rdma_listen(rdma_cm_id* cm_id, int backlog) {
   if (src->sa_family == AF_UNSPEC) src->sa_family = AF_INET;  // never bound: any address
   std::vector<Dev*> devs = id->dev ? std::vector<Dev*>{id->dev} : g_devs;
   std::uint16_t port = ntohs(port_of(src));
-  std::mt19937 rng(std::random_device{}());
   for (int attempt = 0; attempt < 64; ++attempt) {
-    const std::uint16_t p = port ? port : static_cast<std::uint16_t>(32768 + rng() % 28000);
+    // A port picked at bind is tried first; if it is taken, another.
+    const std::uint16_t p = port && (!id->any_port || attempt == 0) ? port : ephemeral_port();
     int rc = 0;
     std::vector<Dev*> done;
     for (Dev* d : devs) {
@@ -816,7 +847,7 @@ int rdma_listen(rdma_cm_id* cm_id, int backlog) {
       return 0;
     }
     for (Dev* d : done) (void)(is_ud(&id->id) ? uroce_cm_unlisten_ud(d->u, p) : uroce_cm_unlisten(d->u, p));
-    if (port || rc != EADDRINUSE) return cm_error(rc);
+    if ((port && !id->any_port) || rc != EADDRINUSE) return cm_error(rc);
   }
   return fail(EADDRINUSE);
 }
@@ -1141,12 +1172,39 @@ void rdma_destroy_ep(rdma_cm_id* cm_id) {
 // ------------------------------------------------------------ addresses
 
 int rdma_getaddrinfo(const char* node, const char* service, const rdma_addrinfo* hints, rdma_addrinfo** res) {
-  if (!res || (!node && !service)) return fail(EINVAL);
+  if (!res) return fail(EINVAL);
   const int flags = hints ? hints->ai_flags : 0;
   if (hints && (hints->ai_family == AF_IB || (hints->ai_port_space && hints->ai_port_space != RDMA_PS_TCP &&
                                               hints->ai_port_space != RDMA_PS_IB &&
                                               hints->ai_port_space != RDMA_PS_UDP)))
     return fail(EOPNOTSUPP);
+  if (!node && !service) {
+    // No name: the addresses the hints carry, as they are (libfabric's verbs
+    // provider asks so, with a source and a destination it already has).
+    const bool src = hints && hints->ai_src_addr && hints->ai_src_len;
+    const bool dst = hints && hints->ai_dst_addr && hints->ai_dst_len;
+    if (!src && !dst) return fail(EINVAL);
+    auto* r = static_cast<rdma_addrinfo*>(std::calloc(1, sizeof(rdma_addrinfo)));
+    if (!r) return fail(ENOMEM);
+    r->ai_flags = flags;
+    r->ai_family = (dst ? hints->ai_dst_addr : hints->ai_src_addr)->sa_family;
+    r->ai_port_space = hints->ai_port_space ? hints->ai_port_space : RDMA_PS_TCP;
+    r->ai_qp_type = r->ai_port_space == RDMA_PS_UDP ? IBV_QPT_UD : IBV_QPT_RC;
+    const auto copy = [](const sockaddr* a, socklen_t len, sockaddr*& to, socklen_t& to_len) {
+      to = static_cast<sockaddr*>(std::malloc(len));
+      if (!to) return false;
+      std::memcpy(to, a, len);
+      to_len = len;
+      return true;
+    };
+    if ((src && !copy(hints->ai_src_addr, hints->ai_src_len, r->ai_src_addr, r->ai_src_len)) ||
+        (dst && !copy(hints->ai_dst_addr, hints->ai_dst_len, r->ai_dst_addr, r->ai_dst_len))) {
+      rdma_freeaddrinfo(r);
+      return fail(ENOMEM);
+    }
+    *res = r;
+    return 0;
+  }
   addrinfo h{};
   h.ai_family = hints && (flags & RAI_FAMILY) ? hints->ai_family : AF_UNSPEC;
   h.ai_socktype = SOCK_STREAM;

@@ -93,12 +93,15 @@ no_loss() { ip netns exec "$NS_S" nft delete table bridge uroce_loss 2>/dev/null
 # verified RC traffic as its stage: --role server|client, --peer, ...).
 start_daemon() { start_node "$UROCED" "$@"; }
 start_traffic() { start_node "${UROCE_TRAFFIC:?path to uroce-traffic}" "$@"; }
+# Daemons here run without a host netdev (several share a namespace and
+# would want the same name) unless the test names one (--host-netdev).
 start_node() {
-  local bin=$1 ns=$2 name=$3; shift 3
+  local bin=$1 ns=$2 name=$3 host=--no-host-netdev; shift 3
+  case " $* " in *" --host-netdev "*) host= ;; esac
   if [ -n "$ns" ]; then
-    ip netns exec "$ns" "$bin" --no-huge --mem-mb 256 --file-prefix "$name-$$" "$@" > "$TMP/$name.out" 2> "$TMP/$name.err" &
+    ip netns exec "$ns" "$bin" --no-huge --mem-mb 256 --file-prefix "$name-$$" $host "$@" > "$TMP/$name.out" 2> "$TMP/$name.err" &
   else
-    "$bin" --no-huge --mem-mb 256 --file-prefix "$name-$$" "$@" > "$TMP/$name.out" 2> "$TMP/$name.err" &
+    "$bin" --no-huge --mem-mb 256 --file-prefix "$name-$$" $host "$@" > "$TMP/$name.out" 2> "$TMP/$name.err" &
   fi
   LAST_PID=$!
   PIDS="$PIDS $LAST_PID"

@@ -259,6 +259,8 @@ class MemPort : public PortIo {
   }
   void tx_flush() override {}
   MacAddr mac() const override { return mac_; }
+  /// The frames sent to this port and not yet received, oldest first.
+  [[nodiscard]] const std::deque<std::vector<std::uint8_t>>& inbox() const { return inbox_; }
 
  private:
   MacAddr mac_;
@@ -463,6 +465,71 @@ TEST(Dataplane, APortThatWakesOnRxNeedsNoPollTick) {
   EXPECT_EQ(dp.idle_sleep_ns(1, t0), 0u) << "work: poll again";
   EXPECT_EQ(dp.idle_sleep_ns(0, t0 + 1'000), 0u) << "within the spin";
   EXPECT_EQ(dp.idle_sleep_ns(0, t0 + 7'000), std::uint64_t{ic.max_sleep_us} * 1000);
+}
+
+/// The exception path (set_host): with the host's netdev attached, every
+/// frame that is not RoCE goes to the host untagged (neighbours are still
+/// learned, the node no longer answers), and what the host sends goes out
+/// on the wire, tagged with our VLAN where there is one.
+void host_path(std::uint16_t vlan) {
+  SCOPED_TRACE("vlan " + std::to_string(vlan));
+  transport::EngineConfig c;
+  c.mac = kMacA;
+  c.ip = IpAddr::from_v4(10, 0, 0, 1);
+  c.vlan_tci = vlan;
+  transport::Engine eng{c};
+  Neighbors neigh{eng.neighbors(), c.mac, c.ip, vlan};
+  neigh.answer = false;
+  MemPort port{kMacA}, wire_peer{kMacB}, host{kMacA}, kernel{kMacA};
+  port.peer = &wire_peer;  // what the node sends on the wire
+  wire_peer.peer = &port;  // what the wire brings
+  host.peer = &kernel;     // what the node hands the host
+  kernel.peer = &host;     // what the host writes
+  Dataplane dp{eng, port, neigh};
+  dp.set_host(&host);
+  std::uint64_t now = 1'000'000'000;
+  // An ARP request for our address: learned, not answered, handed up untagged.
+  const auto req = arp_request(kMacB, IpAddr::from_v4(10, 0, 0, 2), c.ip, vlan);
+  ASSERT_TRUE(wire_peer.tx_raw(req));
+  dp.iterate(now);
+  EXPECT_TRUE(wire_peer.inbox().empty()) << "the node answered: the host should";
+  ASSERT_EQ(kernel.inbox().size(), 1u);
+  const auto& up = kernel.inbox().front();
+  const std::size_t tag = vlan ? 4 : 0;
+  ASSERT_EQ(up.size(), req.size() - tag);
+  EXPECT_EQ(up[12], 0x08);
+  EXPECT_EQ(up[13], 0x06) << "untagged ARP";
+  EXPECT_EQ(std::memcmp(up.data() + 12, req.data() + 12 + tag, up.size() - 12), 0);
+  EXPECT_TRUE(eng.neighbors().lookup(IpAddr::from_v4(10, 0, 0, 2)).has_value()) << "still learned";
+  EXPECT_EQ(dp.counter(DpCounter::rx_to_host), 1u);
+  // The host's answer goes out on the wire, tagged as our traffic is.
+  std::vector<std::uint8_t> reply(up);
+  reply[21] = 2;  // an ARP reply (the bytes do not matter to the node)
+  ASSERT_TRUE(kernel.tx_raw(reply));
+  dp.iterate(now += 1'000'000);
+  ASSERT_EQ(wire_peer.inbox().size(), 1u);
+  const auto& out = wire_peer.inbox().front();
+  ASSERT_EQ(out.size(), reply.size() + tag);
+  if (vlan) {
+    EXPECT_EQ(out[12], 0x81);
+    EXPECT_EQ(out[13], 0x00);
+    EXPECT_EQ(((out[14] << 8) | out[15]) & 0x0fff, vlan);
+  }
+  EXPECT_EQ(std::memcmp(out.data() + 12 + tag, reply.data() + 12, reply.size() - 12), 0);
+  EXPECT_EQ(dp.counter(DpCounter::tx_from_host), 1u);
+  // Another host's frame that is not RoCE (here, a too-short UDP): to the host.
+  std::vector<std::uint8_t> junk(req);
+  junk[12 + tag] = 0x86;
+  junk[13 + tag] = 0xdd;  // IPv6 ethertype, garbage body
+  ASSERT_TRUE(wire_peer.tx_raw(junk));
+  dp.iterate(now += 1'000'000);
+  EXPECT_EQ(kernel.inbox().size(), 2u);
+  EXPECT_EQ(dp.counter(DpCounter::rx_other), 0u);
+}
+
+TEST(Dataplane, TheHostNetdevGetsWhatIsNotRoceAndSendsOnTheWire) {
+  host_path(0);
+  host_path(100);
 }
 
 }  // namespace
