@@ -740,7 +740,9 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
     case UROCE_MSG_CM_ESTABLISH: {
       uroce_cm_msg m;
       if (!take(m, offsetof(uroce_cm_msg, flags))) return;  // minor 8 and older send 88 bytes
-      if (m.flags & ~(UROCE_CM_APP_QP | UROCE_CM_UD)) return fail(EINVAL, "unknown CM flags");
+      if (m.flags & ~(UROCE_CM_APP_QP | UROCE_CM_UD | UROCE_CM_ACK_TIMEOUT)) return fail(EINVAL, "unknown CM flags");
+      if ((m.flags & UROCE_CM_ACK_TIMEOUT) && m.ack_timeout > 31) return fail(EINVAL, "the ACK timeout is 0..31");
+      const int ack_timeout = (m.flags & UROCE_CM_ACK_TIMEOUT) ? m.ack_timeout : -1;
       const bool app_qp = (m.flags & UROCE_CM_APP_QP) != 0;
       const bool ud = (m.flags & UROCE_CM_UD) != 0;
       if (!cm_->ok()) return fail(ENODEV, "the CM agent has no QP1");
@@ -766,13 +768,14 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
           p.initiator_depth = m.initiator_depth;
           p.retry_cnt = m.retry_cnt ? m.retry_cnt : 7;
           p.rnr_retry = m.rnr_retry ? m.rnr_retry : 7;
+          if (ack_timeout >= 0) p.ack_timeout = static_cast<std::uint8_t>(ack_timeout);
           uroce_cm_id_reply r{};
           rc = cm_->connect(qp, wire::IpAddr::from_v6_bytes(m.dgid), m.port, priv, s.id, p, t, r.id, app_qp);
           if (rc != 0) return fail(rc, "cannot connect: the QP must be RC in RESET or INIT, or UD, or the application's own (UROCE_CM_APP_QP) not in ERR, and the MTU valid");
           return send_reply(sock, h, 0, "", &r, sizeof r);
         }
         case UROCE_MSG_CM_ACCEPT:
-          rc = cm_->accept(m.id, qp, priv, s.id, t, app_qp);
+          rc = cm_->accept(m.id, qp, priv, s.id, t, app_qp, ack_timeout);
           if (rc != 0)
             return fail(rc, app_qp ? "cannot accept: no such request of this session, or the QP is in ERR"
                                    : "cannot accept: no such request of this session, or the QP is not RC in RESET/INIT");

@@ -212,8 +212,13 @@ struct uroce_cm_msg {
   uint8_t responder_resources, initiator_depth, retry_cnt, rnr_retry;
   uint8_t private_data[UROCE_CM_PRIVATE_MAX];
   /* minor 9 (an older library's 88 bytes read as 0): */
-  uint8_t flags; /* UROCE_CM_APP_QP (CONNECT, ACCEPT); UROCE_CM_UD (LISTEN, UNLISTEN) */
-  uint8_t pad[3];
+  uint8_t flags; /* UROCE_CM_APP_QP (CONNECT, ACCEPT); UROCE_CM_UD (LISTEN, UNLISTEN); UROCE_CM_ACK_TIMEOUT */
+  /* minor 12: with UROCE_CM_ACK_TIMEOUT (CONNECT, ACCEPT), the QP's local
+   * ACK timeout, 0..31 (4.096 us * 2^n; rdma_set_option's
+   * RDMA_OPTION_ID_ACK_TIMEOUT), instead of the agent's 14 (connect) or the
+   * request's (accept). */
+  uint8_t ack_timeout;
+  uint8_t pad[2];
 };
 /* The application brings the QP up itself (rdma_cm's ids without a QP):
  * the agent never moves it; the REP is a CONNECT_RESPONSE event, answered
@@ -222,6 +227,7 @@ struct uroce_cm_msg {
 /* RDMA_PS_UDP's port space: a listen answers SIDR requests (UD). A CONNECT
  * or ACCEPT with a UD QP is a SIDR request or answer. */
 #define UROCE_CM_UD 2u
+#define UROCE_CM_ACK_TIMEOUT 4u
 struct uroce_cm_id_reply {
   uint32_t id;
 };

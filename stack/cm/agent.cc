@@ -316,7 +316,7 @@ int CmAgent::connect(Qp* qp, const wire::IpAddr& dst, std::uint16_t port, wire::
 }
 
 int CmAgent::accept(std::uint32_t id, Qp* qp, wire::ConstBytes priv, std::uint32_t owner, std::uint64_t now,
-                    bool app_qp) {
+                    bool app_qp, int ack_timeout) {
   auto it = conns_.find(id);
   if (it != conns_.end() && it->second.owner == owner && it->second.state == State::kSidrRcvd) {
     // UD: the answer names the QP and its Q_Key; nothing to bring up.
@@ -332,7 +332,9 @@ int CmAgent::accept(std::uint32_t id, Qp* qp, wire::ConstBytes priv, std::uint32
              : qp->type != IBV_QPT_RC || (qp->state != IBV_QPS_RESET && qp->state != IBV_QPS_INIT))
     return EINVAL;
   if (priv.size() > sizeof(Rep::private_data)) return EINVAL;
+  if (ack_timeout > 31) return EINVAL;
   Conn& c = it->second;
+  if (ack_timeout >= 0) c.ack_timeout = static_cast<std::uint8_t>(ack_timeout);
   c.qpn = qp->qpn;
   c.qp_handle = qp->handle;
   c.app_qp = app_qp;

@@ -125,8 +125,10 @@ class CmAgent {
   /// Answers a kConnectRequest: the QP (RC, RESET or INIT) goes to RTS and a
   /// REP goes out. With app_qp the application has brought the QP (RC, not
   /// in ERR) up itself, to the request's peer QP, and the agent leaves it be.
+  /// ack_timeout 0..31 replaces the request's for our QP (rdma_cm's
+  /// RDMA_OPTION_ID_ACK_TIMEOUT on the passive side); -1 keeps it.
   int accept(std::uint32_t id, transport::Qp* qp, wire::ConstBytes priv, std::uint32_t owner, std::uint64_t now,
-             bool app_qp = false);
+             bool app_qp = false, int ack_timeout = -1);
   /// The active side of an app_qp connection, after kConnectResponse: sends
   /// the RTU (rdma_establish). 0, or EINVAL (no such connection waiting).
   int establish(std::uint32_t id, std::uint32_t owner, std::uint64_t now);

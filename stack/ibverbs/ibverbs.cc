@@ -17,6 +17,7 @@
 // with errno set where rdma-core's does), never a crash.
 #include <endian.h>
 #include <errno.h>
+#include <net/if.h>
 #include <pthread.h>
 #include <stddef.h>
 #include <sys/mman.h>
@@ -638,7 +639,6 @@ ibv_qp* vctx_create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* a) {
 
 // The GID table: the port's address, as a RoCE v2 GID (IPv4-mapped for
 // IPv4), at index 0.
-constexpr int kGids = 1;
 
 }  // namespace
 
@@ -810,14 +810,17 @@ int ibv_query_gid(ibv_context* context, uint8_t port_num, int index, ibv_gid* gi
 int _ibv_query_gid_ex(ibv_context* context, uint32_t port_num, uint32_t gid_index, ibv_gid_entry* entry,
                       uint32_t flags, size_t entry_size) {
   if (!context || !entry || flags || entry_size < sizeof(ibv_gid_entry) || port_num > 255) return fail(EINVAL);
-  if (gid_index >= kGids) return fail(ENODATA);
+  if (port_num != 1) return fail(EINVAL);
+  if (gid_index != 0) return fail(ENODATA);  // empty, or past the table: no GID there
   ibv_gid_entry e{};
   if (const int rc = ibv_query_gid(context, static_cast<uint8_t>(port_num), static_cast<int>(gid_index), &e.gid))
     return rc;
   e.gid_index = gid_index;
   e.port_num = port_num;
   e.gid_type = IBV_GID_TYPE_ROCE_V2;
-  e.ndev_ifindex = 0;  // no kernel netdev behind a DPDK port
+  // The host netdev, where the daemon gives the kernel one (named as the
+  // device: docs/deploy.md); 0 (none) otherwise.
+  e.ndev_ifindex = if_nametoindex(context->device->name);
   std::memcpy(entry, &e, sizeof e);
   return 0;
 }
@@ -828,12 +831,12 @@ ssize_t _ibv_query_gid_table(ibv_context* context, ibv_gid_entry* entries, size_
     errno = EINVAL;
     return -EINVAL;
   }
-  if (max_entries < kGids) {
+  if (max_entries < 1) {  // fewer entries than the table holds GIDs
     errno = EINVAL;
     return -EINVAL;
   }
   ssize_t n = 0;
-  for (uint32_t i = 0; i < kGids; ++i) {
+  for (uint32_t i = 0; i < 1; ++i) {  // the populated entries only
     auto* e = reinterpret_cast<ibv_gid_entry*>(reinterpret_cast<char*>(entries) + n * entry_size);
     if (const int rc = _ibv_query_gid_ex(context, 1, i, e, 0, entry_size)) return -rc;
     ++n;
@@ -842,7 +845,7 @@ ssize_t _ibv_query_gid_table(ibv_context* context, ibv_gid_entry* entries, size_
 }
 
 int ibv_query_gid_type(ibv_context* context, uint8_t port_num, unsigned int index, ibv_gid_type_sysfs* type) {
-  if (!context || !type || port_num != 1 || index >= kGids) return fail(EINVAL);
+  if (!context || !type || port_num != 1 || index != 0) return fail(EINVAL);  // an empty entry has no type
   *type = IBV_GID_TYPE_SYSFS_ROCE_V2;
   return 0;
 }

@@ -19,6 +19,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
+#include <pthread.h>
 #include <rdma/rdma_cma.h>
 #include <rdma/rsocket.h>
 #include <sys/epoll.h>
@@ -87,7 +88,8 @@ struct Id {
   std::uint32_t conn = 0;  // the agent's connection
   bool has_conn = false, established = false, disconnected = false;
   bool listening = false;
-  bool any_port = false;  // bound to port 0: the port was picked here, and listen may pick another if it is taken
+  bool any_port = false;
+  int ack_timeout = -1;  // RDMA_OPTION_ID_ACK_TIMEOUT, 0..31; -1: the agent's (connect) or the request's (accept)  // bound to port 0: the port was picked here, and listen may pick another if it is taken
   std::uint16_t listen_port = 0;
   std::vector<Dev*> listen_devs;
   ibv_sa_path_rec path{};
@@ -244,9 +246,28 @@ void attach(Id* id, Dev* d) {
 
 // ------------------------------------------------------------ devices and channels
 
+/// fork: the devices' contexts are the parent's sessions (a request and its
+/// reply on one socket), so a child that spoke on them would interleave
+/// with the parent (rdma-core's suite forks its rdma_cm players after the
+/// parent has used rdma_cm). The child forgets them, unclosed (a close would
+/// speak on the parent's session), and opens its own on its next call; the
+/// lock is held across the fork so that the child's copy is consistent.
+void fork_prepare() { g_mu.lock(); }
+void fork_parent() { g_mu.unlock(); }
+void fork_child() {
+  g_devs.clear();
+  g_conns.clear();
+  g_listens.clear();
+  g_init = false;
+  g_init_err = 0;
+  g_mu.unlock();
+}
+
 int init_locked() {
   if (g_init) return g_init_err;
   g_init = true;
+  static const bool fork_handlers = pthread_atfork(fork_prepare, fork_parent, fork_child) == 0;
+  (void)fork_handlers;
   int n = 0;
   ibv_device** list = ibv_get_device_list(&n);
   for (int i = 0; list && i < n; ++i) {
@@ -477,7 +498,13 @@ int cm_error(int rc) { return fail(rc > 0 ? rc : EIO); }
 uroce_cm_param cm_param(const Id* id, const rdma_conn_param* c) {
   uroce_cm_param p{};
   p.mtu = id->path.mtu ? static_cast<ibv_mtu>(id->path.mtu) : static_cast<ibv_mtu>(0);
-  if (!c) return p;
+  if (!c) {
+    if (id->ack_timeout >= 0) {
+      p.flags |= UROCE_CM_ACK_TIMEOUT;
+      p.ack_timeout = static_cast<std::uint8_t>(id->ack_timeout);
+    }
+    return p;
+  }
   p.private_data = c->private_data;
   p.private_data_len = c->private_data_len;
   const int max = id->dev ? id->dev->max_rd_atom : 16;
@@ -485,6 +512,10 @@ uroce_cm_param cm_param(const Id* id, const rdma_conn_param* c) {
   p.initiator_depth = static_cast<std::uint8_t>(std::min<int>(c->initiator_depth, max));
   p.retry_count = std::min<std::uint8_t>(c->retry_count, 7);
   p.rnr_retry_count = std::min<std::uint8_t>(c->rnr_retry_count, 7);
+  if (id->ack_timeout >= 0) {
+    p.flags |= UROCE_CM_ACK_TIMEOUT;
+    p.ack_timeout = static_cast<std::uint8_t>(id->ack_timeout);
+  }
   return p;
 }
 
@@ -873,7 +904,7 @@ int rdma_connect(rdma_cm_id* cm_id, rdma_conn_param* conn_param) {
     if (!qp) return fail(EINVAL);  // rdma_create_qp first, or name a QP of this device in qp_num
     if (conn_param && conn_param->private_data_len > kPrivateMax) return fail(EINVAL);
     uroce_cm_param p = cm_param(id, conn_param);
-    p.flags = app ? UROCE_CM_APP_QP : 0;
+    if (app) p.flags |= UROCE_CM_APP_QP;
     std::uint32_t conn = 0;
     const int rc = uroce_cm_connect(uroce_ibv_qp(qp), &id->id.route.addr.addr.ibaddr.dgid,
                                     ntohs(port_of(&id->id.route.addr.dst_addr)), &p, &conn);
@@ -901,7 +932,7 @@ int rdma_accept(rdma_cm_id* cm_id, rdma_conn_param* conn_param) {
     if (!qp) return fail(EINVAL);
     if (conn_param && conn_param->private_data_len > kPrivateMax) return fail(EINVAL);
     uroce_cm_param p = cm_param(id, conn_param);
-    p.flags = app ? UROCE_CM_APP_QP : 0;
+    if (app) p.flags |= UROCE_CM_APP_QP;
     if (const int rc = uroce_cm_accept(uroce_ibv_qp(qp), id->conn, &p)) return cm_error(rc);
     id->app_qp = app;
     if (is_ud(&id->id)) {
@@ -931,8 +962,12 @@ int rdma_disconnect(rdma_cm_id* cm_id) {
   std::lock_guard<std::mutex> lock(g_mu);
   if (!id->has_conn) return fail(EINVAL);
   const int rc = uroce_cm_disconnect(id->dev->u, id->conn);
-  if (rc && !id->disconnected) return cm_error(rc);
-  return 0;  // already disconnected by the peer: nothing more to do
+  // EINVAL: the agent has no such connection any more, as the peer's DREQ
+  // ended it (its DISCONNECTED event may not have reached this id yet):
+  // nothing more to do, and not an error, as the kernel's rdma_cm does not
+  // report a DREQ it could not send.
+  if (rc && rc != EINVAL && !id->disconnected) return cm_error(rc);
+  return 0;
 }
 
 int rdma_establish(rdma_cm_id* cm_id) {
@@ -995,7 +1030,7 @@ int rdma_init_qp_attr(rdma_cm_id* cm_id, ibv_qp_attr* qp_attr, int* qp_attr_mask
       *qp_attr_mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
                       IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
     } else {
-      qp_attr->timeout = e.timeout;
+      qp_attr->timeout = id->ack_timeout >= 0 ? static_cast<std::uint8_t>(id->ack_timeout) : e.timeout;
       qp_attr->retry_cnt = e.retry_count;
       qp_attr->rnr_retry = e.rnr_retry_count;
       qp_attr->sq_psn = e.sq_psn;
@@ -1026,6 +1061,16 @@ int rdma_set_option(rdma_cm_id* cm_id, int level, int optname, void* optval, siz
       // Ports are the agent's, per daemon, free again as soon as the listen
       // ends; and an id's family is what it was bound or resolved with.
       return optlen == sizeof(int) ? 0 : fail(EINVAL);
+    case RDMA_OPTION_ID_ACK_TIMEOUT: {
+      // The QP's local ACK timeout (4.096 us * 2^n), for the connection
+      // this id makes or accepts from now on (and rdma_init_qp_attr's RTS).
+      if (optlen != sizeof(std::uint8_t)) return fail(EINVAL);
+      const std::uint8_t t = *static_cast<std::uint8_t*>(optval);
+      if (t > 31) return fail(EINVAL);
+      std::lock_guard<std::mutex> lock(g_mu);
+      as_id(cm_id)->ack_timeout = t;
+      return 0;
+    }
     case RDMA_OPTION_ID_TOS:
       // The CM does not carry a traffic class yet: only the default.
       if (optlen != sizeof(std::uint8_t)) return fail(EINVAL);

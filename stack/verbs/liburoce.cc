@@ -61,7 +61,14 @@ using uroce::verbs_detail::t_error;
 /// buffers sharing a page, registered in either order) maps them as pieces
 /// (REG_MR_PIECES), and only pages no segment holds yet move onto a new one.
 /// A segment lives while an MR (or a uroce_alloc_buf) pins it; after that
-/// its memory stays as it is, only no longer tracked.
+/// its pages go back to private memory, with their contents (unpin_locked).
+///
+/// fork: a shared mapping stays shared in a child, where private memory
+/// would be copied. So that a child's pages are its own (as the kernel
+/// copies pinned pages for a child), the fork handlers copy every segment
+/// before the fork and, in the child, put the copy back as private memory
+/// and forget the segments (the child's registrations are its own). A fork
+/// costs a copy of the registered memory.
 struct Segment {
   std::size_t len;
   int fd;
@@ -523,12 +530,66 @@ int push_recvs(abi::Ring<uroce_recv_entry>& ring, ibv_recv_wr* wr, ibv_recv_wr**
   return 0;
 }
 
+/// Puts [start, start + len) back on private memory, keeping its contents
+/// (copied through `tmp`, len bytes, or a buffer of its own when null).
+void make_private(std::uintptr_t start, std::size_t len, const void* copy) {
+  void* tmp = nullptr;
+  if (!copy) {
+    tmp = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (tmp == MAP_FAILED) return;  // it stays shared memory: still the application's
+    std::memcpy(tmp, reinterpret_cast<const void*>(start), len);
+    copy = tmp;
+  }
+  if (::mmap(reinterpret_cast<void*>(start), len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) !=
+      MAP_FAILED)
+    std::memcpy(reinterpret_cast<void*>(start), copy, len);
+  if (tmp) ::munmap(tmp, len);
+}
+
 void unpin_locked(std::uintptr_t start) {
   const auto it = g_segs.find(start);
   if (it == g_segs.end() || --it->second.refs != 0) return;
-  ::close(it->second.fd);  // the mapping keeps the memory
+  make_private(it->first, it->second.len, nullptr);
+  ::close(it->second.fd);
   g_segs.erase(it);
 }
+
+/// The fork handlers (see Segment). The copies are made before the fork,
+/// so the child's pages are what the parent's were at the fork.
+struct ForkCopy {
+  std::uintptr_t start;
+  std::size_t len;
+  void* copy;  // private memory, or null when it could not be had
+};
+std::vector<ForkCopy>& g_fork_copies = *new std::vector<ForkCopy>;
+void seg_fork_prepare() {
+  g_seg_mu.lock();
+  g_fork_copies.clear();
+  for (const auto& [start, s] : g_segs) {
+    void* c = ::mmap(nullptr, s.len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (c == MAP_FAILED) c = nullptr;
+    if (c) std::memcpy(c, reinterpret_cast<const void*>(start), s.len);
+    g_fork_copies.push_back({start, s.len, c});
+  }
+}
+void seg_fork_parent() {
+  for (const ForkCopy& f : g_fork_copies)
+    if (f.copy) ::munmap(f.copy, f.len);
+  g_fork_copies.clear();
+  g_seg_mu.unlock();
+}
+void seg_fork_child() {
+  for (const ForkCopy& f : g_fork_copies) {
+    if (!f.copy) continue;  // no copy: the page stays shared with the parent
+    make_private(f.start, f.len, f.copy);
+    ::munmap(f.copy, f.len);
+  }
+  g_fork_copies.clear();
+  for (const auto& [start, s] : g_segs) ::close(s.fd);
+  g_segs.clear();
+  g_seg_mu.unlock();
+}
+const bool g_seg_fork_handlers = pthread_atfork(seg_fork_prepare, seg_fork_parent, seg_fork_child) == 0;
 
 void unpin(const std::vector<std::uintptr_t>& segs) {
   std::lock_guard<std::mutex> lock(g_seg_mu);
@@ -611,8 +672,14 @@ int cm_call(uroce_context* ctx, std::uint16_t type, uroce_cm_msg& m, const uroce
     m.initiator_depth = p->initiator_depth;
     m.retry_cnt = p->retry_count;
     m.rnr_retry = p->rnr_retry_count;
-    if (p->flags & ~UROCE_CM_APP_QP) return set_error(EINVAL, "unknown CM flags");
-    if (p->flags && ctx->minor < 9) return set_error(EOPNOTSUPP, "this uroced cannot leave a QP to the application (ABI minor < 9)");
+    if (p->flags & ~(UROCE_CM_APP_QP | UROCE_CM_ACK_TIMEOUT)) return set_error(EINVAL, "unknown CM flags");
+    if ((p->flags & UROCE_CM_APP_QP) && ctx->minor < 9)
+      return set_error(EOPNOTSUPP, "this uroced cannot leave a QP to the application (ABI minor < 9)");
+    if (p->flags & UROCE_CM_ACK_TIMEOUT) {
+      if (ctx->minor < 12) return set_error(EOPNOTSUPP, "this uroced takes no ACK timeout for a CM connection (ABI minor < 12)");
+      if (p->ack_timeout > 31) return set_error(EINVAL, "the ACK timeout is 0..31");
+      m.ack_timeout = p->ack_timeout;
+    }
     m.flags = p->flags;
   }
   return call(ctx, type, &m, sizeof m, -1, reply, rlen);
@@ -895,8 +962,13 @@ int uroce_close_device(uroce_context* ctx) {
 }
 
 int uroce_query_gid(uroce_context* ctx, std::uint8_t port_num, int index, ibv_gid* gid) {
-  if (!ctx || !gid || port_num != 1 || index != 0) return set_error(EINVAL, "port 1, GID index 0 only");
-  std::memcpy(gid->raw, ctx->gid, 16);
+  if (!ctx || !gid || port_num != 1 || index < 0 || index >= UROCE_GID_TABLE_LEN)
+    return set_error(EINVAL, "port 1, a GID index under the table's length");
+  if (index == 0) {
+    std::memcpy(gid->raw, ctx->gid, 16);
+  } else {
+    *gid = ibv_gid{};  // an empty entry, as the kernel reads one
+  }
   return 0;
 }
 
@@ -1039,7 +1111,7 @@ int uroce_query_port(uroce_context* ctx, uint8_t port_num, ibv_port_attr* attr) 
   attr->state = static_cast<ibv_port_state>(pa.state);
   attr->max_mtu = IBV_MTU_4096;
   attr->active_mtu = abi::roce_active_mtu(pa.mtu);  // as Linux sizes a RoCE port's
-  attr->gid_tbl_len = 1;
+  attr->gid_tbl_len = UROCE_GID_TABLE_LEN;
   attr->pkey_tbl_len = 1;
   attr->link_layer = IBV_LINK_LAYER_ETHERNET;
   attr->phys_state = pa.state == IBV_PORT_ACTIVE ? 5 : 3;  // LinkUp, or Disabled

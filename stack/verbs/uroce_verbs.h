@@ -326,9 +326,20 @@ struct uroce_cm_param {
    * as CONNECT_RESPONSE; accepting, it is any state but ERR, brought up with
    * the request's values. */
   uint8_t flags;
+  /* With UROCE_CM_ACK_TIMEOUT in flags: the QP's local ACK timeout, 0..31. */
+  uint8_t ack_timeout;
 };
 #ifndef UROCE_CM_APP_QP
 #define UROCE_CM_APP_QP 1u /* as session_proto.h */
+#endif
+/* The port's GID table: index 0 is the port's address (its RoCEv2 GID); the
+ * other entries are empty (a zero GID), as a kernel port's table has room
+ * for more addresses than it holds. */
+#ifndef UROCE_GID_TABLE_LEN
+#define UROCE_GID_TABLE_LEN 16
+#endif
+#ifndef UROCE_CM_ACK_TIMEOUT
+#define UROCE_CM_ACK_TIMEOUT 4u /* as session_proto.h */
 #endif
 int uroce_cm_listen(struct uroce_context* ctx, uint16_t port);
 int uroce_cm_unlisten(struct uroce_context* ctx, uint16_t port);

@@ -14,7 +14,11 @@
  *   - a full receive queue: ENOMEM exactly at the depth the QP reports;
  *   - a CQ over max_cqe, or with a comp_vector the device lacks: EINVAL;
  *   - an address vector without a GRH (RoCE addresses by GID): EINVAL;
- *   - page_size_cap holds the page size; phys_port_cnt_ex is phys_port_cnt.
+ *   - page_size_cap holds the page size; phys_port_cnt_ex is phys_port_cnt;
+ *   - the GID table: index 0 is the port's GID; the others, within
+ *     gid_tbl_len, are empty (a zero GID; ibv_query_gid_ex: ENODATA);
+ *   - fork: a child's writes to memory that is registered, or was, do not
+ *     reach the parent (heap memory stays private across a fork).
  *
  *   verbs_rules [DEVICE]      (default: the first device)
  * Prints "N passed, M failed"; exits 0 only when nothing failed. */
@@ -25,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -278,6 +283,51 @@ static void cqs_and_attrs(void) {
         "phys_port_cnt_ex %u is phys_port_cnt %u", ex.phys_port_cnt_ex, dev.phys_port_cnt);
 }
 
+static void gids(void) {
+  struct ibv_port_attr pa;
+  union ibv_gid g, zero;
+  struct ibv_gid_entry e;
+  memset(&zero, 0, sizeof zero);
+  memset(&pa, 0, sizeof pa);
+  const int prc = ibv_query_port(ctx, 1, &pa);
+  check(prc == 0 && pa.gid_tbl_len > 1, "gid_tbl_len %d has room past index 0", pa.gid_tbl_len);
+  check(ibv_query_gid(ctx, 1, 0, &g) == 0 && memcmp(&g, &zero, sizeof g) != 0, "GID 0 is the port's address");
+  check(ibv_query_gid_ex(ctx, 1, 0, &e, 0) == 0 && e.gid_type == IBV_GID_TYPE_ROCE_V2, "GID 0 is RoCEv2");
+  check(ibv_query_gid(ctx, 1, pa.gid_tbl_len - 1, &g) == 0 && memcmp(&g, &zero, sizeof g) == 0,
+        "GID %d (the last) is empty: a zero GID", pa.gid_tbl_len - 1);
+  errno = 0;
+  int rc = ibv_query_gid_ex(ctx, 1, 1, &e, 0);
+  check(rc == ENODATA, "ibv_query_gid_ex of an empty index: ENODATA (%d)", rc);
+  struct ibv_gid_entry table[64];
+  check(ibv_query_gid_table(ctx, table, 64, 0) == 1, "ibv_query_gid_table lists the one GID there is");
+}
+
+/* A child's write to BUF, then the parent's look: 1 when the parent still sees WANT. */
+static int private_after_fork(volatile char* buf, char want) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    buf[0] = 'C';
+    _exit(buf[0] == 'C' ? 0 : 1);
+  }
+  int st = 0;
+  if (pid < 0 || waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st) != 0) return 0;
+  return buf[0] == want;
+}
+
+static void fork_private(void) {
+  char* buf = malloc(3 * 4096);
+  check(buf != NULL, "a heap buffer");
+  if (!buf) return;
+  buf[4096] = 'P';
+  struct ibv_mr* mr = ibv_reg_mr(pd, buf + 4096, 4096, IBV_ACCESS_LOCAL_WRITE);
+  check(mr != NULL, "registered");
+  check(private_after_fork(buf + 4096, 'P'), "registered heap memory: the child's write stays in the child");
+  if (mr) ibv_dereg_mr(mr);
+  check(buf[4096] == 'P', "deregistered: the contents stay");
+  check(private_after_fork(buf + 4096, 'P'), "heap memory once registered: the child's write stays in the child");
+  free(buf);
+}
+
 int main(int argc, char** argv) {
   int n = 0;
   struct ibv_device** list = ibv_get_device_list(&n);
@@ -302,6 +352,8 @@ int main(int argc, char** argv) {
   send_only();
   posts();
   cqs_and_attrs();
+  gids();
+  fork_private();
   ibv_destroy_cq(cq);
   ibv_dealloc_pd(pd);
   ibv_close_device(ctx);

@@ -186,6 +186,33 @@ abi::Connect app_bring_up(const CmEvent& e, const wire::IpAddr& peer) {
   return k;
 }
 
+// rdma_cm's RDMA_OPTION_ID_ACK_TIMEOUT: the active side's QP gets the
+// timeout its connect asks for, and the REQ carries it; the passive side's
+// takes the request's, or its own accept's.
+TEST_F(CmPair, AckTimeoutsAsConnectAndAcceptAskForThem) {
+  ASSERT_EQ(a->listen(kPort, kOwnerA), 0);
+  for (const int accept_timeout : {-1, 21}) {
+    SCOPED_TRACE("accept's ack timeout " + std::to_string(accept_timeout));
+    Qp* qa = new_qp(0);
+    Qp* qb = new_qp(1);
+    ConnParams cp;
+    cp.ack_timeout = 18;
+    std::uint32_t idb = 0;
+    ASSERT_EQ(b->connect(qb, p.A().config().ip, kPort, {}, kOwnerB, cp, p.wire.now(), idb), 0);
+    CmEvent e;
+    ASSERT_TRUE(event(*a, kOwnerA, e));
+    ASSERT_EQ(e.type, CmEvent::Type::kConnectRequest);
+    EXPECT_EQ(a->accept(e.id, qa, {}, kOwnerA, p.wire.now(), false, 32), EINVAL) << "0..31 only";
+    ASSERT_EQ(a->accept(e.id, qa, {}, kOwnerA, p.wire.now(), false, accept_timeout), 0);
+    ASSERT_TRUE(event(*b, kOwnerB, e));
+    ASSERT_EQ(e.type, CmEvent::Type::kEstablished);
+    ASSERT_TRUE(event(*a, kOwnerA, e));
+    ASSERT_EQ(e.type, CmEvent::Type::kEstablished);
+    EXPECT_EQ(qb->timeout, 18);
+    EXPECT_EQ(qa->timeout, accept_timeout < 0 ? 18 : accept_timeout);
+  }
+}
+
 TEST_F(CmPair, ApplicationQpsAreLeftToTheApplication) {
   // rdma_cm's ids without a QP: the agent only talks; each side brings its
   // own QP up with the event's values; the REP is a connect response and
