@@ -464,6 +464,12 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
       if (c == s.cqs.end()) return fail(EINVAL, "no such CQ in this session");
       if (m.entries == 0 || m.entries > (1u << 16)) return fail(EINVAL, "CQ entries must be 1..65536");
       const std::uint32_t entries = std::bit_ceil(m.entries);
+      // What the application posted before asking is done first, as a
+      // post completes before the next verb on a kernel device's queue
+      // (rxe's UD sends complete at once): the completions waiting then
+      // include those of the posts made before the resize.
+      for (auto& qp_entry : s.qps) (void)eng_.kick(qp_entry.second.qp);
+      eng_.poll(now_ns());
       Mapping map;
       int fd = -1;
       if (!make_shared(uroce_ring_bytes(entries, sizeof(uroce_cq_entry)), map, fd))
