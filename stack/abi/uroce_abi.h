@@ -43,7 +43,7 @@ extern "C" {
 
 #define UROCE_ABI_MAGIC 0x45524f55u /* "UORE" read little-endian */
 #define UROCE_ABI_MAJOR 1
-#define UROCE_ABI_MINOR 12 /* 1: CQ notification words (arm, notified); 2: SRQs; 3: RDMA CM; 4: session page and doorbell;
+#define UROCE_ABI_MINOR 13 /* 1: CQ notification words (arm, notified); 2: SRQs; 3: RDMA CM; 4: session page and doorbell;
                             5: one queue per verbs queue (the daemon consumes a send entry when it completes), inline
                             data, the UD address vector, the posts word, async events; 6: UD QPs for applications,
                             address resolution (UROCE_MSG_RESOLVE); 7: CM event channel (UROCE_MSG_CM_CHANNEL);
@@ -53,7 +53,7 @@ extern "C" {
                             (SIDR: UROCE_CM_UD listens, UD QPs in CONNECT and ACCEPT); 10: uroce's QP attributes
                             (UROCE_MSG_SET_QP_OPT: congestion control, selective repeat); 11: the QP's state
                             in its send ring's header (qp_state); 12: a CM connection's ACK timeout
-                            (UROCE_CM_ACK_TIMEOUT) */
+                            (UROCE_CM_ACK_TIMEOUT); 13: completion timestamps (uroce_cq_entry.timestamp) */
 #define UROCE_ABI_CACHELINE 64
 #define UROCE_ABI_MAX_SGE 4
 #define UROCE_ABI_MAX_INLINE 64 /* inline bytes a send entry carries, in place of its SGEs */
@@ -175,7 +175,12 @@ struct uroce_cq_entry {
   uint32_t src_qp;
   uint32_t wc_flags;
   uint16_t pkey_index;
-  uint8_t reserved[18];
+  uint8_t reserved[6];
+  /* minor 13: when the completion was made, in ns of the daemon's
+   * CLOCK_MONOTONIC (the device's free-running clock: hca_core_clock
+   * 1 GHz); 0 from an older daemon. */
+  uint64_t timestamp;
+  uint8_t reserved2[4];
   uint32_t seq; /* valid flag, written last */
 };
 
@@ -200,6 +205,7 @@ UROCE_STATIC_ASSERT(sizeof(struct uroce_recv_entry) == 80, "recv entry is 80 byt
 UROCE_STATIC_ASSERT(offsetof(struct uroce_recv_entry, seq) == 12, "recv entry seq at 12");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_cq_entry) == 64, "cq entry is one cache line");
 UROCE_STATIC_ASSERT(offsetof(struct uroce_cq_entry, seq) == 60, "cq entry seq at 60");
+UROCE_STATIC_ASSERT(offsetof(struct uroce_cq_entry, timestamp) == 48, "cq entry timestamp at 48");
 
 /*
  * The session page (minor 4): one per session, made by the daemon, sealed

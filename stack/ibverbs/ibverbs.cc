@@ -19,6 +19,7 @@
 #include <errno.h>
 #include <net/if.h>
 #include <pthread.h>
+#include <time.h>
 #include <stddef.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -139,6 +140,8 @@ struct UCq {
   ibv_cq_ex x{};
   uroce_cq* u = nullptr;
   ibv_wc cur{};  // the completion start_poll/next_poll hold
+  std::uint64_t ts = 0;  // its timestamp (ns of CLOCK_MONOTONIC), when asked for
+  bool want_ts = false;
   ibv_cq& cq() { return *reinterpret_cast<ibv_cq*>(&x); }
 };
 static_assert(offsetof(ibv_cq_ex, cqe) == offsetof(ibv_cq, cqe) &&
@@ -244,7 +247,26 @@ int vctx_query_device_ex(ibv_context* c, const ibv_query_device_ex_input* input,
   // not persistence: uroce has no persistent memory).
   full.device_cap_flags_ex = full.orig_attr.device_cap_flags | (1ull << 38);
   full.phys_port_cnt_ex = full.orig_attr.phys_port_cnt;
+  if (uroce_completion_timestamps(ucontext(c)->u)) {
+    // Completion timestamps: CLOCK_MONOTONIC in ns, a 64-bit count at 1 GHz.
+    full.completion_timestamp_mask = ~std::uint64_t{0};
+    full.hca_core_clock = 1'000'000;  // kHz
+  }
   std::memcpy(attr, &full, std::min(len, sizeof full));
+  return 0;
+}
+
+/// ibv_query_rt_values_ex: the free-running clock completions are stamped
+/// with (CLOCK_MONOTONIC), now.
+int vctx_query_rt_values(ibv_context* c, ibv_values_ex* values) {
+  if (!c || !values) return EINVAL;
+  if (!uroce_completion_timestamps(ucontext(c)->u)) return EOPNOTSUPP;
+  std::uint32_t done = 0;
+  if (values->comp_mask & IBV_VALUES_MASK_RAW_CLOCK) {
+    clock_gettime(CLOCK_MONOTONIC, &values->raw_clock);
+    done |= IBV_VALUES_MASK_RAW_CLOCK;
+  }
+  values->comp_mask = done;
   return 0;
 }
 
@@ -303,7 +325,7 @@ int op_req_notify_cq(ibv_cq* cq, int solicited_only) { return uroce_req_notify_c
 UCq* ucq_ex(ibv_cq_ex* x) { return reinterpret_cast<UCq*>(x); }
 int cq_take(ibv_cq_ex* x) {
   UCq* c = ucq_ex(x);
-  const int n = uroce_poll_cq(c->u, 1, &c->cur);
+  const int n = c->want_ts ? uroce_poll_cq_ts(c->u, 1, &c->cur, &c->ts) : uroce_poll_cq(c->u, 1, &c->cur);
   if (n < 0) return errno ? errno : EIO;
   if (n == 0) return ENOENT;
   x->status = c->cur.status;
@@ -323,16 +345,29 @@ unsigned int cq_read_wc_flags(ibv_cq_ex* x) { return ucq_ex(x)->cur.wc_flags; }
 uint32_t cq_read_slid(ibv_cq_ex* x) { return ucq_ex(x)->cur.slid; }
 uint8_t cq_read_sl(ibv_cq_ex* x) { return ucq_ex(x)->cur.sl; }
 uint8_t cq_read_dlid_path_bits(ibv_cq_ex* x) { return ucq_ex(x)->cur.dlid_path_bits; }
-// Never asked for (create_cq_ex refuses their wc_flags), but never NULL.
-uint64_t cq_read_zero64(ibv_cq_ex*) { return 0; }
+// The device's free-running clock is CLOCK_MONOTONIC in ns (hca_core_clock
+// 1 GHz); the wall clock is that plus CLOCK_REALTIME's lead over it now.
+std::uint64_t clock_ns(clockid_t id) {
+  timespec t{};
+  clock_gettime(id, &t);
+  return static_cast<std::uint64_t>(t.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(t.tv_nsec);
+}
+uint64_t cq_read_completion_ts(ibv_cq_ex* x) { return ucq_ex(x)->ts; }
+uint64_t cq_read_completion_wallclock_ns(ibv_cq_ex* x) {
+  return ucq_ex(x)->ts + (clock_ns(CLOCK_REALTIME) - clock_ns(CLOCK_MONOTONIC));
+}
+// What no uroce completion carries: 0.
 uint16_t cq_read_zero16(ibv_cq_ex*) { return 0; }
 uint32_t cq_read_zero32(ibv_cq_ex*) { return 0; }
 void cq_read_tm_info(ibv_cq_ex*, ibv_wc_tm_info* tm) { *tm = ibv_wc_tm_info{}; }
 
-/// The wc_flags create_cq_ex can serve: what an ibv_wc carries.
+/// The wc_flags create_cq_ex can serve: what an ibv_wc carries; and the
+/// fields of what uroce never makes (a stripped CVLAN, a flow tag, tag
+/// matching): a completion never has them, and their read_* give 0.
 constexpr uint64_t kCqExFlags = IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_IMM | IBV_WC_EX_WITH_QP_NUM |
                                 IBV_WC_EX_WITH_SRC_QP | IBV_WC_EX_WITH_SLID | IBV_WC_EX_WITH_SL |
-                                IBV_WC_EX_WITH_DLID_PATH_BITS;
+                                IBV_WC_EX_WITH_DLID_PATH_BITS | IBV_WC_EX_WITH_CVLAN | IBV_WC_EX_WITH_FLOW_TAG |
+                                IBV_WC_EX_WITH_TM_INFO;
 
 UCq* make_cq(ibv_context* context, int cqe, void* cq_context, ibv_comp_channel* channel, int comp_vector) {
   if (!context || cqe <= 0) return fail_null<UCq>(EINVAL);
@@ -364,11 +399,11 @@ UCq* make_cq(ibv_context* context, int cqe, void* cq_context, ibv_comp_channel* 
   x.read_slid = cq_read_slid;
   x.read_sl = cq_read_sl;
   x.read_dlid_path_bits = cq_read_dlid_path_bits;
-  x.read_completion_ts = cq_read_zero64;
+  x.read_completion_ts = cq_read_completion_ts;
   x.read_cvlan = cq_read_zero16;
   x.read_flow_tag = cq_read_zero32;
   x.read_tm_info = cq_read_tm_info;
-  x.read_completion_wallclock_ns = cq_read_zero64;
+  x.read_completion_wallclock_ns = cq_read_completion_wallclock_ns;
   UContext* uc = ucontext(context);
   std::lock_guard<std::mutex> lk(uc->mu);
   uc->cqs.emplace_back(c->u, &c->cq());
@@ -377,12 +412,15 @@ UCq* make_cq(ibv_context* context, int cqe, void* cq_context, ibv_comp_channel* 
 
 ibv_cq_ex* vctx_create_cq_ex(ibv_context* context, ibv_cq_init_attr_ex* a) {
   if (!context || !a) return fail_null<ibv_cq_ex>(EINVAL);
-  if (a->wc_flags & ~kCqExFlags) return fail_null<ibv_cq_ex>(EOPNOTSUPP);  // timestamps, CVLAN, flow tag, TM
+  constexpr uint64_t kTs = IBV_WC_EX_WITH_COMPLETION_TIMESTAMP | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK;
+  const bool ts = uroce_completion_timestamps(ucontext(context)->u) != 0;
+  if (a->wc_flags & ~(kCqExFlags | (ts ? kTs : 0))) return fail_null<ibv_cq_ex>(EOPNOTSUPP);
   if (a->comp_mask & ~uint32_t{IBV_CQ_INIT_ATTR_MASK_FLAGS}) return fail_null<ibv_cq_ex>(EOPNOTSUPP);  // a PD of its own
   // Single-threaded is a hint; ignoring overruns is not something uroce does.
   if ((a->comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS) && (a->flags & ~uint32_t{IBV_CREATE_CQ_ATTR_SINGLE_THREADED}))
     return fail_null<ibv_cq_ex>(EOPNOTSUPP);
   UCq* c = make_cq(context, static_cast<int>(a->cqe), a->cq_context, a->channel, static_cast<int>(a->comp_vector));
+  if (c) c->want_ts = (a->wc_flags & kTs) != 0;
   return c ? &c->x : nullptr;
 }
 
@@ -733,6 +771,7 @@ ibv_context* make_context(ibv_device* device, uroce_context* u, int cmd_fd) {
   v.sz = sizeof(verbs_context);
   v.query_port = vctx_query_port;
   v.query_device_ex = vctx_query_device_ex;
+  v.query_rt_values = vctx_query_rt_values;
   v.create_qp_ex = vctx_create_qp_ex;
   v.create_cq_ex = vctx_create_cq_ex;
   ibv_context& ctx = v.context;

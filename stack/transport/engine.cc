@@ -827,6 +827,7 @@ void Engine::complete_send(Qp& qp, ibv_wc_status status) {
     e.opcode = wc_opcode(w.opcode);
     e.byte_len = (w.kind == WqeKind::kRead || w.kind == WqeKind::kAtomic) ? static_cast<std::uint32_t>(w.length) : 0;
     e.qp_num = qp.qpn;
+    e.timestamp = last_now_;
   }
   if (w.started && (w.kind == WqeKind::kRead || w.kind == WqeKind::kAtomic) && qp.req.rd_atomic_inflight > 0)
     --qp.req.rd_atomic_inflight;

@@ -468,6 +468,7 @@ inline void Engine::complete_recv(Qp& qp, const RecvWqe& w, ibv_wc_status status
   if (flags & IBV_WC_WITH_INV) e.imm_or_inv = imm_or_inv;
   e.qp_num = qp.qpn;
   e.src_qp = src_qp;
+  e.timestamp = last_now_;
   push_cqe(*qp.recv_cq, e);
   qp.ctr.inc(QpCounter::completions);
 }

@@ -1655,6 +1655,22 @@ int uroce_get_async_event(uroce_context* ctx, uroce_async_event* ev) {
   }
 }
 
+int uroce_poll_cq_ts(uroce_cq* cq, int num, ibv_wc* wc, std::uint64_t* ts) {
+  int n = 0;
+  uroce_cq_entry e;
+  const auto take = [&] {
+    while (n < num && cq->ring.pop(e)) {
+      ts[n] = e.timestamp;
+      wc[n++] = abi::to_wc(e);
+    }
+  };
+  take();
+  if (n == 0 && embedded_progress() > 0) take();
+  return n;
+}
+
+int uroce_completion_timestamps(const uroce_context* ctx) { return ctx && ctx->minor >= 13 ? 1 : 0; }
+
 int uroce_poll_cq(uroce_cq* cq, int num, ibv_wc* wc) {
   int n = 0;
   uroce_cq_entry e;

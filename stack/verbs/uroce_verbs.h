@@ -243,6 +243,11 @@ int uroce_post_srq_recv(struct uroce_srq* srq, struct ibv_recv_wr* wr, struct ib
 int uroce_post_send(struct uroce_qp* qp, struct ibv_send_wr* wr, struct ibv_send_wr** bad_wr);
 int uroce_post_recv(struct uroce_qp* qp, struct ibv_recv_wr* wr, struct ibv_recv_wr** bad_wr);
 int uroce_poll_cq(struct uroce_cq* cq, int num_entries, struct ibv_wc* wc);
+/* The same, with each completion's timestamp (ns of CLOCK_MONOTONIC when
+ * the daemon made it) in timestamps[i]. */
+int uroce_poll_cq_ts(struct uroce_cq* cq, int num_entries, struct ibv_wc* wc, uint64_t* timestamps);
+/* 1 when the daemon stamps completions (ABI minor 13), else 0. */
+int uroce_completion_timestamps(const struct uroce_context* ctx);
 
 /* Async events, as ibv_get_async_event: IBV_EVENT_CQ_ERR names a CQ that
  * overflowed (completions were lost, and are counted by uroced), and

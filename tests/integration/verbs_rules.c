@@ -18,7 +18,11 @@
  *   - the GID table: index 0 is the port's GID; the others, within
  *     gid_tbl_len, are empty (a zero GID; ibv_query_gid_ex: ENODATA);
  *   - fork: a child's writes to memory that is registered, or was, do not
- *     reach the parent (heap memory stays private across a fork).
+ *     reach the parent (heap memory stays private across a fork);
+ *   - completion timestamps: an extended CQ with the free-running and the
+ *     wall-clock timestamp stamps a WRITE's completion between the times
+ *     read before the post and after the poll; hca_core_clock is 1 GHz
+ *     and ibv_query_rt_values_ex reads the same clock.
  *
  *   verbs_rules [DEVICE]      (default: the first device)
  * Prints "N passed, M failed"; exits 0 only when nothing failed. */
@@ -314,6 +318,80 @@ static int private_after_fork(volatile char* buf, char want) {
   return buf[0] == want;
 }
 
+static uint64_t ns_of(clockid_t id) {
+  struct timespec t;
+  clock_gettime(id, &t);
+  return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+
+static void timestamps(void) {
+  struct ibv_device_attr_ex ex;
+  memset(&ex, 0, sizeof ex);
+  check(ibv_query_device_ex(ctx, NULL, &ex) == 0 && ex.hca_core_clock == 1000000 &&
+            ex.completion_timestamp_mask == ~0ull,
+        "hca_core_clock 1 GHz (%llu kHz), a 64-bit timestamp", (unsigned long long)ex.hca_core_clock);
+  struct ibv_values_ex v = {.comp_mask = IBV_VALUES_MASK_RAW_CLOCK};
+  const uint64_t r0 = ns_of(CLOCK_MONOTONIC);
+  const int rrc = ibv_query_rt_values_ex(ctx, &v);
+  const uint64_t r1 = ns_of(CLOCK_MONOTONIC);
+  const uint64_t raw = (uint64_t)v.raw_clock.tv_sec * 1000000000ull + (uint64_t)v.raw_clock.tv_nsec;
+  check(rrc == 0 && (v.comp_mask & IBV_VALUES_MASK_RAW_CLOCK) && raw >= r0 && raw <= r1,
+        "ibv_query_rt_values_ex: the raw clock is the monotonic clock (rc %d)", rrc);
+  struct ibv_cq_init_attr_ex ca = {0};
+  ca.cqe = 16;
+  ca.wc_flags = IBV_WC_STANDARD_FLAGS | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK;
+  struct ibv_cq_ex* xcq = ibv_create_cq_ex(ctx, &ca);
+  check(xcq != NULL, "an extended CQ with both timestamps (errno %d)", errno);
+  if (!xcq) return;
+  enum { kLen = 64 };
+  uint8_t* buf = calloc(2, kLen);
+  struct ibv_mr* mr = ibv_reg_mr(pd, buf, 2 * kLen, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  struct ibv_qp_init_attr qa = {0};
+  qa.send_cq = ibv_cq_ex_to_cq(xcq);
+  qa.recv_cq = cq;
+  qa.qp_type = IBV_QPT_RC;
+  qa.cap.max_send_wr = qa.cap.max_recv_wr = 4;
+  qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+  struct ibv_qp* a = ibv_create_qp(pd, &qa);
+  struct ibv_qp* b = make_qp(IBV_QPT_RC, NULL, 4, 4, 1, 1, NULL);
+  int ok = mr && a && b && to_init(a, IBV_QPT_RC) == 0 && to_init(b, IBV_QPT_RC) == 0 && rc_up(a, b->qp_num, 1) == 0 &&
+           rc_up(b, a->qp_num, 1) == 0;
+  check(ok, "two RC QPs, the first on the extended CQ, at RTS");
+  if (ok) {
+    struct ibv_sge sg = {(uintptr_t)buf, kLen, mr->lkey};
+    struct ibv_send_wr w = {0}, *bad = NULL;
+    w.wr_id = 5;
+    w.sg_list = &sg;
+    w.num_sge = 1;
+    w.opcode = IBV_WR_RDMA_WRITE;
+    w.send_flags = IBV_SEND_SIGNALED;
+    w.wr.rdma.remote_addr = (uintptr_t)(buf + kLen);
+    w.wr.rdma.rkey = mr->rkey;
+    const uint64_t m0 = ns_of(CLOCK_MONOTONIC), w0 = ns_of(CLOCK_REALTIME);
+    check(ibv_post_send(a, &w, &bad) == 0, "a WRITE posted");
+    struct ibv_poll_cq_attr pa = {0};
+    int rc;
+    const uint64_t give_up = m0 + 10000000000ull;
+    while ((rc = ibv_start_poll(xcq, &pa)) == ENOENT && ns_of(CLOCK_MONOTONIC) < give_up) {
+    }
+    const uint64_t m1 = ns_of(CLOCK_MONOTONIC), w1 = ns_of(CLOCK_REALTIME);
+    check(rc == 0 && xcq->status == IBV_WC_SUCCESS && xcq->wr_id == 5, "the WRITE completes (rc %d)", rc);
+    if (rc == 0) {
+      const uint64_t ts = ibv_wc_read_completion_ts(xcq), wall = ibv_wc_read_completion_wallclock_ns(xcq);
+      check(ts >= m0 && ts <= m1, "its timestamp is on the monotonic clock, between post and poll (%llu in %llu..%llu)",
+            (unsigned long long)ts, (unsigned long long)m0, (unsigned long long)m1);
+      /* The wall clock is the monotonic stamp plus the clocks' offset, read a moment apart: 1 ms of slack. */
+      check(wall + 1000000 >= w0 && wall <= w1 + 1000000, "its wall-clock time is between post and poll");
+      ibv_end_poll(xcq);
+    }
+  }
+  if (a) ibv_destroy_qp(a);
+  if (b) ibv_destroy_qp(b);
+  if (mr) ibv_dereg_mr(mr);
+  free(buf);
+  ibv_destroy_cq(ibv_cq_ex_to_cq(xcq));
+}
+
 static void fork_private(void) {
   char* buf = malloc(3 * 4096);
   check(buf != NULL, "a heap buffer");
@@ -353,6 +431,7 @@ int main(int argc, char** argv) {
   posts();
   cqs_and_attrs();
   gids();
+  timestamps();
   fork_private();
   ibv_destroy_cq(cq);
   ibv_dealloc_pd(pd);
