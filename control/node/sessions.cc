@@ -378,13 +378,23 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
       // (REG_MR_PIECES: memory the application registered before in
       // pieces, which must stay where it is).
       uroce_reg_mr_pieces_msg pm{};
+      std::size_t fixed = 0;
       if (h.type == UROCE_MSG_REG_MR) {
         if (!take(pm.mr)) return;
         pm.count = 1;
         pm.piece[0] = {pm.mr.offset, pm.mr.length};
+        fixed = sizeof pm.mr;
       } else {
         if (!take(pm)) return;
         if (pm.count == 0 || pm.count > UROCE_MR_MAX_PIECES) return fail(EINVAL, "an MR has 1..16 pieces");
+        fixed = sizeof pm;
+      }
+      // Minor 14: the MR's own bytes within the pages (else all of them).
+      uroce_reg_mr_exact ex{0, pm.mr.length};
+      if (h.len >= fixed + sizeof ex) {
+        std::memcpy(&ex, body + fixed, sizeof ex);
+        if (ex.head > 4095 || ex.byte_length == 0 || ex.head > pm.mr.length || ex.byte_length > pm.mr.length - ex.head)
+          return fail(EINVAL, "the MR's bytes are not within its pages");
       }
       const uroce_reg_mr_msg& m = pm.mr;
       auto pd = s.pds.find(m.pd);
@@ -434,7 +444,8 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
       }
       if (map.addr == MAP_FAILED) return fail(errno, "cannot map the MR's memory");
       map.guard = sigbus_guard::guard(map.addr, map.len, s.id);  // a fault in it costs the session, not the daemon
-      Mr* mr = eng_.reg_mr_iova(pd->second, map.addr, m.length, m.access, m.app_va);
+      Mr* mr = eng_.reg_mr_iova(pd->second, static_cast<std::uint8_t*>(map.addr) + ex.head, ex.byte_length, m.access,
+                                m.app_va + ex.head);
       if (!mr) {
         map.unmap();
         return fail(EINVAL, "bad MR access flags or range");

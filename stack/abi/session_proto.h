@@ -117,6 +117,16 @@ struct uroce_reg_mr_pieces_msg {
   uint32_t pad;
   struct uroce_reg_mr_piece piece[UROCE_MR_MAX_PIECES];
 };
+/* Minor 14: appended to REG_MR's uroce_reg_mr_msg and to REG_MR_PIECES's
+ * uroce_reg_mr_pieces_msg: the MR's own bytes within the mapped pages. The
+ * MR is [app_va + head, app_va + head + byte_length) (app_va is then the
+ * pages' start, modulo 2^64: a zero-based MR may start inside its first
+ * page), and nothing outside it is reachable through its keys. Without it
+ * (an older library) the MR is the whole pages. */
+struct uroce_reg_mr_exact {
+  uint64_t head;        /* the MR's first byte, from the first page's start: 0..4095 */
+  uint64_t byte_length; /* 1..length - head */
+};
 struct uroce_reg_mr_reply {
   uint32_t handle, lkey, rkey, pad;
 };
@@ -279,6 +289,7 @@ UROCE_STATIC_ASSERT(sizeof(struct uroce_port_attr) == 12, "port_attr is 12 bytes
 UROCE_STATIC_ASSERT(sizeof(struct uroce_msg_hdr) == 16, "message header is 16 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_reply_status) == 128, "reply status is 128 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_reg_mr_msg) == 32, "reg_mr is 32 bytes");
+UROCE_STATIC_ASSERT(sizeof(struct uroce_reg_mr_exact) == 16, "reg_mr_exact is 16 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_reg_mr_pieces_msg) == 40 + 16 * UROCE_MR_MAX_PIECES, "reg_mr_pieces layout");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_create_qp_msg) == 32, "create_qp is 32 bytes (28 before minor 2)");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_cm_msg) == 92, "cm is 92 bytes (88 before minor 9)");

@@ -184,26 +184,29 @@ std::vector<std::unique_ptr<UDevice>>& g_devices = *new std::vector<std::unique_
 // process: a context's cmd_fd is a memfd whose only use is to name it (no
 // kernel device behind uroce), and PDs and MRs get handles, process-wide,
 // by which an importing context finds them. Under g_mu.
+enum class Exp : std::uint8_t { kPd, kMr, kDm };
+constexpr std::size_t kMaxDm = 256 * 1024;  // the largest device memory (ibv_alloc_dm)
 struct Exported {
   uroce_context* u;
-  void* obj;  // UPd* or UMr*
+  void* obj;  // UPd*, UMr* or UDm*, as `kind` says
+  Exp kind;
 };
 std::map<std::uint32_t, Exported>& g_exported = *new std::map<std::uint32_t, Exported>;
 std::uint32_t g_next_handle = 1;
-std::uint32_t export_handle(uroce_context* u, void* obj) {
+std::uint32_t export_handle(uroce_context* u, void* obj, Exp kind) {
   std::lock_guard<std::mutex> lock(g_mu);
   const std::uint32_t h = g_next_handle++;
-  g_exported[h] = {u, obj};
+  g_exported[h] = {u, obj, kind};
   return h;
 }
 void unexport(std::uint32_t h) {
   std::lock_guard<std::mutex> lock(g_mu);
   g_exported.erase(h);
 }
-void* find_exported(uroce_context* u, std::uint32_t h) {
+void* find_exported(uroce_context* u, std::uint32_t h, Exp kind) {
   std::lock_guard<std::mutex> lock(g_mu);
   const auto it = g_exported.find(h);
-  return it != g_exported.end() && it->second.u == u ? it->second.obj : nullptr;
+  return it != g_exported.end() && it->second.u == u && it->second.kind == kind ? it->second.obj : nullptr;
 }
 
 UContext* ucontext(ibv_context* c) {
@@ -247,6 +250,7 @@ int vctx_query_device_ex(ibv_context* c, const ibv_query_device_ex_input* input,
   // not persistence: uroce has no persistent memory).
   full.device_cap_flags_ex = full.orig_attr.device_cap_flags | (1ull << 38);
   full.phys_port_cnt_ex = full.orig_attr.phys_port_cnt;
+  full.max_dm_size = kMaxDm;
   if (uroce_completion_timestamps(ucontext(c)->u)) {
     // Completion timestamps: CLOCK_MONOTONIC in ns, a 64-bit count at 1 GHz.
     full.completion_timestamp_mask = ~std::uint64_t{0};
@@ -760,6 +764,12 @@ ibv_context* ibv_open_device(ibv_device* device) {
 }
 
 namespace {
+ibv_dm* vctx_alloc_dm(ibv_context* c, ibv_alloc_dm_attr* a);
+int vctx_free_dm(ibv_dm* dm);
+ibv_mr* vctx_reg_dm_mr(ibv_pd* pd, ibv_dm* dm, uint64_t off, size_t len, unsigned int access);
+}  // namespace
+
+namespace {
 ibv_context* make_context(ibv_device* device, uroce_context* u, int cmd_fd) {
   auto* c = new UContext();
   c->u = u;
@@ -774,6 +784,9 @@ ibv_context* make_context(ibv_device* device, uroce_context* u, int cmd_fd) {
   v.query_rt_values = vctx_query_rt_values;
   v.create_qp_ex = vctx_create_qp_ex;
   v.create_cq_ex = vctx_create_cq_ex;
+  v.alloc_dm = vctx_alloc_dm;
+  v.free_dm = vctx_free_dm;
+  v.reg_dm_mr = vctx_reg_dm_mr;
   ibv_context& ctx = v.context;
   ctx.device = device;
   ctx.cmd_fd = cmd_fd;
@@ -917,7 +930,7 @@ ibv_pd* ibv_alloc_pd(ibv_context* context) {
   auto* p = new UPd();
   p->u = u;
   p->v.context = context;
-  p->v.handle = export_handle(ucontext(context)->u, p);
+  p->v.handle = export_handle(ucontext(context)->u, p, Exp::kPd);
   return &p->v;
 }
 
@@ -934,7 +947,7 @@ int ibv_dealloc_pd(ibv_pd* pd) {
 // unimporting frees the wrapper only (the object is its exporter's).
 ibv_pd* ibv_import_pd(ibv_context* context, uint32_t pd_handle) {
   if (!context) return fail_null<ibv_pd>(EINVAL);
-  auto* from = static_cast<UPd*>(find_exported(ucontext(context)->u, pd_handle));
+  auto* from = static_cast<UPd*>(find_exported(ucontext(context)->u, pd_handle, Exp::kPd));
   if (!from || from->v.handle != pd_handle) return fail_null<ibv_pd>(EINVAL);
   auto* p = new UPd();
   p->u = from->u;
@@ -1045,8 +1058,8 @@ enum ibv_rate mbps_to_ibv_rate(int mbps) {
 
 // ---------------------------------------------------------------- fork
 
-// uroce's memory is shared memfds, which fork() leaves shared: nothing to
-// prepare (as with a kernel that has fork-safe pinning).
+// Registered memory is shared memfds; liburoce's fork handlers give a child
+// its own copy (as a kernel with fork-safe pinning does): nothing to prepare.
 int ibv_fork_init(void) { return 0; }
 enum ibv_fork_status ibv_is_fork_initialized(void) { return IBV_FORK_UNNEEDED; }
 int ibv_dontfork_range(void*, size_t) { return 0; }
@@ -1068,7 +1081,7 @@ static ibv_mr* reg_mr_at(ibv_pd* pd, void* addr, size_t length, uint64_t iova, i
   m->v.length = length;
   m->v.lkey = uroce_mr_lkey(u);
   m->v.rkey = uroce_mr_rkey(u);
-  m->v.handle = export_handle(UContext_of_pd(pd), m);
+  m->v.handle = export_handle(UContext_of_pd(pd), m, Exp::kMr);
   return &m->v;
 }
 ibv_mr* uroce_impl_ibv_reg_mr(ibv_pd* pd, void* addr, size_t length, int access) {
@@ -1082,6 +1095,85 @@ ibv_mr* ibv_reg_mr_iova(ibv_pd* pd, void* addr, size_t length, uint64_t iova, in
   return ibv_reg_mr_iova2(pd, addr, length, iova, static_cast<unsigned>(access));
 }
 
+// ------------------------------------------------- device memory
+}  // extern "C"
+namespace {
+
+// A software device has no memory on a chip: a DM is the process's own
+// memory (private until an MR is registered over it, then shared with the
+// daemon like any MR's), with the rules of a NIC's DM that programs are
+// written to: at most kMaxDm bytes each, copies at 4-byte aligned offsets
+// and lengths, MRs over it zero-based (IBV_ACCESS_ZERO_BASED).
+struct UDm {
+  ibv_dm v{};
+  std::uint8_t* base = nullptr;
+  std::size_t len = 0, map_len = 0;
+  int mrs = 0;  // MRs registered over it (free_dm is EBUSY meanwhile); under g_mu
+  bool imported = false;  // ibv_import_dm's: the memory is another UDm's
+};
+UDm* udm(ibv_dm* dm) { return reinterpret_cast<UDm*>(dm); }
+std::map<ibv_mr*, UDm*>& g_dm_mrs = *new std::map<ibv_mr*, UDm*>;  // under g_mu
+
+bool dm_range_ok(const UDm* d, uint64_t off, size_t len) {
+  return (off & 3) == 0 && (len & 3) == 0 && off <= d->len && len <= d->len - off;
+}
+int dm_memcpy_to(ibv_dm* dm, uint64_t off, const void* src, size_t len) {
+  UDm* d = udm(dm);
+  if (!src || !dm_range_ok(d, off, len)) return EINVAL;
+  std::memcpy(d->base + off, src, len);
+  return 0;
+}
+int dm_memcpy_from(void* dst, ibv_dm* dm, uint64_t off, size_t len) {
+  UDm* d = udm(dm);
+  if (!dst || !dm_range_ok(d, off, len)) return EINVAL;
+  std::memcpy(dst, d->base + off, len);
+  return 0;
+}
+ibv_dm* vctx_alloc_dm(ibv_context* c, ibv_alloc_dm_attr* a) {
+  if (!c || !a || a->comp_mask != 0 || a->length == 0 || a->length > kMaxDm || a->log_align_req > 12)
+    return fail_null<ibv_dm>(EINVAL);  // page alignment at most
+  auto* d = new UDm();
+  d->len = a->length;
+  d->map_len = (a->length + 4095) & ~std::size_t{4095};
+  void* p = ::mmap(nullptr, d->map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    delete d;
+    return fail_null<ibv_dm>(ENOMEM);
+  }
+  d->base = static_cast<std::uint8_t*>(p);
+  d->v.context = c;
+  d->v.memcpy_to_dm = dm_memcpy_to;
+  d->v.memcpy_from_dm = dm_memcpy_from;
+  d->v.handle = export_handle(ucontext(c)->u, d, Exp::kDm);
+  return &d->v;
+}
+int vctx_free_dm(ibv_dm* dm) {
+  UDm* d = udm(dm);
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    if (d->mrs > 0) return EBUSY;  // an MR still covers it
+  }
+  unexport(dm->handle);
+  ::munmap(d->base, d->map_len);
+  delete d;
+  return 0;
+}
+ibv_mr* vctx_reg_dm_mr(ibv_pd* pd, ibv_dm* dm, uint64_t off, size_t len, unsigned int access) {
+  if (!pd || !dm || !(access & IBV_ACCESS_ZERO_BASED)) return fail_null<ibv_mr>(EINVAL);
+  UDm* d = udm(dm);
+  if (len == 0 || off > d->len || len > d->len - off) return fail_null<ibv_mr>(EINVAL);
+  // Zero-based: the MR's address 0 is the DM's byte `off`.
+  ibv_mr* mr = reg_mr_at(pd, d->base + off, len, 0, static_cast<int>(access & ~unsigned{IBV_ACCESS_ZERO_BASED}));
+  if (!mr) return nullptr;
+  mr->addr = nullptr;
+  std::lock_guard<std::mutex> lock(g_mu);
+  ++d->mrs;
+  g_dm_mrs[mr] = d;
+  return mr;
+}
+}  // namespace
+extern "C" {
+
 // ------------------------------------------------- not built yet: clean refusals
 
 ibv_mr* ibv_reg_dmabuf_mr(ibv_pd*, uint64_t, size_t, uint64_t, int, int) { return fail_null<ibv_mr>(EOPNOTSUPP); }
@@ -1091,12 +1183,19 @@ int ibv_dereg_mr(ibv_mr* mr) {
   auto* m = UMr::of(mr);
   if (const int rc = uroce_dereg_mr(m->u)) return fail(rc);
   unexport(mr->handle);
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    if (const auto it = g_dm_mrs.find(mr); it != g_dm_mrs.end()) {
+      --it->second->mrs;
+      g_dm_mrs.erase(it);
+    }
+  }
   delete m;
   return 0;
 }
 ibv_mr* ibv_import_mr(ibv_pd* pd, uint32_t mr_handle) {
   if (!pd) return fail_null<ibv_mr>(EINVAL);
-  auto* from = static_cast<UMr*>(find_exported(UContext_of_pd(pd), mr_handle));
+  auto* from = static_cast<UMr*>(find_exported(UContext_of_pd(pd), mr_handle, Exp::kMr));
   if (!from || from->v.handle != mr_handle) return fail_null<ibv_mr>(EINVAL);
   auto* m = new UMr();
   m->u = from->u;
@@ -1106,8 +1205,19 @@ ibv_mr* ibv_import_mr(ibv_pd* pd, uint32_t mr_handle) {
   return &m->v;
 }
 void ibv_unimport_mr(ibv_mr* mr) { delete UMr::of(mr); }
-ibv_dm* ibv_import_dm(ibv_context*, uint32_t) { return fail_null<ibv_dm>(EOPNOTSUPP); }
-void ibv_unimport_dm(ibv_dm*) {}
+ibv_dm* ibv_import_dm(ibv_context* context, uint32_t dm_handle) {
+  if (!context) return fail_null<ibv_dm>(EINVAL);
+  auto* from = static_cast<UDm*>(find_exported(ucontext(context)->u, dm_handle, Exp::kDm));
+  if (!from || from->v.handle != dm_handle) return fail_null<ibv_dm>(EINVAL);
+  auto* d = new UDm(*from);
+  d->v.context = context;
+  d->mrs = 0;
+  d->imported = true;
+  return &d->v;
+}
+void ibv_unimport_dm(ibv_dm* dm) {
+  if (dm && udm(dm)->imported) delete udm(dm);
+}
 
 ibv_comp_channel* ibv_create_comp_channel(ibv_context* context) {
   if (!context) return fail_null<ibv_comp_channel>(EINVAL);

@@ -1008,7 +1008,12 @@ uroce_mr* uroce_reg_mr_iova(uroce_pd* pd, void* addr, std::size_t length, std::u
   const auto page = reinterpret_cast<std::uintptr_t>(addr) & ~std::uintptr_t{4095};
   const auto end = (reinterpret_cast<std::uintptr_t>(addr) + length + 4095) & ~std::uintptr_t{4095};
   const std::uint64_t head = reinterpret_cast<std::uintptr_t>(addr) - page;
-  if (iova < head || iova + length < iova) return set_error(EINVAL, "the IOVA range wraps"), nullptr;
+  if (iova + length < iova) return set_error(EINVAL, "the IOVA range wraps"), nullptr;
+  // The MR is exactly [addr, addr + length) (ABI minor 14): its keys reach
+  // nothing else on its pages. An older daemon registers the whole pages,
+  // whose IOVA must then not wrap.
+  const uroce_reg_mr_exact exact{head, length};
+  if (ctx->minor < 14 && iova < head) return set_error(EINVAL, "the IOVA range wraps"), nullptr;
   std::vector<uroce_reg_mr_piece> pieces;
   std::vector<int> fds;
   std::vector<std::uintptr_t> segs;
@@ -1017,13 +1022,24 @@ uroce_mr* uroce_reg_mr_iova(uroce_pd* pd, void* addr, std::size_t length, std::u
   m.mr = {pd->handle, static_cast<std::uint32_t>(access), iova - head, end - page, pieces[0].offset};
   uroce_reg_mr_reply r{};
   int rc;
+  const std::uint32_t tail = ctx->minor >= 14 ? sizeof exact : 0;  // the exact bytes follow the request
   if (pieces.size() == 1) {
-    rc = call(ctx, UROCE_MSG_REG_MR, &m.mr, sizeof m.mr, fds[0], &r, sizeof r);
+    struct {
+      uroce_reg_mr_msg mr;
+      uroce_reg_mr_exact ex;
+    } one{m.mr, exact};
+    static_assert(sizeof one == sizeof(uroce_reg_mr_msg) + sizeof(uroce_reg_mr_exact));
+    rc = call(ctx, UROCE_MSG_REG_MR, &one, sizeof one.mr + tail, fds[0], &r, sizeof r);
   } else {
     m.mr.offset = 0;
     m.count = static_cast<std::uint32_t>(pieces.size());
     std::copy(pieces.begin(), pieces.end(), m.piece);
-    rc = call_fds(ctx, UROCE_MSG_REG_MR_PIECES, &m, sizeof m, fds.data(), fds.size(), &r, sizeof r);
+    struct {
+      uroce_reg_mr_pieces_msg m;
+      uroce_reg_mr_exact ex;
+    } many{m, exact};
+    static_assert(sizeof many == sizeof(uroce_reg_mr_pieces_msg) + sizeof(uroce_reg_mr_exact));
+    rc = call_fds(ctx, UROCE_MSG_REG_MR_PIECES, &many, sizeof many.m + tail, fds.data(), fds.size(), &r, sizeof r);
   }
   if (rc != 0) {
     const int e = errno;

@@ -19,6 +19,9 @@
  *     gid_tbl_len, are empty (a zero GID; ibv_query_gid_ex: ENODATA);
  *   - fork: a child's writes to memory that is registered, or was, do not
  *     reach the parent (heap memory stays private across a fork);
+ *   - an MR reaches its own bytes only, not the rest of its pages;
+ *   - device memory (ibv_alloc_dm): copies at 4-byte granules, bounds, a
+ *     zero-based MR over part of it that a peer's WRITE reaches;
  *   - completion timestamps: an extended CQ with the free-running and the
  *     wall-clock timestamp stamps a WRITE's completion between the times
  *     read before the post and after the poll; hca_core_clock is 1 GHz
@@ -318,6 +321,129 @@ static int private_after_fork(volatile char* buf, char want) {
   return buf[0] == want;
 }
 
+/* Two RC QPs connected to each other on this device, at RTS: *a sends on
+ * send_cq, *b on the common CQ. 0, or -1 (whatever was made is in *a, *b). */
+static int rc_pair(struct ibv_cq* send_cq, struct ibv_qp** a, struct ibv_qp** b) {
+  struct ibv_qp_init_attr qa = {0};
+  qa.send_cq = send_cq;
+  qa.recv_cq = cq;
+  qa.qp_type = IBV_QPT_RC;
+  qa.cap.max_send_wr = qa.cap.max_recv_wr = 4;
+  qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+  *a = ibv_create_qp(pd, &qa);
+  *b = make_qp(IBV_QPT_RC, NULL, 4, 4, 1, 1, NULL);
+  return *a && *b && to_init(*a, IBV_QPT_RC) == 0 && to_init(*b, IBV_QPT_RC) == 0 && rc_up(*a, (*b)->qp_num, 1) == 0 &&
+                 rc_up(*b, (*a)->qp_num, 1) == 0
+             ? 0
+             : -1;
+}
+
+/* A WRITE of len bytes at remote address to through rkey, from a fresh QP
+ * pair: the completion's status (or -1 when the pair or post failed). */
+static int write_status(struct ibv_mr* from, uint64_t to, uint32_t rkey, uint32_t len) {
+  struct ibv_qp *a = NULL, *b = NULL;
+  int st = -1;
+  if (rc_pair(cq, &a, &b) == 0) {
+    struct ibv_sge sg = {(uintptr_t)from->addr, len, from->lkey};
+    struct ibv_send_wr w = {0}, *bad = NULL;
+    w.wr_id = 11;
+    w.sg_list = &sg;
+    w.num_sge = 1;
+    w.opcode = IBV_WR_RDMA_WRITE;
+    w.send_flags = IBV_SEND_SIGNALED;
+    w.wr.rdma.remote_addr = to;
+    w.wr.rdma.rkey = rkey;
+    struct ibv_wc wc;
+    if (ibv_post_send(a, &w, &bad) == 0 && wait_wc(&wc) == 1) st = (int)wc.status;
+  }
+  if (a) ibv_destroy_qp(a);
+  if (b) ibv_destroy_qp(b);
+  return st;
+}
+
+/* An MR is its bytes, not its pages: a WRITE just before or just past an
+ * MR over bytes 100..199 of a page is a remote access error. */
+static void mr_bounds(void) {
+  uint8_t* page = NULL;
+  if (posix_memalign((void**)&page, 4096, 4096) != 0) page = NULL;
+  uint8_t* src = calloc(1, 4096);
+  struct ibv_mr* tgt = page ? ibv_reg_mr(pd, page + 100, 100, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE) : NULL;
+  struct ibv_mr* from = src ? ibv_reg_mr(pd, src, 4096, IBV_ACCESS_LOCAL_WRITE) : NULL;
+  check(tgt && from, "an MR over bytes 100..199 of a page, and one to write from");
+  if (tgt && from) {
+    const uint64_t base = (uintptr_t)(page + 100);
+    check(write_status(from, base, tgt->rkey, 100) == IBV_WC_SUCCESS, "a WRITE of the MR's 100 bytes: success");
+    check(write_status(from, base - 4, tgt->rkey, 8) == IBV_WC_REM_ACCESS_ERR, "a WRITE 4 bytes before it: remote access error");
+    check(write_status(from, base + 96, tgt->rkey, 8) == IBV_WC_REM_ACCESS_ERR, "a WRITE 4 bytes past it: remote access error");
+  }
+  if (tgt) ibv_dereg_mr(tgt);
+  if (from) ibv_dereg_mr(from);
+  free(page);
+  free(src);
+}
+
+/* Device memory: allocated, copied to and from at 4-byte granules, and
+ * written by a peer through a zero-based MR over it. */
+static void device_memory(void) {
+  struct ibv_device_attr_ex ex;
+  memset(&ex, 0, sizeof ex);
+  const int qrc = ibv_query_device_ex(ctx, NULL, &ex);
+  check(qrc == 0 && ex.max_dm_size >= 4096, "max_dm_size %llu", (unsigned long long)ex.max_dm_size);
+  struct ibv_alloc_dm_attr da = {.length = ex.max_dm_size + 1};
+  errno = 0;
+  check(ibv_alloc_dm(ctx, &da) == NULL && errno == EINVAL, "a DM over max_dm_size: EINVAL (%d)", errno);
+  da.length = 256;
+  struct ibv_dm* dm = ibv_alloc_dm(ctx, &da);
+  check(dm != NULL, "a 256-byte DM (errno %d)", errno);
+  if (!dm) return;
+  uint8_t out[256], in[256];
+  for (int i = 0; i < 256; ++i) out[i] = (uint8_t)(i * 13 + 1);
+  check(ibv_memcpy_to_dm(dm, 0, out, 256) == 0 && ibv_memcpy_from_dm(in, dm, 0, 256) == 0 && memcmp(in, out, 256) == 0,
+        "copied to the DM and back, every byte");
+  check(ibv_memcpy_to_dm(dm, 2, out, 4) == EINVAL, "a copy at an offset not a multiple of 4: EINVAL");
+  check(ibv_memcpy_to_dm(dm, 4, out, 6) == EINVAL, "a copy of a length not a multiple of 4: EINVAL");
+  check(ibv_memcpy_from_dm(in, dm, 252, 8) == EINVAL, "a copy past the DM's end: EINVAL");
+  errno = 0;
+  check(ibv_reg_dm_mr(pd, dm, 0, 256, IBV_ACCESS_LOCAL_WRITE) == NULL && errno == EINVAL,
+        "an MR over a DM without IBV_ACCESS_ZERO_BASED: EINVAL (%d)", errno);
+  errno = 0;
+  check(ibv_reg_dm_mr(pd, dm, 128, 132, IBV_ACCESS_ZERO_BASED | IBV_ACCESS_LOCAL_WRITE) == NULL && errno == EINVAL,
+        "an MR past the DM's end: EINVAL (%d)", errno);
+  /* The DM's bytes 64..191 as a zero-based MR a peer WRITEs to. */
+  struct ibv_mr* dmr =
+      ibv_reg_dm_mr(pd, dm, 64, 128, IBV_ACCESS_ZERO_BASED | IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  check(dmr != NULL, "a zero-based MR over the DM's bytes 64..191 (errno %d)", errno);
+  uint8_t* src = calloc(1, 4096);
+  struct ibv_mr* smr = src ? ibv_reg_mr(pd, src, 4096, IBV_ACCESS_LOCAL_WRITE) : NULL;
+  struct ibv_qp *a = NULL, *b = NULL;
+  if (dmr && smr && rc_pair(cq, &a, &b) == 0) {
+    for (int i = 0; i < 32; ++i) src[i] = (uint8_t)(0xa0 + i);
+    struct ibv_sge sg = {(uintptr_t)src, 32, smr->lkey};
+    struct ibv_send_wr w = {0}, *bad = NULL;
+    w.wr_id = 9;
+    w.sg_list = &sg;
+    w.num_sge = 1;
+    w.opcode = IBV_WR_RDMA_WRITE;
+    w.send_flags = IBV_SEND_SIGNALED;
+    w.wr.rdma.remote_addr = 16; /* zero-based: the DM's byte 80 */
+    w.wr.rdma.rkey = dmr->rkey;
+    struct ibv_wc wc;
+    check(ibv_post_send(a, &w, &bad) == 0 && wait_wc(&wc) == 1 && wc.status == IBV_WC_SUCCESS,
+          "a WRITE to address 16 of the zero-based MR completes");
+    check(ibv_memcpy_from_dm(in, dm, 80, 32) == 0 && memcmp(in, src, 32) == 0, "it landed at the DM's byte 80");
+    check(ibv_memcpy_from_dm(in, dm, 64, 16) == 0 && memcmp(in, out + 64, 16) == 0, "the bytes before it are as they were");
+  } else {
+    check(0, "an MR to write from and two connected QPs");
+  }
+  if (a) ibv_destroy_qp(a);
+  if (b) ibv_destroy_qp(b);
+  if (smr) ibv_dereg_mr(smr);
+  free(src);
+  check(!dmr || ibv_free_dm(dm) == EBUSY, "the DM cannot be freed under its MR: EBUSY");
+  if (dmr) ibv_dereg_mr(dmr);
+  check(ibv_free_dm(dm) == 0, "then it is freed");
+}
+
 static uint64_t ns_of(clockid_t id) {
   struct timespec t;
   clock_gettime(id, &t);
@@ -346,16 +472,8 @@ static void timestamps(void) {
   enum { kLen = 64 };
   uint8_t* buf = calloc(2, kLen);
   struct ibv_mr* mr = ibv_reg_mr(pd, buf, 2 * kLen, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
-  struct ibv_qp_init_attr qa = {0};
-  qa.send_cq = ibv_cq_ex_to_cq(xcq);
-  qa.recv_cq = cq;
-  qa.qp_type = IBV_QPT_RC;
-  qa.cap.max_send_wr = qa.cap.max_recv_wr = 4;
-  qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
-  struct ibv_qp* a = ibv_create_qp(pd, &qa);
-  struct ibv_qp* b = make_qp(IBV_QPT_RC, NULL, 4, 4, 1, 1, NULL);
-  int ok = mr && a && b && to_init(a, IBV_QPT_RC) == 0 && to_init(b, IBV_QPT_RC) == 0 && rc_up(a, b->qp_num, 1) == 0 &&
-           rc_up(b, a->qp_num, 1) == 0;
+  struct ibv_qp *a = NULL, *b = NULL;
+  int ok = mr && rc_pair(ibv_cq_ex_to_cq(xcq), &a, &b) == 0;
   check(ok, "two RC QPs, the first on the extended CQ, at RTS");
   if (ok) {
     struct ibv_sge sg = {(uintptr_t)buf, kLen, mr->lkey};
@@ -432,6 +550,8 @@ int main(int argc, char** argv) {
   cqs_and_attrs();
   gids();
   timestamps();
+  mr_bounds();
+  device_memory();
   fork_private();
   ibv_destroy_cq(cq);
   ibv_dealloc_pd(pd);
