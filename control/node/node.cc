@@ -579,7 +579,7 @@ bool Node::open_host_netdev(Node& n, const NodeOptions& o, bool embedded, std::s
   if (name == "auto") {
     // A daemon that serves applications gets one, named as its device.
     name.clear();
-    if (!embedded && !o.app_socket.empty() && o.ports[0].rfind("net_af_packet", 0) != 0) {
+    if (!embedded && !o.app_socket.empty() && o.ports[0].rfind("net_af_packet", 0) != 0 && n.pipes_.size() == 1) {
       name = o.app_socket.substr(o.app_socket.rfind('/') + 1);
       if (name.size() > 5 && name.compare(name.size() - 5, 5, ".sock") == 0) name.resize(name.size() - 5);
       if (name.empty() || name.size() > 15) name = "uroce%d";

@@ -71,6 +71,7 @@
 #include <cstdint>
 #include <cstring>
 #include <map>
+#include <set>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -185,6 +186,9 @@ std::vector<std::unique_ptr<UDevice>>& g_devices = *new std::vector<std::unique_
 // kernel device behind uroce), and PDs and MRs get handles, process-wide,
 // by which an importing context finds them. Under g_mu.
 enum class Exp : std::uint8_t { kPd, kMr, kDm };
+// Parent domains (ibv_alloc_parent_domain): a second wrapper of their PD's
+// liburoce PD, freed alone by ibv_dealloc_pd. Under g_mu.
+std::set<ibv_pd*>& g_parent_domains = *new std::set<ibv_pd*>;
 constexpr std::size_t kMaxDm = 256 * 1024;  // the largest device memory (ibv_alloc_dm)
 struct Exported {
   uroce_context* u;
@@ -419,7 +423,14 @@ ibv_cq_ex* vctx_create_cq_ex(ibv_context* context, ibv_cq_init_attr_ex* a) {
   constexpr uint64_t kTs = IBV_WC_EX_WITH_COMPLETION_TIMESTAMP | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK;
   const bool ts = uroce_completion_timestamps(ucontext(context)->u) != 0;
   if (a->wc_flags & ~(kCqExFlags | (ts ? kTs : 0))) return fail_null<ibv_cq_ex>(EOPNOTSUPP);
-  if (a->comp_mask & ~uint32_t{IBV_CQ_INIT_ATTR_MASK_FLAGS}) return fail_null<ibv_cq_ex>(EOPNOTSUPP);  // a PD of its own
+  if (a->comp_mask & ~uint32_t{IBV_CQ_INIT_ATTR_MASK_FLAGS | IBV_CQ_INIT_ATTR_MASK_PD})
+    return fail_null<ibv_cq_ex>(EOPNOTSUPP);
+  if (a->comp_mask & IBV_CQ_INIT_ATTR_MASK_PD) {
+    // A CQ may name a parent domain (its allocators); uroce's CQ rings are
+    // the daemon's shared memory, so the domain only has to be one.
+    std::lock_guard<std::mutex> lock(g_mu);
+    if (!a->parent_domain || !g_parent_domains.count(a->parent_domain)) return fail_null<ibv_cq_ex>(EINVAL);
+  }
   // Single-threaded is a hint; ignoring overruns is not something uroce does.
   if ((a->comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS) && (a->flags & ~uint32_t{IBV_CREATE_CQ_ATTR_SINGLE_THREADED}))
     return fail_null<ibv_cq_ex>(EOPNOTSUPP);
@@ -765,6 +776,9 @@ ibv_context* ibv_open_device(ibv_device* device) {
 
 namespace {
 ibv_dm* vctx_alloc_dm(ibv_context* c, ibv_alloc_dm_attr* a);
+ibv_td* vctx_alloc_td(ibv_context* c, ibv_td_init_attr* a);
+int vctx_dealloc_td(ibv_td* td);
+ibv_pd* vctx_alloc_parent_domain(ibv_context* c, ibv_parent_domain_init_attr* a);
 int vctx_free_dm(ibv_dm* dm);
 ibv_mr* vctx_reg_dm_mr(ibv_pd* pd, ibv_dm* dm, uint64_t off, size_t len, unsigned int access);
 }  // namespace
@@ -787,6 +801,9 @@ ibv_context* make_context(ibv_device* device, uroce_context* u, int cmd_fd) {
   v.alloc_dm = vctx_alloc_dm;
   v.free_dm = vctx_free_dm;
   v.reg_dm_mr = vctx_reg_dm_mr;
+  v.alloc_td = vctx_alloc_td;
+  v.dealloc_td = vctx_dealloc_td;
+  v.alloc_parent_domain = vctx_alloc_parent_domain;
   ibv_context& ctx = v.context;
   ctx.device = device;
   ctx.cmd_fd = cmd_fd;
@@ -937,6 +954,13 @@ ibv_pd* ibv_alloc_pd(ibv_context* context) {
 int ibv_dealloc_pd(ibv_pd* pd) {
   if (!pd) return fail(EINVAL);
   auto* p = UPd::of(pd);
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    if (g_parent_domains.erase(pd)) {  // a parent domain: its PD is not its own
+      delete p;
+      return 0;
+    }
+  }
   if (const int rc = uroce_dealloc_pd(p->u)) return fail(rc);
   unexport(pd->handle);
   delete p;
@@ -1098,6 +1122,36 @@ ibv_mr* ibv_reg_mr_iova(ibv_pd* pd, void* addr, size_t length, uint64_t iova, in
 // ------------------------------------------------- device memory
 }  // extern "C"
 namespace {
+
+// Thread domains and parent domains. A thread domain promises that one
+// thread uses what is made in it; uroce's posts take no lock anyway, so it
+// changes nothing. A parent domain is a PD (every verb that takes one takes
+// it) with a thread domain and the application's allocators for the
+// provider's buffers; uroce's queues are the daemon's shared memory, which
+// those allocators cannot provide, so they are never called.
+ibv_td* vctx_alloc_td(ibv_context* c, ibv_td_init_attr* a) {
+  if (!c || !a || a->comp_mask != 0) return fail_null<ibv_td>(EINVAL);
+  auto* td = new ibv_td();
+  td->context = c;
+  return td;
+}
+int vctx_dealloc_td(ibv_td* td) {
+  delete td;
+  return 0;
+}
+ibv_pd* vctx_alloc_parent_domain(ibv_context* c, ibv_parent_domain_init_attr* a) {
+  constexpr std::uint32_t kKnown = IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS | IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT;
+  if (!c || !a || !a->pd || (a->comp_mask & ~kKnown) || a->pd->context != c) return fail_null<ibv_pd>(EINVAL);
+  if ((a->comp_mask & IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS) && (!a->alloc || !a->free)) return fail_null<ibv_pd>(EINVAL);
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (g_parent_domains.count(a->pd)) return fail_null<ibv_pd>(EINVAL);  // a parent domain's PD is a plain PD
+  auto* p = new UPd();
+  p->u = UPd::of(a->pd)->u;
+  p->v.context = c;
+  p->v.handle = a->pd->handle;
+  g_parent_domains.insert(&p->v);
+  return &p->v;
+}
 
 // A software device has no memory on a chip: a DM is the process's own
 // memory (private until an MR is registered over it, then shared with the

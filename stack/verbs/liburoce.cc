@@ -530,6 +530,31 @@ int push_recvs(abi::Ring<uroce_recv_entry>& ring, ibv_recv_wr* wr, ibv_recv_wr**
   return 0;
 }
 
+/// Whether [start, start + len) is still mapped from `fd`'s memfd, readable
+/// and writable, all of it: an application may unmap or remap memory
+/// before it deregisters it (UCX's memory pools do), and nothing may then
+/// be read or replaced there. From /proc/self/maps (not on the data path).
+bool still_ours(std::uintptr_t start, std::size_t len, int fd) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return false;
+  FILE* f = std::fopen("/proc/self/maps", "re");
+  if (!f) return false;
+  char line[512];
+  std::uintptr_t covered = start;
+  bool ok = true;
+  while (ok && std::fgets(line, sizeof line, f)) {
+    unsigned long lo = 0, hi = 0, off = 0, ino = 0;
+    unsigned dmaj = 0, dmin = 0;
+    char perms[8] = {};
+    if (std::sscanf(line, "%lx-%lx %7s %lx %x:%x %lu", &lo, &hi, perms, &off, &dmaj, &dmin, &ino) != 7) continue;
+    if (hi <= start || lo >= start + len) continue;
+    if (lo > covered || ino != st.st_ino || perms[0] != 'r' || perms[1] != 'w') ok = false;
+    covered = hi;
+  }
+  std::fclose(f);
+  return ok && covered >= start + len;
+}
+
 /// Puts [start, start + len) back on private memory, keeping its contents
 /// (copied through `tmp`, len bytes, or a buffer of its own when null).
 void make_private(std::uintptr_t start, std::size_t len, const void* copy) {
@@ -549,7 +574,7 @@ void make_private(std::uintptr_t start, std::size_t len, const void* copy) {
 void unpin_locked(std::uintptr_t start) {
   const auto it = g_segs.find(start);
   if (it == g_segs.end() || --it->second.refs != 0) return;
-  make_private(it->first, it->second.len, nullptr);
+  if (still_ours(it->first, it->second.len, it->second.fd)) make_private(it->first, it->second.len, nullptr);
   ::close(it->second.fd);
   g_segs.erase(it);
 }
@@ -566,6 +591,7 @@ void seg_fork_prepare() {
   g_seg_mu.lock();
   g_fork_copies.clear();
   for (const auto& [start, s] : g_segs) {
+    if (!still_ours(start, s.len, s.fd)) continue;  // not the application's memory there any more
     void* c = ::mmap(nullptr, s.len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (c == MAP_FAILED) c = nullptr;
     if (c) std::memcpy(c, reinterpret_cast<const void*>(start), s.len);

@@ -17,9 +17,14 @@
  *   - page_size_cap holds the page size; phys_port_cnt_ex is phys_port_cnt;
  *   - the GID table: index 0 is the port's GID; the others, within
  *     gid_tbl_len, are empty (a zero GID; ibv_query_gid_ex: ENODATA);
+ *   - memory unmapped or made read-only before its MR is deregistered:
+ *     the deregistration is clean and touches nothing there;
  *   - fork: a child's writes to memory that is registered, or was, do not
  *     reach the parent (heap memory stays private across a fork);
  *   - an MR reaches its own bytes only, not the rest of its pages;
+ *   - thread and parent domains: a parent domain is a PD for a QP, an MR
+ *     and an extended CQ; a parent of a parent, or a plain PD given as a
+ *     CQ's parent domain, is EINVAL;
  *   - device memory (ibv_alloc_dm): copies at 4-byte granules, bounds, a
  *     zero-based MR over part of it that a peer's WRITE reaches;
  *   - completion timestamps: an extended CQ with the free-running and the
@@ -36,6 +41,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -145,6 +151,21 @@ static int wait_wc(struct ibv_wc* wc) {
   }
 }
 
+/* Posts a signaled RDMA WRITE of [laddr, laddr + len) (lkey) to raddr (rkey). */
+static int post_write(struct ibv_qp* qp, uint64_t wr_id, uint64_t laddr, uint32_t len, uint32_t lkey, uint64_t raddr,
+                      uint32_t rkey) {
+  struct ibv_sge sg = {laddr, len, lkey};
+  struct ibv_send_wr w = {0}, *bad = NULL;
+  w.wr_id = wr_id;
+  w.sg_list = &sg;
+  w.num_sge = 1;
+  w.opcode = IBV_WR_RDMA_WRITE;
+  w.send_flags = IBV_SEND_SIGNALED;
+  w.wr.rdma.remote_addr = raddr;
+  w.wr.rdma.rkey = rkey;
+  return ibv_post_send(qp, &w, &bad);
+}
+
 static void shapes(void) {
   struct ibv_srq_init_attr sa = {0};
   sa.attr.max_wr = 16;
@@ -199,16 +220,8 @@ static void send_only(void) {
   if (!ok) goto out;
   for (int i = 0; i < kLen; ++i) buf[i] = (uint8_t)(i * 7 + 3);
   memset(buf + kLen, 0xee, kLen);
-  struct ibv_sge sg = {(uintptr_t)buf, kLen, mr->lkey};
-  struct ibv_send_wr w = {0}, *bad = NULL;
-  w.wr_id = 77;
-  w.sg_list = &sg;
-  w.num_sge = 1;
-  w.opcode = IBV_WR_RDMA_WRITE;
-  w.send_flags = IBV_SEND_SIGNALED;
-  w.wr.rdma.remote_addr = (uintptr_t)(buf + kLen);
-  w.wr.rdma.rkey = mr->rkey;
-  check(ibv_post_send(a, &w, &bad) == 0, "send-only QP posts a WRITE");
+  check(post_write(a, 77, (uintptr_t)buf, kLen, mr->lkey, (uintptr_t)(buf + kLen), mr->rkey) == 0,
+        "send-only QP posts a WRITE");
   struct ibv_wc wc;
   const int n = wait_wc(&wc);
   check(n == 1 && wc.status == IBV_WC_SUCCESS && wc.wr_id == 77, "the WRITE completes (status %d)",
@@ -344,17 +357,8 @@ static int write_status(struct ibv_mr* from, uint64_t to, uint32_t rkey, uint32_
   struct ibv_qp *a = NULL, *b = NULL;
   int st = -1;
   if (rc_pair(cq, &a, &b) == 0) {
-    struct ibv_sge sg = {(uintptr_t)from->addr, len, from->lkey};
-    struct ibv_send_wr w = {0}, *bad = NULL;
-    w.wr_id = 11;
-    w.sg_list = &sg;
-    w.num_sge = 1;
-    w.opcode = IBV_WR_RDMA_WRITE;
-    w.send_flags = IBV_SEND_SIGNALED;
-    w.wr.rdma.remote_addr = to;
-    w.wr.rdma.rkey = rkey;
     struct ibv_wc wc;
-    if (ibv_post_send(a, &w, &bad) == 0 && wait_wc(&wc) == 1) st = (int)wc.status;
+    if (post_write(a, 11, (uintptr_t)from->addr, len, from->lkey, to, rkey) == 0 && wait_wc(&wc) == 1) st = (int)wc.status;
   }
   if (a) ibv_destroy_qp(a);
   if (b) ibv_destroy_qp(b);
@@ -418,17 +422,9 @@ static void device_memory(void) {
   struct ibv_qp *a = NULL, *b = NULL;
   if (dmr && smr && rc_pair(cq, &a, &b) == 0) {
     for (int i = 0; i < 32; ++i) src[i] = (uint8_t)(0xa0 + i);
-    struct ibv_sge sg = {(uintptr_t)src, 32, smr->lkey};
-    struct ibv_send_wr w = {0}, *bad = NULL;
-    w.wr_id = 9;
-    w.sg_list = &sg;
-    w.num_sge = 1;
-    w.opcode = IBV_WR_RDMA_WRITE;
-    w.send_flags = IBV_SEND_SIGNALED;
-    w.wr.rdma.remote_addr = 16; /* zero-based: the DM's byte 80 */
-    w.wr.rdma.rkey = dmr->rkey;
-    struct ibv_wc wc;
-    check(ibv_post_send(a, &w, &bad) == 0 && wait_wc(&wc) == 1 && wc.status == IBV_WC_SUCCESS,
+    struct ibv_wc wc; /* address 16, zero-based: the DM's byte 80 */
+    check(post_write(a, 9, (uintptr_t)src, 32, smr->lkey, 16, dmr->rkey) == 0 && wait_wc(&wc) == 1 &&
+              wc.status == IBV_WC_SUCCESS,
           "a WRITE to address 16 of the zero-based MR completes");
     check(ibv_memcpy_from_dm(in, dm, 80, 32) == 0 && memcmp(in, src, 32) == 0, "it landed at the DM's byte 80");
     check(ibv_memcpy_from_dm(in, dm, 64, 16) == 0 && memcmp(in, out + 64, 16) == 0, "the bytes before it are as they were");
@@ -442,6 +438,70 @@ static void device_memory(void) {
   check(!dmr || ibv_free_dm(dm) == EBUSY, "the DM cannot be freed under its MR: EBUSY");
   if (dmr) ibv_dereg_mr(dmr);
   check(ibv_free_dm(dm) == 0, "then it is freed");
+}
+
+static int g_pd_allocs;
+static void* pd_alloc(struct ibv_pd* p, void* pd_context, size_t size, size_t alignment, uint64_t type) {
+  (void)p;
+  (void)pd_context;
+  (void)size;
+  (void)alignment;
+  (void)type;
+  ++g_pd_allocs;
+  return IBV_ALLOCATOR_USE_DEFAULT;
+}
+static void pd_free(struct ibv_pd* p, void* pd_context, void* ptr, uint64_t type) {
+  (void)p;
+  (void)pd_context;
+  (void)ptr;
+  (void)type;
+}
+
+/* Thread and parent domains: a parent domain is a PD for QPs, MRs and an
+ * extended CQ; what is not a parent domain where one is asked is EINVAL. */
+static void parent_domain(void) {
+  struct ibv_td_init_attr ta = {0};
+  struct ibv_td* td = ibv_alloc_td(ctx, &ta);
+  check(td != NULL, "a thread domain (errno %d)", errno);
+  struct ibv_parent_domain_init_attr pa = {0};
+  pa.pd = pd;
+  pa.td = td;
+  pa.comp_mask = IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS | IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT;
+  pa.alloc = pd_alloc;
+  pa.free = pd_free;
+  struct ibv_pd* par = ibv_alloc_parent_domain(ctx, &pa);
+  check(par != NULL, "a parent domain over the PD, with the thread domain and allocators (errno %d)", errno);
+  if (!par) goto out;
+  struct ibv_parent_domain_init_attr pp = {0};
+  pp.pd = par;
+  errno = 0;
+  check(ibv_alloc_parent_domain(ctx, &pp) == NULL && errno == EINVAL, "a parent domain over a parent domain: EINVAL");
+  struct ibv_cq_init_attr_ex ca = {0};
+  ca.cqe = 8;
+  ca.comp_mask = IBV_CQ_INIT_ATTR_MASK_PD;
+  ca.parent_domain = pd;
+  errno = 0;
+  check(ibv_create_cq_ex(ctx, &ca) == NULL && errno == EINVAL, "an extended CQ naming a plain PD as its parent domain: EINVAL");
+  ca.parent_domain = par;
+  struct ibv_cq_ex* xcq = ibv_create_cq_ex(ctx, &ca);
+  check(xcq != NULL, "an extended CQ in the parent domain (errno %d)", errno);
+  char* buf = malloc(4096);
+  struct ibv_mr* mr = buf ? ibv_reg_mr(par, buf, 4096, IBV_ACCESS_LOCAL_WRITE) : NULL;
+  check(mr != NULL && mr->pd == par, "an MR in the parent domain");
+  struct ibv_qp_init_attr qa = {0};
+  qa.send_cq = qa.recv_cq = xcq ? ibv_cq_ex_to_cq(xcq) : cq;
+  qa.qp_type = IBV_QPT_RC;
+  qa.cap.max_send_wr = qa.cap.max_recv_wr = 2;
+  qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+  struct ibv_qp* qp = ibv_create_qp(par, &qa);
+  check(qp != NULL && to_init(qp, IBV_QPT_RC) == 0, "a QP in the parent domain reaches INIT");
+  if (qp) ibv_destroy_qp(qp);
+  if (mr) ibv_dereg_mr(mr);
+  free(buf);
+  if (xcq) ibv_destroy_cq(ibv_cq_ex_to_cq(xcq));
+  check(ibv_dealloc_pd(par) == 0, "the parent domain is freed (its PD stays)");
+out:
+  if (td) check(ibv_dealloc_td(td) == 0, "the thread domain is freed");
 }
 
 static uint64_t ns_of(clockid_t id) {
@@ -476,17 +536,8 @@ static void timestamps(void) {
   int ok = mr && rc_pair(ibv_cq_ex_to_cq(xcq), &a, &b) == 0;
   check(ok, "two RC QPs, the first on the extended CQ, at RTS");
   if (ok) {
-    struct ibv_sge sg = {(uintptr_t)buf, kLen, mr->lkey};
-    struct ibv_send_wr w = {0}, *bad = NULL;
-    w.wr_id = 5;
-    w.sg_list = &sg;
-    w.num_sge = 1;
-    w.opcode = IBV_WR_RDMA_WRITE;
-    w.send_flags = IBV_SEND_SIGNALED;
-    w.wr.rdma.remote_addr = (uintptr_t)(buf + kLen);
-    w.wr.rdma.rkey = mr->rkey;
     const uint64_t m0 = ns_of(CLOCK_MONOTONIC), w0 = ns_of(CLOCK_REALTIME);
-    check(ibv_post_send(a, &w, &bad) == 0, "a WRITE posted");
+    check(post_write(a, 5, (uintptr_t)buf, kLen, mr->lkey, (uintptr_t)(buf + kLen), mr->rkey) == 0, "a WRITE posted");
     struct ibv_poll_cq_attr pa = {0};
     int rc;
     const uint64_t give_up = m0 + 10000000000ull;
@@ -508,6 +559,27 @@ static void timestamps(void) {
   if (mr) ibv_dereg_mr(mr);
   free(buf);
   ibv_destroy_cq(ibv_cq_ex_to_cq(xcq));
+}
+
+/* Memory the application unmaps, or makes read-only, before it
+ * deregisters (UCX's pools do): the deregistration neither crashes nor
+ * maps anything there again. */
+static void unmapped_before_dereg(void) {
+  char* p = mmap(NULL, 3 * 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  check(p != MAP_FAILED, "three pages");
+  if (p == MAP_FAILED) return;
+  struct ibv_mr* a = ibv_reg_mr(pd, p, 4096, IBV_ACCESS_LOCAL_WRITE);
+  struct ibv_mr* b = ibv_reg_mr(pd, p + 2 * 4096, 4096, IBV_ACCESS_LOCAL_WRITE);
+  check(a && b, "an MR on the first page and one on the third");
+  /* The first page unmapped and something else mapped there (inaccessible,
+   * so a library that read it would crash); the third made read-only. */
+  munmap(p, 4096);
+  char* other = mmap(p, 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+  check(other == p, "another mapping where the first page was");
+  mprotect(p + 2 * 4096, 4096, PROT_READ);
+  check(!a || ibv_dereg_mr(a) == 0, "deregistered after its memory was unmapped");
+  check(!b || ibv_dereg_mr(b) == 0, "deregistered after its memory was made read-only");
+  munmap(p, 3 * 4096);
 }
 
 static void fork_private(void) {
@@ -552,6 +624,8 @@ int main(int argc, char** argv) {
   timestamps();
   mr_bounds();
   device_memory();
+  parent_domain();
+  unmapped_before_dereg();
   fork_private();
   ibv_destroy_cq(cq);
   ibv_dealloc_pd(pd);
