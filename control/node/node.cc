@@ -537,10 +537,11 @@ class Node::MainWait {
     host_.emplace(io_, ::dup(fd));
     host_wakes_ = wakes;
   }
-  /// Before the loop's last look at the port: from here a frame ends the
-  /// coming sleep (asio's epoll is edge-triggered, so the wait must be
-  /// registered before that look, not after it).
-  void arm_rx() {
+  /// Before the loop's last look at the port and the host netdev: from
+  /// here a frame from either ends the coming sleep (asio's epoll is
+  /// edge-triggered, so the wait must be registered before that look, not
+  /// after it).
+  void arm() {
     if (host_ && !host_pending_) {
       host_pending_ = true;
       host_->async_wait(asio::posix::descriptor_base::wait_read, in_slots(g_wait_slots, [this](boost::system::error_code ec) {
@@ -852,7 +853,7 @@ int Node::run(const volatile sig_atomic_t& stop) {
     if (rx_port) rx_port->rx_interrupt_arm();
     // A frame after this arm wakes the sleep; one before it is found by the
     // pass below (and the host netdev's by the read after it).
-    waiter.arm_rx();
+    waiter.arm();
     now = now_ns();
     if (one_pass(now) == 0 && main_pipe.dp->poll_host(now) == 0 && !stop && !stop_requested_) {
       waiter.sleep(sleep_ns);

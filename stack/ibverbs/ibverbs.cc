@@ -904,13 +904,9 @@ ssize_t _ibv_query_gid_table(ibv_context* context, ibv_gid_entry* entries, size_
     errno = EINVAL;
     return -EINVAL;
   }
-  ssize_t n = 0;
-  for (uint32_t i = 0; i < 1; ++i) {  // the populated entries only
-    auto* e = reinterpret_cast<ibv_gid_entry*>(reinterpret_cast<char*>(entries) + n * entry_size);
-    if (const int rc = _ibv_query_gid_ex(context, 1, i, e, 0, entry_size)) return -rc;
-    ++n;
-  }
-  return n;
+  // The populated entries only: index 0.
+  if (const int rc = _ibv_query_gid_ex(context, 1, 0, entries, 0, entry_size)) return -rc;
+  return 1;
 }
 
 int ibv_query_gid_type(ibv_context* context, uint8_t port_num, unsigned int index, ibv_gid_type_sysfs* type) {

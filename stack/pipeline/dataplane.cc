@@ -57,8 +57,11 @@ void Dataplane::dispatch(wire::ConstBytes frame, std::uint64_t now) {
 void Dataplane::to_host(wire::ConstBytes frame) {
   // The host's netdev is untagged: our VLAN's tag comes off on the way in
   // (and goes back on in from_host).
-  if (frame.size() >= 18 && frame[12] == 0x81 && frame[13] == 0x00) {
-    if (frame.size() - 4 > sizeof flat_) return;
+  if (frame.size() >= 18 && frame[12] == (wire::kEtherTypeVlan >> 8) && frame[13] == (wire::kEtherTypeVlan & 0xff)) {
+    if (frame.size() - 4 > sizeof flat_) {
+      inc(DpCounter::host_drops);
+      return;
+    }
     std::memcpy(flat_, frame.data(), 12);
     std::memcpy(flat_ + 12, frame.data() + 16, frame.size() - 16);
     frame = wire::ConstBytes(flat_, frame.size() - 4);
@@ -83,8 +86,8 @@ std::size_t Dataplane::from_host(std::uint64_t now) {
         continue;
       }
       std::memcpy(flat_, f.data(), 12);
-      flat_[12] = 0x81;
-      flat_[13] = 0x00;
+      flat_[12] = wire::kEtherTypeVlan >> 8;
+      flat_[13] = wire::kEtherTypeVlan & 0xff;
       flat_[14] = static_cast<std::uint8_t>(tci >> 8);
       flat_[15] = static_cast<std::uint8_t>(tci);
       std::memcpy(flat_ + 16, f.data() + 12, f.size() - 12);

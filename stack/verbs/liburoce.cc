@@ -555,14 +555,21 @@ bool still_ours(std::uintptr_t start, std::size_t len, int fd) {
   return ok && covered >= start + len;
 }
 
+/// A private copy of [start, start + len), or null when no memory could be had.
+void* snapshot(std::uintptr_t start, std::size_t len) {
+  void* c = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (c == MAP_FAILED) return nullptr;
+  std::memcpy(c, reinterpret_cast<const void*>(start), len);
+  return c;
+}
+
 /// Puts [start, start + len) back on private memory, keeping its contents
-/// (copied through `tmp`, len bytes, or a buffer of its own when null).
+/// (from `copy`, a snapshot of len bytes, or one of its own when null).
 void make_private(std::uintptr_t start, std::size_t len, const void* copy) {
   void* tmp = nullptr;
   if (!copy) {
-    tmp = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (tmp == MAP_FAILED) return;  // it stays shared memory: still the application's
-    std::memcpy(tmp, reinterpret_cast<const void*>(start), len);
+    tmp = snapshot(start, len);
+    if (!tmp) return;  // it stays shared memory: still the application's
     copy = tmp;
   }
   if (::mmap(reinterpret_cast<void*>(start), len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) !=
@@ -592,10 +599,7 @@ void seg_fork_prepare() {
   g_fork_copies.clear();
   for (const auto& [start, s] : g_segs) {
     if (!still_ours(start, s.len, s.fd)) continue;  // not the application's memory there any more
-    void* c = ::mmap(nullptr, s.len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (c == MAP_FAILED) c = nullptr;
-    if (c) std::memcpy(c, reinterpret_cast<const void*>(start), s.len);
-    g_fork_copies.push_back({start, s.len, c});
+    g_fork_copies.push_back({start, s.len, snapshot(start, s.len)});
   }
 }
 void seg_fork_parent() {
@@ -1697,31 +1701,32 @@ int uroce_get_async_event(uroce_context* ctx, uroce_async_event* ev) {
   }
 }
 
-int uroce_poll_cq_ts(uroce_cq* cq, int num, ibv_wc* wc, std::uint64_t* ts) {
+}  // extern "C"
+namespace {
+/// uroce_poll_cq and uroce_poll_cq_ts: with kTs, each entry's timestamp too.
+template <bool kTs>
+int poll_entries(uroce_cq* cq, int num, ibv_wc* wc, std::uint64_t* ts) {
   int n = 0;
   uroce_cq_entry e;
   const auto take = [&] {
     while (n < num && cq->ring.pop(e)) {
-      ts[n] = e.timestamp;
+      if constexpr (kTs) ts[n] = e.timestamp;
       wc[n++] = abi::to_wc(e);
     }
   };
   take();
+  // Embedded mode: nothing yet, so turn the loop once and look again.
   if (n == 0 && embedded_progress() > 0) take();
   return n;
 }
+}  // namespace
+extern "C" {
+
+int uroce_poll_cq_ts(uroce_cq* cq, int num, ibv_wc* wc, std::uint64_t* ts) { return poll_entries<true>(cq, num, wc, ts); }
 
 int uroce_completion_timestamps(const uroce_context* ctx) { return ctx && ctx->minor >= 13 ? 1 : 0; }
 
-int uroce_poll_cq(uroce_cq* cq, int num, ibv_wc* wc) {
-  int n = 0;
-  uroce_cq_entry e;
-  while (n < num && cq->ring.pop(e)) wc[n++] = abi::to_wc(e);
-  // Embedded mode: nothing yet, so turn the loop once and look again.
-  if (n == 0 && embedded_progress() > 0)
-    while (n < num && cq->ring.pop(e)) wc[n++] = abi::to_wc(e);
-  return n;
-}
+int uroce_poll_cq(uroce_cq* cq, int num, ibv_wc* wc) { return poll_entries<false>(cq, num, wc, nullptr); }
 
 int uroce_wait_fd(int fd, int timeout_ms) {
   const int r = wait_fd(fd, timeout_ms);
