@@ -298,6 +298,91 @@ void send_reply(int sock, const uroce_msg_hdr& req, int err, const std::string& 
 
 }  // namespace
 
+namespace {
+
+/// The memory part of REG_MR (`one`: a single memfd) or REG_MR_PIECES (and
+/// of REREG_MR after its own fields): the pieces and the MR's exact bytes
+/// within their pages (minor 14; else all of them; minor 15: maybe none).
+/// Null, or why the request is malformed.
+const char* parse_mr_memory(bool one, const std::uint8_t* body, std::size_t len, uroce_reg_mr_pieces_msg& pm,
+                            uroce_reg_mr_exact& ex) {
+  std::size_t fixed = 0;
+  if (one) {
+    if (len < sizeof pm.mr) return "message too short for its type";
+    std::memcpy(&pm.mr, body, sizeof pm.mr);
+    pm.count = 1;
+    pm.piece[0] = {pm.mr.offset, pm.mr.length};
+    fixed = sizeof pm.mr;
+  } else {
+    if (len < sizeof pm) return "message too short for its type";
+    std::memcpy(&pm, body, sizeof pm);
+    if (pm.count == 0 || pm.count > UROCE_MR_MAX_PIECES) return "an MR has 1..16 pieces";
+    fixed = sizeof pm;
+  }
+  if (pm.mr.length == 0) return "MR length 0";
+  ex = {0, pm.mr.length};
+  if (len >= fixed + sizeof ex) {
+    std::memcpy(&ex, body + fixed, sizeof ex);
+    if (ex.head > 4095 || ex.head > pm.mr.length || ex.byte_length > pm.mr.length - ex.head)
+      return "the MR's bytes are not within its pages";
+  }
+  return nullptr;
+}
+
+/// Maps the pieces of `pm` from `fds`, one after another. Null, or why
+/// not, with `err` the errno to answer.
+const char* map_mr_memory(const uroce_reg_mr_pieces_msg& pm, const std::vector<int>& fds, Mapping& map, int& err) {
+  const uroce_reg_mr_msg& m = pm.mr;
+  err = EINVAL;
+  if (fds.size() < pm.count) return "REG_MR needs the memory's file descriptor (one per piece)";
+  std::uint64_t sum = 0;
+  for (std::uint32_t i = 0; i < pm.count; ++i) {
+    const uroce_reg_mr_piece& p = pm.piece[i];
+    if ((p.offset & 4095) || p.length == 0 || (pm.count > 1 && (p.length & 4095)))
+      return "MR offset not page aligned, or a piece not whole pages";
+    // The memory must be there, and stay there: the memfd must hold the
+    // whole range and be sealed against shrinking, or a client could
+    // truncate it under the daemon's mapping (SIGBUS on the next access).
+    struct stat st {};
+    if (::fstat(fds[i], &st) != 0 || !S_ISREG(st.st_mode)) return "REG_MR needs a memfd (or a regular file)";
+    const int seals = ::fcntl(fds[i], F_GET_SEALS);
+    if (seals < 0 || !(seals & F_SEAL_SHRINK)) return "the MR's memfd must be sealed against shrinking (F_SEAL_SHRINK)";
+    if (p.offset > static_cast<std::uint64_t>(st.st_size) || p.length > static_cast<std::uint64_t>(st.st_size) - p.offset)
+      return "the MR's range is beyond the end of its memfd";
+    if (p.length > m.length - sum) return "the MR's pieces add up to more than its length";
+    sum += p.length;
+  }
+  if (sum != m.length) return "the MR's pieces do not add up to its length";
+  map.len = m.length;
+  if (pm.count == 1) {
+    map.addr = ::mmap(nullptr, m.length, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], static_cast<off_t>(m.offset));
+  } else {
+    // Reserve the whole range, then map each piece over its part.
+    map.addr = ::mmap(nullptr, m.length, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    std::uint64_t at = 0;
+    for (std::uint32_t i = 0; map.addr != MAP_FAILED && i < pm.count; ++i) {
+      void* want = static_cast<std::uint8_t*>(map.addr) + at;
+      if (::mmap(want, pm.piece[i].length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fds[i],
+                 static_cast<off_t>(pm.piece[i].offset)) == MAP_FAILED) {
+        const int e = errno;
+        map.unmap();
+        errno = e;
+        map.addr = MAP_FAILED;
+      }
+      at += pm.piece[i].length;
+    }
+  }
+  if (map.addr == MAP_FAILED) {
+    err = errno;
+    map.addr = nullptr;
+    return "cannot map the MR's memory";
+  }
+  err = 0;
+  return nullptr;
+}
+
+}  // namespace
+
 void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_t* body, std::vector<int>& fds) {
   const int sock = s.sock.native_handle();
   auto fail = [&](int err, const std::string& why) { send_reply(sock, h, err, why, nullptr, 0); };
@@ -378,71 +463,16 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
       // (REG_MR_PIECES: memory the application registered before in
       // pieces, which must stay where it is).
       uroce_reg_mr_pieces_msg pm{};
-      std::size_t fixed = 0;
-      if (h.type == UROCE_MSG_REG_MR) {
-        if (!take(pm.mr)) return;
-        pm.count = 1;
-        pm.piece[0] = {pm.mr.offset, pm.mr.length};
-        fixed = sizeof pm.mr;
-      } else {
-        if (!take(pm)) return;
-        if (pm.count == 0 || pm.count > UROCE_MR_MAX_PIECES) return fail(EINVAL, "an MR has 1..16 pieces");
-        fixed = sizeof pm;
-      }
-      // Minor 14: the MR's own bytes within the pages (else all of them).
-      uroce_reg_mr_exact ex{0, pm.mr.length};
-      if (h.len >= fixed + sizeof ex) {
-        std::memcpy(&ex, body + fixed, sizeof ex);
-        if (ex.head > 4095 || ex.byte_length == 0 || ex.head > pm.mr.length || ex.byte_length > pm.mr.length - ex.head)
-          return fail(EINVAL, "the MR's bytes are not within its pages");
-      }
+      uroce_reg_mr_exact ex{};
+      if (const char* why = parse_mr_memory(h.type == UROCE_MSG_REG_MR, body, h.len, pm, ex)) return fail(EINVAL, why);
       const uroce_reg_mr_msg& m = pm.mr;
       auto pd = s.pds.find(m.pd);
       if (pd == s.pds.end()) return fail(EINVAL, "no such PD in this session");
-      if (fds.size() < pm.count) return fail(EINVAL, "REG_MR needs the memory's file descriptor (one per piece)");
       if (s.mrs.size() + s.mws.size() >= limits_.max_mrs || s.mr_bytes + m.length > limits_.max_mr_bytes)
         return fail(EDQUOT, "over this session's MR limit");
-      if (m.length == 0) return fail(EINVAL, "MR length 0");
-      std::uint64_t sum = 0;
-      for (std::uint32_t i = 0; i < pm.count; ++i) {
-        const uroce_reg_mr_piece& p = pm.piece[i];
-        if ((p.offset & 4095) || p.length == 0 || (pm.count > 1 && (p.length & 4095)))
-          return fail(EINVAL, "MR offset not page aligned, or a piece not whole pages");
-        // The memory must be there, and stay there: the memfd must hold the
-        // whole range and be sealed against shrinking, or a client could
-        // truncate it under the daemon's mapping (SIGBUS on the next access).
-        struct stat st {};
-        if (::fstat(fds[i], &st) != 0 || !S_ISREG(st.st_mode)) return fail(EINVAL, "REG_MR needs a memfd (or a regular file)");
-        const int seals = ::fcntl(fds[i], F_GET_SEALS);
-        if (seals < 0 || !(seals & F_SEAL_SHRINK))
-          return fail(EINVAL, "the MR's memfd must be sealed against shrinking (F_SEAL_SHRINK)");
-        if (p.offset > static_cast<std::uint64_t>(st.st_size) || p.length > static_cast<std::uint64_t>(st.st_size) - p.offset)
-          return fail(EINVAL, "the MR's range is beyond the end of its memfd");
-        if (p.length > m.length - sum) return fail(EINVAL, "the MR's pieces add up to more than its length");
-        sum += p.length;
-      }
-      if (sum != m.length) return fail(EINVAL, "the MR's pieces do not add up to its length");
       Mapping map;
-      map.len = m.length;
-      if (pm.count == 1) {
-        map.addr = ::mmap(nullptr, m.length, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], static_cast<off_t>(m.offset));
-      } else {
-        // Reserve the whole range, then map each piece over its part.
-        map.addr = ::mmap(nullptr, m.length, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-        std::uint64_t at = 0;
-        for (std::uint32_t i = 0; map.addr != MAP_FAILED && i < pm.count; ++i) {
-          void* want = static_cast<std::uint8_t*>(map.addr) + at;
-          if (::mmap(want, pm.piece[i].length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fds[i],
-                     static_cast<off_t>(pm.piece[i].offset)) == MAP_FAILED) {
-            const int e = errno;
-            map.unmap();
-            errno = e;
-            map.addr = MAP_FAILED;
-          }
-          at += pm.piece[i].length;
-        }
-      }
-      if (map.addr == MAP_FAILED) return fail(errno, "cannot map the MR's memory");
+      int err = 0;
+      if (const char* why = map_mr_memory(pm, fds, map, err)) return fail(err, why);
       map.guard = sigbus_guard::guard(map.addr, map.len, s.id);  // a fault in it costs the session, not the daemon
       Mr* mr = eng_.reg_mr_iova(pd->second, static_cast<std::uint8_t*>(map.addr) + ex.head, ex.byte_length, m.access,
                                 m.app_va + ex.head);
@@ -454,6 +484,45 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
       s.mrs[r.handle] = {mr, map};
       s.mr_bytes += m.length;
       return send_reply(sock, h, 0, "", &r, sizeof r);
+    }
+    case UROCE_MSG_REREG_MR: {
+      // ibv_rereg_mr: the same MR (and keys), with another PD, access, or
+      // memory (sent as REG_MR_PIECES sends it).
+      uroce_rereg_mr_msg m;
+      if (!take(m)) return;
+      const auto r = s.mrs.find(m.handle);
+      if (r == s.mrs.end()) return fail(EINVAL, "no such MR in this session");
+      Pd* pd = nullptr;
+      if (m.flags & IBV_REREG_MR_CHANGE_PD) {
+        const auto p = s.pds.find(m.pd);
+        if (p == s.pds.end()) return fail(EINVAL, "no such PD in this session");
+        pd = p->second;
+      }
+      Mapping map;
+      uroce_reg_mr_pieces_msg pm{};
+      uroce_reg_mr_exact ex{};
+      if (m.flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
+        if (const char* why = parse_mr_memory(false, body + sizeof m, h.len - sizeof m, pm, ex)) return fail(EINVAL, why);
+        if (s.mr_bytes - r->second.map.len + pm.mr.length > limits_.max_mr_bytes)
+          return fail(EDQUOT, "over this session's MR limit");
+        int err = 0;
+        if (const char* why = map_mr_memory(pm, fds, map, err)) return fail(err, why);
+        map.guard = sigbus_guard::guard(map.addr, map.len, s.id);
+      }
+      const int rc = eng_.rereg_mr(r->second.mr, static_cast<int>(m.flags), pd, m.access,
+                                   map.addr ? static_cast<std::uint8_t*>(map.addr) + ex.head : nullptr, ex.byte_length,
+                                   pm.mr.app_va + ex.head);
+      if (rc != 0) {
+        map.unmap();
+        return fail(rc, rc == EBUSY ? "memory windows are bound to the MR" : "bad rereg flags, PD, access or range");
+      }
+      if (map.addr) {
+        s.mr_bytes = s.mr_bytes - r->second.map.len + map.len;
+        r->second.map.unmap();  // the engine no longer reaches it
+        r->second.map = map;
+      }
+      uroce_reg_mr_reply rr{m.handle, r->second.mr->lkey, r->second.mr->rkey, 0};
+      return send_reply(sock, h, 0, "", &rr, sizeof rr);
     }
     case UROCE_MSG_ALLOC_MW: {
       uroce_alloc_mw_msg m;

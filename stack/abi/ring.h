@@ -93,6 +93,17 @@ class Ring {
     std::memcpy(&out, &slot, sizeof(E));
     return true;
   }
+  /// Consumer, in place: calls f(entry&) on each entry published and not
+  /// yet consumed, in order, and lets it rewrite the entry (never its seq):
+  /// the producer does not touch a slot again before the consumer frees it.
+  template <class F>
+  void edit_pending(F&& f) {
+    for (std::uint32_t i = cons_; i - cons_ < entries_; ++i) {
+      E& slot = slots_[i & mask_];
+      if (load(&slot.seq, std::memory_order_acquire) != i + 1) break;
+      f(slot);
+    }
+  }
   /// Consumer: entries up to index i are done with; their slots go back to
   /// the producer (used with peek, where an entry is retired only when its
   /// work completes, so a full ring is the queue's whole depth).

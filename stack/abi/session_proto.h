@@ -67,6 +67,11 @@ enum uroce_msg_type {
   /* Minor 10: uroce's own QP attributes: its congestion control (any
    * time), and selective repeat (before RTR, on both ends). */
   UROCE_MSG_SET_QP_OPT = 23,    /* body: qp_opt;     reply: status */
+  /* Minor 15: an MR changed in place (ibv_rereg_mr), keeping its keys. With
+   * IBV_REREG_MR_CHANGE_TRANSLATION the body goes on with the new memory,
+   * as REG_MR_PIECES sends it (reg_mr_pieces, then reg_mr_exact), and one
+   * fd per piece. */
+  UROCE_MSG_REREG_MR = 24,      /* body: rereg_mr [+ reg_mr_pieces + reg_mr_exact + fds]; reply: reg_mr_reply */
 };
 
 struct uroce_msg_hdr {
@@ -125,7 +130,13 @@ struct uroce_reg_mr_pieces_msg {
  * (an older library) the MR is the whole pages. */
 struct uroce_reg_mr_exact {
   uint64_t head;        /* the MR's first byte, from the first page's start: 0..4095 */
-  uint64_t byte_length; /* 1..length - head */
+  uint64_t byte_length; /* 1..length - head; from minor 15 also 0 (an MR of no bytes) */
+};
+struct uroce_rereg_mr_msg {
+  uint32_t handle; /* the MR */
+  uint32_t flags;  /* IBV_REREG_MR_CHANGE_TRANSLATION, _PD, _ACCESS: at least one */
+  uint32_t pd;     /* with IBV_REREG_MR_CHANGE_PD */
+  uint32_t access; /* with IBV_REREG_MR_CHANGE_ACCESS: enum ibv_access_flags */
 };
 struct uroce_reg_mr_reply {
   uint32_t handle, lkey, rkey, pad;
@@ -290,6 +301,7 @@ UROCE_STATIC_ASSERT(sizeof(struct uroce_msg_hdr) == 16, "message header is 16 by
 UROCE_STATIC_ASSERT(sizeof(struct uroce_reply_status) == 128, "reply status is 128 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_reg_mr_msg) == 32, "reg_mr is 32 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_reg_mr_exact) == 16, "reg_mr_exact is 16 bytes");
+UROCE_STATIC_ASSERT(sizeof(struct uroce_rereg_mr_msg) == 16, "rereg_mr is 16 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_reg_mr_pieces_msg) == 40 + 16 * UROCE_MR_MAX_PIECES, "reg_mr_pieces layout");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_create_qp_msg) == 32, "create_qp is 32 bytes (28 before minor 2)");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_cm_msg) == 92, "cm is 92 bytes (88 before minor 9)");

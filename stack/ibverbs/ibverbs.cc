@@ -1163,6 +1163,7 @@ struct UDm {
 };
 UDm* udm(ibv_dm* dm) { return reinterpret_cast<UDm*>(dm); }
 std::map<ibv_mr*, UDm*>& g_dm_mrs = *new std::map<ibv_mr*, UDm*>;  // under g_mu
+std::set<ibv_mr*>& g_imported_mrs = *new std::set<ibv_mr*>;     // ibv_import_mr's; under g_mu
 
 bool dm_range_ok(const UDm* d, uint64_t off, size_t len) {
   return (off & 3) == 0 && (len & 3) == 0 && off <= d->len && len <= d->len - off;
@@ -1211,7 +1212,7 @@ int vctx_free_dm(ibv_dm* dm) {
 ibv_mr* vctx_reg_dm_mr(ibv_pd* pd, ibv_dm* dm, uint64_t off, size_t len, unsigned int access) {
   if (!pd || !dm || !(access & IBV_ACCESS_ZERO_BASED)) return fail_null<ibv_mr>(EINVAL);
   UDm* d = udm(dm);
-  if (len == 0 || off > d->len || len > d->len - off) return fail_null<ibv_mr>(EINVAL);
+  if (off > d->len || len > d->len - off) return fail_null<ibv_mr>(EINVAL);
   // Zero-based: the MR's address 0 is the DM's byte `off`.
   ibv_mr* mr = reg_mr_at(pd, d->base + off, len, 0, static_cast<int>(access & ~unsigned{IBV_ACCESS_ZERO_BASED}));
   if (!mr) return nullptr;
@@ -1227,7 +1228,41 @@ extern "C" {
 // ------------------------------------------------- not built yet: clean refusals
 
 ibv_mr* ibv_reg_dmabuf_mr(ibv_pd*, uint64_t, size_t, uint64_t, int, int) { return fail_null<ibv_mr>(EOPNOTSUPP); }
-int ibv_rereg_mr(ibv_mr*, int, ibv_pd*, void*, size_t, int) { return fail(EOPNOTSUPP); }
+// As libibverbs checks the input (IBV_REREG_MR_ERR_INPUT) before the
+// provider's command (IBV_REREG_MR_ERR_CMD), errno saying why either way.
+int ibv_rereg_mr(ibv_mr* mr, int flags, ibv_pd* pd, void* addr, size_t length, int access) {
+  const auto input = [] {
+    errno = EINVAL;
+    return IBV_REREG_MR_ERR_INPUT;
+  };
+  if (!mr) return input();
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    if (g_dm_mrs.count(mr) || g_imported_mrs.count(mr)) return input();  // not an MR of the application's memory
+  }
+  if (flags & ~IBV_REREG_MR_FLAGS_SUPPORTED) return input();
+  if ((flags & IBV_REREG_MR_CHANGE_TRANSLATION) && (!length || !addr)) return input();
+  if (access && !(flags & IBV_REREG_MR_CHANGE_ACCESS)) return input();
+  // The PD counts only with CHANGE_PD (pyverbs passes whatever it has).
+  const bool new_pd = (flags & IBV_REREG_MR_CHANGE_PD) != 0;
+  if (new_pd && (!pd || pd->context != mr->context)) {
+    errno = EINVAL;
+    return IBV_REREG_MR_ERR_CMD;
+  }
+  auto* m = UMr::of(mr);
+  if (const int rc = uroce_rereg_mr(m->u, flags, new_pd ? UPd::of(pd)->u : nullptr, addr, length, access)) {
+    errno = rc;
+    return IBV_REREG_MR_ERR_CMD;
+  }
+  if (new_pd) mr->pd = pd;
+  if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
+    mr->addr = addr;
+    mr->length = length;
+  }
+  mr->lkey = uroce_mr_lkey(m->u);
+  mr->rkey = uroce_mr_rkey(m->u);
+  return 0;
+}
 int ibv_dereg_mr(ibv_mr* mr) {
   if (!mr) return fail(EINVAL);
   auto* m = UMr::of(mr);
@@ -1252,9 +1287,17 @@ ibv_mr* ibv_import_mr(ibv_pd* pd, uint32_t mr_handle) {
   m->v = from->v;
   m->v.context = pd->context;
   m->v.pd = pd;
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_imported_mrs.insert(&m->v);
   return &m->v;
 }
-void ibv_unimport_mr(ibv_mr* mr) { delete UMr::of(mr); }
+void ibv_unimport_mr(ibv_mr* mr) {
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    g_imported_mrs.erase(mr);
+  }
+  delete UMr::of(mr);
+}
 ibv_dm* ibv_import_dm(ibv_context* context, uint32_t dm_handle) {
   if (!context) return fail_null<ibv_dm>(EINVAL);
   auto* from = static_cast<UDm*>(find_exported(ucontext(context)->u, dm_handle, Exp::kDm));

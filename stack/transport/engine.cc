@@ -84,15 +84,36 @@ Mr* Engine::reg_mr(Pd* pd, void* addr, std::uint64_t len, unsigned access) {
   return reg_mr_iova(pd, addr, len, access, reinterpret_cast<std::uint64_t>(addr));
 }
 
-Mr* Engine::reg_mr_iova(Pd* pd, void* addr, std::uint64_t len, unsigned access, std::uint64_t iova) {
-  if (pd == nullptr || (addr == nullptr && len != 0)) return nullptr;
-  if (iova + len < iova) return nullptr;  // wraps the address space
+namespace {
+bool mr_access_ok(unsigned access) {
   // IBTA 10.6.3.1: remote write or atomic access needs local write too.
-  if ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) && !(access & IBV_ACCESS_LOCAL_WRITE))
-    return nullptr;
+  if ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) && !(access & IBV_ACCESS_LOCAL_WRITE)) return false;
   // FLUSH to persistence needs persistent memory, which uroce does not have.
-  if (access & UROCE_ACCESS_FLUSH_PERSISTENT) return nullptr;
+  return (access & UROCE_ACCESS_FLUSH_PERSISTENT) == 0;
+}
+bool mr_range_ok(const void* addr, std::uint64_t len, std::uint64_t iova) {
+  return (addr != nullptr || len == 0) && iova + len >= iova;  // no memory, or wrapping the address space
+}
+}  // namespace
+
+Mr* Engine::reg_mr_iova(Pd* pd, void* addr, std::uint64_t len, unsigned access, std::uint64_t iova) {
+  if (pd == nullptr || !mr_range_ok(addr, len, iova) || !mr_access_ok(access)) return nullptr;
   return mrs_.reg(pd, addr, len, access, iova);
+}
+
+int Engine::rereg_mr(Mr* mr, int flags, Pd* pd, unsigned access, void* addr, std::uint64_t len, std::uint64_t iova) {
+  constexpr int kAll = IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD | IBV_REREG_MR_CHANGE_ACCESS;
+  if (mr == nullptr || flags == 0 || (flags & ~kAll) != 0) return EINVAL;
+  const bool pd_too = (flags & IBV_REREG_MR_CHANGE_PD) != 0;
+  const bool memory_too = (flags & IBV_REREG_MR_CHANGE_TRANSLATION) != 0;
+  if (pd_too && pd == nullptr) return EINVAL;
+  if (!(flags & IBV_REREG_MR_CHANGE_ACCESS))
+    access = mr->access;
+  else if (!mr_access_ok(access))
+    return EINVAL;
+  if (memory_too && (addr == nullptr || !mr_range_ok(addr, len, iova))) return EINVAL;
+  return mrs_.rereg(mr, pd_too ? pd : nullptr, access, memory_too ? static_cast<std::uint8_t*>(addr) : nullptr, len,
+                    iova);
 }
 
 int Engine::dereg_mr(Mr* mr) {

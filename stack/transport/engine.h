@@ -147,6 +147,11 @@ class Engine {
   /// mapping at another address in the daemon.
   Mr* reg_mr_iova(Pd* pd, void* addr, std::uint64_t len, unsigned access, std::uint64_t iova);
   int dereg_mr(Mr* mr);  // EBUSY while memory windows are bound to it
+  /// ibv_rereg_mr in place, keeping the keys: `flags` is IBV_REREG_MR_CHANGE_*
+  /// (at least one); `pd` with CHANGE_PD, `access` with CHANGE_ACCESS, and
+  /// addr, len, iova (as for reg_mr_iova) with CHANGE_TRANSLATION. 0, EINVAL
+  /// (a bad flag, PD, access or range) or EBUSY (windows are bound to it).
+  int rereg_mr(Mr* mr, int flags, Pd* pd, unsigned access, void* addr, std::uint64_t len, std::uint64_t iova);
   /// A memory window (IBTA 10.6.7) of IBV_MW_TYPE_1 or _2, unbound; it
   /// is bound by an IBV_WR_BIND_MW work request, and shares the MRs' key
   /// table (and its capacity).

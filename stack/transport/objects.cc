@@ -49,6 +49,26 @@ int MrTable::dereg(Mr* mr) {
   return 0;
 }
 
+int MrTable::rereg(Mr* mr, Pd* pd, unsigned access, std::uint8_t* addr, std::uint64_t len, std::uint64_t iova) {
+  if (mr == nullptr || !mr->valid || mr->mw_type != 0) return EINVAL;
+  if (mr->mw_bound != 0) return EBUSY;
+  if (pd != nullptr && pd != mr->pd) {
+    --mr->pd->refs;
+    ++pd->refs;
+    mr->pd = pd;
+  }
+  if (addr != nullptr) {
+    mr->addr = addr;
+    mr->length = len;
+    mr->iova = iova;
+  }
+  mr->access = access;
+  // Registered again: remote access as the access says, even after an
+  // invalidation (the consumer asked for these keys anew).
+  mr->remote_ok = (access & (IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) != 0;
+  return 0;
+}
+
 Mr* MrTable::alloc_mw(Pd* pd, unsigned type) {
   if (type != IBV_MW_TYPE_1 && type != IBV_MW_TYPE_2) return nullptr;
   Mr* w = reg(pd, nullptr, 0, 0, 0);

@@ -96,6 +96,11 @@ class MrTable {
   /// Frees the slot: EBUSY while windows are bound to the MR (or, for a
   /// window, never: it is unbound first).
   int dereg(Mr* mr);
+  /// Changes a registered MR in place, keeping its keys: its PD (when `pd`
+  /// is not null), its access, and (when `addr` is not null) its memory.
+  /// EBUSY while windows are bound to it, as for deregistration: a bound
+  /// window's bytes stay those it was bound to.
+  int rereg(Mr* mr, Pd* pd, unsigned access, std::uint8_t* addr, std::uint64_t len, std::uint64_t iova);
 
   /// A memory window of `type` (1 or 2) in `pd`, unbound. nullptr if the
   /// table is full.

@@ -385,6 +385,10 @@ struct uroce_comp_channel {
   std::vector<uroce_cq*> cqs;
 };
 
+/// What uroce_modify_qp writes over the opcode of a completion that is not
+/// to be handed out (no ibv_wc_opcode has it; only this library writes it).
+constexpr std::uint32_t kDiscardedCompletion = 0xffffffffu;
+
 struct uroce_cq {
   uroce_context* ctx;
   std::uint32_t handle;
@@ -1030,54 +1034,125 @@ uroce_mr* uroce_reg_mr(uroce_pd* pd, void* addr, std::size_t length, int access)
   return uroce_reg_mr_iova(pd, addr, length, reinterpret_cast<std::uintptr_t>(addr), access);
 }
 
-uroce_mr* uroce_reg_mr_iova(uroce_pd* pd, void* addr, std::size_t length, std::uint64_t iova, int access) {
-  if (!pd || !addr || length == 0) return set_error(EINVAL, "bad MR arguments"), nullptr;
+/// The memory of an MR of [addr, addr + length) that its peers address at
+/// iova, as REG_MR_PIECES sends it: the segments' pieces (pinned: segs),
+/// or for 0 bytes a page of its own (no application memory is shared).
+struct MrMemory {
+  uroce_reg_mr_pieces_msg m{};
+  uroce_reg_mr_exact exact{};
+  std::vector<int> fds;
+  std::vector<std::uintptr_t> segs;
+  int own_fd = -1;
+  MrMemory() = default;
+  MrMemory(const MrMemory&) = delete;
+  MrMemory& operator=(const MrMemory&) = delete;
+  ~MrMemory() {
+    if (own_fd >= 0) ::close(own_fd);
+  }
+};
+
+/// Fills `mem` for pd's MR: 0, or an errno with nothing pinned.
+int mr_memory(uroce_pd* pd, void* addr, std::size_t length, std::uint64_t iova, int access, MrMemory& mem) {
   uroce_context* ctx = pd->ctx;
+  if (length == 0 && ctx->minor < 15) return set_error(EINVAL, "this uroced registers no MR of 0 bytes");
+  if (!addr && length != 0) return set_error(EINVAL, "bad MR arguments");
+  if (iova + length < iova) return set_error(EINVAL, "the IOVA range wraps");
   // The daemon maps whole pages: register from the page holding addr,
   // which the MR's address space (its IOVA) reaches at iova - (addr - page).
   const auto page = reinterpret_cast<std::uintptr_t>(addr) & ~std::uintptr_t{4095};
   const auto end = (reinterpret_cast<std::uintptr_t>(addr) + length + 4095) & ~std::uintptr_t{4095};
   const std::uint64_t head = reinterpret_cast<std::uintptr_t>(addr) - page;
-  if (iova + length < iova) return set_error(EINVAL, "the IOVA range wraps"), nullptr;
   // The MR is exactly [addr, addr + length) (ABI minor 14): its keys reach
   // nothing else on its pages. An older daemon registers the whole pages,
   // whose IOVA must then not wrap.
-  const uroce_reg_mr_exact exact{head, length};
-  if (ctx->minor < 14 && iova < head) return set_error(EINVAL, "the IOVA range wraps"), nullptr;
+  if (ctx->minor < 14 && iova < head) return set_error(EINVAL, "the IOVA range wraps");
+  mem.exact = {head, length};
   std::vector<uroce_reg_mr_piece> pieces;
-  std::vector<int> fds;
-  std::vector<std::uintptr_t> segs;
-  if (pin(page, end, pieces, fds, segs) != 0) return nullptr;
-  uroce_reg_mr_pieces_msg m{};
-  m.mr = {pd->handle, static_cast<std::uint32_t>(access), iova - head, end - page, pieces[0].offset};
+  if (length == 0) {
+    mem.own_fd = sealed_memfd("uroce-mr0", 4096);
+    if (mem.own_fd < 0) return set_error(errno, "memfd");
+    pieces.push_back({0, 4096});
+    mem.fds.push_back(mem.own_fd);
+  } else if (pin(page, end, pieces, mem.fds, mem.segs) != 0) {
+    return errno;
+  }
+  const std::uint64_t span = length == 0 ? 4096 : end - page;
+  mem.m.mr = {pd->handle, static_cast<std::uint32_t>(access), iova - head, span, 0};
+  mem.m.count = static_cast<std::uint32_t>(pieces.size());
+  std::copy(pieces.begin(), pieces.end(), mem.m.piece);
+  return 0;
+}
+
+uroce_mr* uroce_reg_mr_iova(uroce_pd* pd, void* addr, std::size_t length, std::uint64_t iova, int access) {
+  if (!pd) return set_error(EINVAL, "bad MR arguments"), nullptr;
+  uroce_context* ctx = pd->ctx;
+  MrMemory mem;
+  if (mr_memory(pd, addr, length, iova, access, mem) != 0) return nullptr;
   uroce_reg_mr_reply r{};
   int rc;
-  const std::uint32_t tail = ctx->minor >= 14 ? sizeof exact : 0;  // the exact bytes follow the request
-  if (pieces.size() == 1) {
+  const std::uint32_t tail = ctx->minor >= 14 ? sizeof mem.exact : 0;  // the exact bytes follow the request
+  if (mem.m.count == 1) {
     struct {
       uroce_reg_mr_msg mr;
       uroce_reg_mr_exact ex;
-    } one{m.mr, exact};
+    } one{mem.m.mr, mem.exact};
     static_assert(sizeof one == sizeof(uroce_reg_mr_msg) + sizeof(uroce_reg_mr_exact));
-    rc = call(ctx, UROCE_MSG_REG_MR, &one, sizeof one.mr + tail, fds[0], &r, sizeof r);
+    one.mr.offset = mem.m.piece[0].offset;
+    rc = call(ctx, UROCE_MSG_REG_MR, &one, sizeof one.mr + tail, mem.fds[0], &r, sizeof r);
   } else {
-    m.mr.offset = 0;
-    m.count = static_cast<std::uint32_t>(pieces.size());
-    std::copy(pieces.begin(), pieces.end(), m.piece);
     struct {
       uroce_reg_mr_pieces_msg m;
       uroce_reg_mr_exact ex;
-    } many{m, exact};
+    } many{mem.m, mem.exact};
     static_assert(sizeof many == sizeof(uroce_reg_mr_pieces_msg) + sizeof(uroce_reg_mr_exact));
-    rc = call_fds(ctx, UROCE_MSG_REG_MR_PIECES, &many, sizeof many.m + tail, fds.data(), fds.size(), &r, sizeof r);
+    rc = call_fds(ctx, UROCE_MSG_REG_MR_PIECES, &many, sizeof many.m + tail, mem.fds.data(), mem.fds.size(), &r,
+                  sizeof r);
   }
   if (rc != 0) {
     const int e = errno;
-    unpin(segs);
+    unpin(mem.segs);
     errno = e;
     return nullptr;
   }
-  return new uroce_mr{pd, r.handle, r.lkey, r.rkey, std::move(segs)};
+  return new uroce_mr{pd, r.handle, r.lkey, r.rkey, std::move(mem.segs)};
+}
+
+int uroce_rereg_mr(uroce_mr* mr, int flags, uroce_pd* pd, void* addr, std::size_t length, int access) {
+  if (!mr) return set_error(EINVAL, "no MR");
+  uroce_context* ctx = mr->pd->ctx;
+  if (ctx->minor < 15) return set_error(EOPNOTSUPP, "this uroced cannot change an MR in place");
+  const bool new_pd = (flags & IBV_REREG_MR_CHANGE_PD) != 0;
+  const bool new_memory = (flags & IBV_REREG_MR_CHANGE_TRANSLATION) != 0;
+  if (new_pd && (!pd || pd->ctx != ctx)) return set_error(EINVAL, "no PD, or one of another context");
+  struct {
+    uroce_rereg_mr_msg r;
+    uroce_reg_mr_pieces_msg m;
+    uroce_reg_mr_exact ex;
+  } body{};
+  body.r = {mr->handle, static_cast<std::uint32_t>(flags), new_pd ? pd->handle : 0, static_cast<std::uint32_t>(access)};
+  std::uint32_t blen = sizeof body.r;
+  MrMemory mem;
+  if (new_memory) {
+    if (mr_memory(new_pd ? pd : mr->pd, addr, length, reinterpret_cast<std::uintptr_t>(addr), access, mem) != 0)
+      return errno;
+    body.m = mem.m;
+    body.ex = mem.exact;
+    blen = sizeof body;
+  }
+  uroce_reg_mr_reply r{};
+  if (const int rc = call_fds(ctx, UROCE_MSG_REREG_MR, &body, blen, mem.fds.data(), mem.fds.size(), &r, sizeof r)) {
+    unpin(mem.segs);
+    errno = rc;
+    return rc;
+  }
+  if (new_memory) {
+    unpin(mr->segs);
+    mr->segs = std::move(mem.segs);
+  }
+  if (new_pd) mr->pd = pd;
+  mr->lkey = r.lkey;
+  mr->rkey = r.rkey;
+  return 0;
 }
 
 int uroce_dereg_mr(uroce_mr* mr) {
@@ -1419,7 +1494,19 @@ int uroce_modify_qp(uroce_qp* qp, ibv_qp_attr* a, int mask) {
   if ((mask & IBV_QP_AV) && !a->ah_attr.is_global)
     return set_error(EINVAL, "RoCE needs a global address (ah_attr.is_global with the peer's GID)");
   const uroce_modify_qp_msg m = abi::to_msg(*a, mask, qp->handle);
-  return call(qp->ctx, UROCE_MSG_MODIFY_QP, &m, sizeof m, -1, nullptr, 0);
+  const int rc = call(qp->ctx, UROCE_MSG_MODIFY_QP, &m, sizeof m, -1, nullptr, 0);
+  if (rc == 0 && (mask & IBV_QP_STATE) && a->qp_state == IBV_QPS_RESET) {
+    // A QP made new forgets its past: completions of its own that its CQs
+    // still hold (the flushes of its last error, say) are not handed out,
+    // as ConnectX's provider cleans them from its CQs at this transition.
+    // The daemon made every one of them before it answered.
+    for (uroce_cq* cq : {qp->init.send_cq, qp->init.recv_cq})
+      if (cq)
+        cq->ring.edit_pending([qpn = qp->qpn](uroce_cq_entry& e) {
+          if (e.qp_num == qpn) e.opcode = kDiscardedCompletion;
+        });
+  }
+  return rc;
 }
 
 namespace {
@@ -1710,6 +1797,7 @@ int poll_entries(uroce_cq* cq, int num, ibv_wc* wc, std::uint64_t* ts) {
   uroce_cq_entry e;
   const auto take = [&] {
     while (n < num && cq->ring.pop(e)) {
+      if (e.opcode == kDiscardedCompletion) continue;  // its QP was reset since (uroce_modify_qp)
       if constexpr (kTs) ts[n] = e.timestamp;
       wc[n++] = abi::to_wc(e);
     }

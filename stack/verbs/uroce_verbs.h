@@ -121,6 +121,10 @@ struct uroce_mr* uroce_reg_mr(struct uroce_pd* pd, void* addr, size_t length, in
  * remote accesses name addr's bytes at iova onwards, as on rdma-core. */
 struct uroce_mr* uroce_reg_mr_iova(struct uroce_pd* pd, void* addr, size_t length, uint64_t iova, int access);
 int uroce_dereg_mr(struct uroce_mr* mr);
+/* ibv_rereg_mr: the MR in place, keeping its keys (the daemon's, ABI minor
+ * 15). flags: IBV_REREG_MR_CHANGE_*; pd with _PD, access with _ACCESS,
+ * [addr, addr + length) with _TRANSLATION. 0, or an errno. */
+int uroce_rereg_mr(struct uroce_mr* mr, int flags, struct uroce_pd* pd, void* addr, size_t length, int access);
 uint32_t uroce_mr_lkey(const struct uroce_mr* mr);
 uint32_t uroce_mr_rkey(const struct uroce_mr* mr);
 

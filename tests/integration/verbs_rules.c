@@ -27,6 +27,16 @@
  *     CQ's parent domain, is EINVAL;
  *   - device memory (ibv_alloc_dm): copies at 4-byte granules, bounds, a
  *     zero-based MR over part of it that a peer's WRITE reaches;
+ *   - ibv_rereg_mr keeps the MR's keys and changes what they reach: its
+ *     access (a WRITE after remote write is taken away: remote access
+ *     error), its PD (another PD's QP cannot use it), its memory (a WRITE
+ *     lands in the new bytes, and the old address is out of bounds);
+ *     libibverbs's input rules (IBV_REREG_MR_ERR_INPUT) and the command's
+ *     (flags 0, remote write without local write: IBV_REREG_MR_ERR_CMD),
+ *     each with EINVAL;
+ *   - an MR of 0 bytes registers, and reaches no byte;
+ *   - a QP moved to RESET takes its own completions out of its CQ (the
+ *     flushes of its error), and leaves those of other QPs;
  *   - completion timestamps: an extended CQ with the free-running and the
  *     wall-clock timestamp stamps a WRITE's completion between the times
  *     read before the post and after the poll; hca_core_clock is 1 GHz
@@ -386,6 +396,141 @@ static void mr_bounds(void) {
   free(src);
 }
 
+/* ibv_rereg_mr: the keys stay, what they reach changes. */
+static void rereg(void) {
+  uint8_t *buf = calloc(1, 4096), *buf2 = calloc(1, 4096), *src = calloc(1, 4096);
+  struct ibv_pd* pd2 = ibv_alloc_pd(ctx);
+  const int rw = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+  struct ibv_mr* t = buf ? ibv_reg_mr(pd, buf, 4096, rw) : NULL;
+  struct ibv_mr* from = src ? ibv_reg_mr(pd, src, 4096, IBV_ACCESS_LOCAL_WRITE) : NULL;
+  check(t && from && pd2 && buf2, "an MR to rereg, one to write from, and a second PD");
+  if (!t || !from || !pd2 || !buf2) goto out;
+  const uint32_t lkey = t->lkey, rkey = t->rkey;
+  check(write_status(from, (uintptr_t)buf, rkey, 8) == IBV_WC_SUCCESS, "a WRITE to the MR before any rereg: success");
+  int rc = ibv_rereg_mr(t, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0, IBV_ACCESS_LOCAL_WRITE);
+  check(rc == 0 && t->lkey == lkey && t->rkey == rkey, "rereg of the access to local write only: 0 (%d), same keys", rc);
+  check(write_status(from, (uintptr_t)buf, rkey, 8) == IBV_WC_REM_ACCESS_ERR,
+        "then a WRITE through its R_Key: remote access error");
+  rc = ibv_rereg_mr(t, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0, rw);
+  check(rc == 0 && write_status(from, (uintptr_t)buf, rkey, 8) == IBV_WC_SUCCESS,
+        "rereg back to remote write (%d): the WRITE succeeds again", rc);
+  rc = ibv_rereg_mr(t, IBV_REREG_MR_CHANGE_PD, pd2, NULL, 0, 0);
+  check(rc == 0 && t->pd == pd2, "rereg into another PD: 0 (%d), mr->pd is it", rc);
+  check(write_status(from, (uintptr_t)buf, rkey, 8) == IBV_WC_REM_ACCESS_ERR,
+        "then a WRITE from a QP of the first PD: remote access error");
+  check(ibv_dealloc_pd(pd2) == EBUSY, "the second PD cannot go while the MR is in it: EBUSY");
+  rc = ibv_rereg_mr(t, IBV_REREG_MR_CHANGE_PD, pd, NULL, 0, 0);
+  check(rc == 0 && write_status(from, (uintptr_t)buf, rkey, 8) == IBV_WC_SUCCESS,
+        "rereg back into the first PD (%d): the WRITE succeeds again", rc);
+  memset(src, 0x5a, 64);
+  rc = ibv_rereg_mr(t, IBV_REREG_MR_CHANGE_TRANSLATION, NULL, buf2 + 16, 64, 0);
+  check(rc == 0 && t->addr == buf2 + 16 && t->length == 64 && t->lkey == lkey && t->rkey == rkey,
+        "rereg onto 64 other bytes: 0 (%d), mr->addr and length are theirs, same keys", rc);
+  check(write_status(from, (uintptr_t)(buf2 + 16), rkey, 64) == IBV_WC_SUCCESS && buf2[16] == 0x5a && buf2[79] == 0x5a &&
+            buf2[15] == 0 && buf2[80] == 0,
+        "a WRITE of 64 bytes lands there, and nowhere around");
+  check(write_status(from, (uintptr_t)buf, rkey, 8) == IBV_WC_REM_ACCESS_ERR,
+        "a WRITE to the old address: remote access error");
+  errno = 0;
+  rc = ibv_rereg_mr(t, 1 << 3, NULL, NULL, 0, 0);
+  check(rc == IBV_REREG_MR_ERR_INPUT && errno == EINVAL, "rereg with an unknown flag: ERR_INPUT (%d), EINVAL", rc);
+  errno = 0;
+  rc = ibv_rereg_mr(t, IBV_REREG_MR_CHANGE_TRANSLATION, NULL, buf, 0, 0);
+  check(rc == IBV_REREG_MR_ERR_INPUT && errno == EINVAL, "rereg onto 0 bytes: ERR_INPUT (%d), EINVAL", rc);
+  errno = 0;
+  rc = ibv_rereg_mr(t, IBV_REREG_MR_CHANGE_PD, pd, NULL, 0, IBV_ACCESS_LOCAL_WRITE);
+  check(rc == IBV_REREG_MR_ERR_INPUT && errno == EINVAL, "an access without CHANGE_ACCESS: ERR_INPUT (%d), EINVAL", rc);
+  errno = 0;
+  rc = ibv_rereg_mr(t, 0, NULL, NULL, 0, 0);
+  check(rc == IBV_REREG_MR_ERR_CMD && errno == EINVAL, "rereg with no flag: ERR_CMD (%d), EINVAL", rc);
+  errno = 0;
+  rc = ibv_rereg_mr(t, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0, IBV_ACCESS_REMOTE_WRITE);
+  check(rc == IBV_REREG_MR_ERR_CMD && errno == EINVAL, "remote write without local write: ERR_CMD (%d), EINVAL", rc);
+  check(write_status(from, (uintptr_t)(buf2 + 16), rkey, 64) == IBV_WC_SUCCESS, "refused rereg calls changed nothing");
+out:
+  if (t) ibv_dereg_mr(t);
+  if (from) ibv_dereg_mr(from);
+  if (pd2) ibv_dealloc_pd(pd2);
+  free(buf);
+  free(buf2);
+  free(src);
+}
+
+/* An MR of no bytes: it registers, and a WRITE of one byte through it is a
+ * remote access error. */
+static void zero_byte_mr(void) {
+  uint8_t* buf = calloc(1, 4096);
+  struct ibv_mr* z = buf ? ibv_reg_mr(pd, buf + 8, 0, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE) : NULL;
+  struct ibv_mr* from = buf ? ibv_reg_mr(pd, buf + 1024, 64, IBV_ACCESS_LOCAL_WRITE) : NULL;
+  check(z && z->length == 0, "an MR of 0 bytes registers");
+  if (z && from)
+    check(write_status(from, (uintptr_t)(buf + 8), z->rkey, 1) == IBV_WC_REM_ACCESS_ERR,
+          "a WRITE of 1 byte through it: remote access error");
+  if (z) ibv_dereg_mr(z);
+  if (from) ibv_dereg_mr(from);
+  free(buf);
+}
+
+/* Posts n receives of 8 bytes from mr on qp, moves it to ERR (each is
+ * flushed into cq), and to RESET too if `reset`. */
+static int flushed_qp(struct ibv_mr* mr, int n, int reset, struct ibv_qp** out) {
+  struct ibv_qp *a = NULL, *b = NULL;
+  if (rc_pair(cq, &a, &b) != 0) return -1;
+  ibv_destroy_qp(b);
+  *out = a;
+  for (int i = 0; i < n; ++i) {
+    struct ibv_sge sg = {(uintptr_t)mr->addr, 8, mr->lkey};
+    struct ibv_recv_wr r = {0}, *bad = NULL;
+    r.wr_id = 100 + (uint64_t)i;
+    r.sg_list = &sg;
+    r.num_sge = 1;
+    if (ibv_post_recv(a, &r, &bad)) return -1;
+  }
+  struct ibv_qp_attr at = {0};
+  at.qp_state = IBV_QPS_ERR;
+  if (ibv_modify_qp(a, &at, IBV_QP_STATE)) return -1;
+  at.qp_state = IBV_QPS_RESET;
+  return reset ? ibv_modify_qp(a, &at, IBV_QP_STATE) : 0;
+}
+
+/* ibv_poll_cq for 200 ms: the completions, QP numbers in qpns. */
+static int drain(uint32_t* qpns, int max) {
+  struct timespec t0, t;
+  int got = 0;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  do {
+    struct ibv_wc wc;
+    if (ibv_poll_cq(cq, 1, &wc) == 1 && got < max) qpns[got++] = wc.qp_num;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+  } while ((t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000 < 200);
+  return got;
+}
+
+/* A QP moved to RESET forgets its completions still in its CQ. */
+static void reset_forgets_completions(void) {
+  uint8_t* buf = calloc(1, 4096);
+  struct ibv_mr* mr = buf ? ibv_reg_mr(pd, buf, 4096, IBV_ACCESS_LOCAL_WRITE) : NULL;
+  struct ibv_qp *kept = NULL, *reset = NULL;
+  uint32_t qpns[8];
+  check(mr && flushed_qp(mr, 2, 0, &kept) == 0, "a QP with 2 receives, moved to ERR");
+  if (mr && kept) {
+    const int n = drain(qpns, 8);
+    check(n == 2 && qpns[0] == kept->qp_num && qpns[1] == kept->qp_num, "its 2 flushed receives are in the CQ (%d)", n);
+    ibv_destroy_qp(kept);
+    kept = NULL;
+  }
+  const int ok = mr && flushed_qp(mr, 1, 0, &kept) == 0 && flushed_qp(mr, 3, 1, &reset) == 0;
+  check(ok, "one QP with 1 receive moved to ERR, then one with 3 moved to ERR and RESET");
+  if (ok) {
+    const int n = drain(qpns, 8);
+    check(n == 1 && qpns[0] == kept->qp_num, "the CQ holds the first QP's flush only (%d completions)", n);
+  }
+  if (kept) ibv_destroy_qp(kept);
+  if (reset) ibv_destroy_qp(reset);
+  if (mr) ibv_dereg_mr(mr);
+  free(buf);
+}
+
 /* Device memory: allocated, copied to and from at 4-byte granules, and
  * written by a peer through a zero-based MR over it. */
 static void device_memory(void) {
@@ -623,6 +768,9 @@ int main(int argc, char** argv) {
   gids();
   timestamps();
   mr_bounds();
+  rereg();
+  zero_byte_mr();
+  reset_forgets_completions();
   device_memory();
   parent_domain();
   unmapped_before_dereg();

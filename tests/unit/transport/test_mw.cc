@@ -313,6 +313,20 @@ TEST_F(Mw, MrStaysWhileWindowsAreBound) {
   EXPECT_EQ(p.B().dereg_mr(mr), 0);
 }
 
+TEST_F(Mw, MrIsNotReregisteredWhileWindowsAreBound) {
+  Mr* mw = p.B().alloc_mw(p.node[1].pd, IBV_MW_TYPE_1);
+  std::uint32_t k = 0;
+  ASSERT_EQ(bind(q.b, mw, 0, 4096, IBV_ACCESS_REMOTE_WRITE, k), IBV_WC_SUCCESS);
+  const unsigned access = mr->access;
+  EXPECT_EQ(p.B().rereg_mr(mr, IBV_REREG_MR_CHANGE_ACCESS, nullptr, IBV_ACCESS_LOCAL_WRITE, nullptr, 0, 0), EBUSY);
+  EXPECT_EQ(mr->access, access);
+  EXPECT_EQ(p.B().rereg_mr(mw, IBV_REREG_MR_CHANGE_ACCESS, nullptr, IBV_ACCESS_LOCAL_WRITE, nullptr, 0, 0), EINVAL);
+  EXPECT_EQ(write(q.a, b_addr(0), k, 64, 1), IBV_WC_SUCCESS);  // the window still reaches its bytes
+  EXPECT_EQ(p.B().dealloc_mw(mw), 0);
+  EXPECT_EQ(p.B().rereg_mr(mr, IBV_REREG_MR_CHANGE_ACCESS, nullptr, IBV_ACCESS_LOCAL_WRITE, nullptr, 0, 0), 0);
+  EXPECT_EQ(write(q.a, b_addr(0), mr->rkey, 64, 2), IBV_WC_REM_ACCESS_ERR);
+}
+
 TEST_F(Mw, BindCompletesInOrderAfterTheWorkBeforeIt) {
   // B WRITEs 32 KiB to A, then binds: the bind runs when the requester
   // reaches it, and completes only after the WRITE has been acknowledged.
