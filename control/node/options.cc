@@ -134,6 +134,7 @@ ParseResult parse_options(int argc, const char* const* argv, NodeOptions& out, s
       ("hello-timeout-ms", po::value(&lim.hello_timeout_ms), "a connection silent this long is closed (default 2000)")
       ("max-qps", po::value(&lim.max_qps), "QPs per session (default 256)")
       ("max-qps-per-uid", po::value(&lim.max_qps_per_uid), "QPs one uid may hold over its sessions (default 512)")
+      ("max-mcast-per-uid", po::value(&lim.max_mcast_per_uid), "multicast attachments one uid may hold (default 64)")
       ("max-cqs", po::value(&lim.max_cqs), "CQs per session (default 256)")
       ("max-mrs", po::value(&lim.max_mrs), "MRs per session (default 1024)")
       ("max-mr-mb", po::value(&max_mr_mb), "registered MiB per session (default 4096)")
@@ -306,6 +307,7 @@ ParseResult parse_options(int argc, const char* const* argv, NodeOptions& out, s
                                     {"--hello-timeout-ms", lim.hello_timeout_ms, 600000u},
                                     {"--max-qps", lim.max_qps, 65536u},
                                     {"--max-qps-per-uid", lim.max_qps_per_uid, 65536u},
+                                    {"--max-mcast-per-uid", lim.max_mcast_per_uid, 1024u},
                                     {"--max-cqs", lim.max_cqs, 65536u},
                                     {"--max-mrs", lim.max_mrs, 1u << 20},
                                     {"--max-pending-rtr", lim.max_pending_rtr, 65536u},

@@ -32,6 +32,7 @@ struct SessionLimits {
   std::uint64_t max_mr_bytes = 1ull << 32;  // per session
   std::uint32_t max_sessions = 256, max_sessions_per_uid = 64;
   std::uint32_t max_qps_per_uid = 512;  // the engine's table holds 1024: one user cannot take it all
+  std::uint32_t max_mcast_per_uid = 64;  // multicast attachments one uid may hold (the engine's table holds 1024)
   /// Connections that have not said hello yet, and how long one may wait.
   std::uint32_t max_unhelloed = 64, hello_timeout_ms = 2000;
 };

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <bit>
 #include <chrono>
@@ -101,6 +102,7 @@ struct SessionServer::Session {
     Mapping map;
     std::uint32_t handle = 0;
     Session* session = nullptr;
+    std::vector<wire::IpAddr> groups;  // the multicast groups it is in (the engine drops them with the QP)
   };
   std::map<std::uint32_t, Pd*> pds;
   std::map<std::uint32_t, MrRes> mrs;
@@ -744,6 +746,38 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
       }
       return fail(EINVAL, "unknown QP option");
     }
+    case UROCE_MSG_MCAST: {
+      uroce_mcast_msg m;
+      if (!take(m)) return;
+      auto q = s.qps.find(m.qp);
+      if (q == s.qps.end()) return fail(EINVAL, "no such QP in this session");
+      wire::IpAddr gid;
+      std::memcpy(gid.b.data(), m.gid, 16);
+      auto& groups = q->second.groups;
+      const auto in = std::find(groups.begin(), groups.end(), gid);
+      if (m.attach == 0) {
+        if (in == groups.end()) return fail(EINVAL, "the QP is not in that multicast group");
+        (void)eng_.detach_mcast(q->second.qp, gid);
+        groups.erase(in);
+        return send_reply(sock, h, 0, "", nullptr, 0);
+      }
+      if (m.attach != 1) return fail(EINVAL, "attach is 0 or 1");
+      if (in != groups.end()) return send_reply(sock, h, 0, "", nullptr, 0);  // already in it
+      std::size_t of_uid = 0;
+      for (const auto& [id, o] : sessions_)
+        if (o->uid == s.uid)
+          for (const auto& [qh, qr] : o->qps) of_uid += qr.groups.size();
+      if (of_uid >= limits_.max_mcast_per_uid) {
+        ++refused_.mcast_per_uid;
+        return fail(EDQUOT, "too many multicast attachments for uid " + std::to_string(s.uid) + " (max_mcast_per_uid " +
+                                std::to_string(limits_.max_mcast_per_uid) + ")");
+      }
+      const int rc = eng_.attach_mcast(q->second.qp, gid);
+      if (rc == EINVAL) return fail(rc, "only a UD QP joins a group, and a group is a multicast address");
+      if (rc != 0) return fail(rc, "the daemon's multicast table is full");
+      groups.push_back(gid);
+      return send_reply(sock, h, 0, "", nullptr, 0);
+    }
     case UROCE_MSG_RESOLVE: {
       // A UD address handle's MAC, as the kernel resolves one at
       // ibv_create_ah: from the one neighbour table (the port's own address
@@ -752,9 +786,14 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
       if (!take(m)) return;
       wire::IpAddr dgid;
       std::memcpy(dgid.b.data(), m.dgid, 16);
-      if (dgid.is_v4_mapped() ? dgid.b[12] == 0 || dgid.b[12] >= 224 : dgid.b[0] == 0xff)
-        return fail(EINVAL, "not a unicast address");
       uroce_resolve_reply r{};
+      if (dgid.is_multicast()) {  // a group's MAC is its address's (RFC 1112, RFC 2464): nothing to ask
+        const wire::MacAddr mac = dgid.multicast_mac();
+        std::memcpy(r.mac, mac.data(), 6);
+        return send_reply(sock, h, 0, "", &r, sizeof r);
+      }
+      if (dgid.is_v4_mapped() ? dgid.b[12] == 0 || dgid.b[12] >= 240 : false)
+        return fail(EINVAL, "not a unicast address");
       wire::MacAddr mac{};
       if (eng_.neighbor(dgid, mac)) {
         std::memcpy(r.mac, mac.data(), 6);
@@ -971,6 +1010,7 @@ nlohmann::ordered_json SessionServer::limits_status() const {
           {"hello_timeout_ms", l.hello_timeout_ms},
           {"max_qps", l.max_qps},
           {"max_qps_per_uid", l.max_qps_per_uid},
+          {"max_mcast_per_uid", l.max_mcast_per_uid},
           {"max_cqs", l.max_cqs},
           {"max_mrs", l.max_mrs},
           {"max_mr_bytes", l.max_mr_bytes},
@@ -983,6 +1023,7 @@ nlohmann::ordered_json SessionServer::limits_status() const {
             {"sessions_per_uid", refused_.sessions_per_uid},
             {"unhelloed", refused_.unhelloed},
             {"hello_timeouts", refused_.hello_timeouts},
+            {"mcast_per_uid", refused_.mcast_per_uid},
             {"qps_per_uid", refused_.qps_per_uid},
             {"accept_errors", guard_.errors()},
             {"emfile_drops", guard_.dropped()}}},

@@ -72,6 +72,9 @@ enum uroce_msg_type {
    * as REG_MR_PIECES sends it (reg_mr_pieces, then reg_mr_exact), and one
    * fd per piece. */
   UROCE_MSG_REREG_MR = 24,      /* body: rereg_mr [+ reg_mr_pieces + reg_mr_exact + fds]; reply: reg_mr_reply */
+  /* Minor 15: a UD QP joins or leaves a multicast group (ibv_attach_mcast,
+   * ibv_detach_mcast). RESOLVE answers a group's GID with its multicast MAC. */
+  UROCE_MSG_MCAST = 25,         /* body: mcast;      reply: status */
 };
 
 struct uroce_msg_hdr {
@@ -137,6 +140,11 @@ struct uroce_rereg_mr_msg {
   uint32_t flags;  /* IBV_REREG_MR_CHANGE_TRANSLATION, _PD, _ACCESS: at least one */
   uint32_t pd;     /* with IBV_REREG_MR_CHANGE_PD */
   uint32_t access; /* with IBV_REREG_MR_CHANGE_ACCESS: enum ibv_access_flags */
+};
+struct uroce_mcast_msg {
+  uint32_t qp;
+  uint32_t attach; /* 1: join, 0: leave */
+  uint8_t gid[16]; /* the group: IPv4-mapped 224/4, or IPv6 ff00::/8 */
 };
 struct uroce_reg_mr_reply {
   uint32_t handle, lkey, rkey, pad;
@@ -302,6 +310,7 @@ UROCE_STATIC_ASSERT(sizeof(struct uroce_reply_status) == 128, "reply status is 1
 UROCE_STATIC_ASSERT(sizeof(struct uroce_reg_mr_msg) == 32, "reg_mr is 32 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_reg_mr_exact) == 16, "reg_mr_exact is 16 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_rereg_mr_msg) == 16, "rereg_mr is 16 bytes");
+UROCE_STATIC_ASSERT(sizeof(struct uroce_mcast_msg) == 24, "mcast is 24 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_reg_mr_pieces_msg) == 40 + 16 * UROCE_MR_MAX_PIECES, "reg_mr_pieces layout");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_create_qp_msg) == 32, "create_qp is 32 bytes (28 before minor 2)");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_cm_msg) == 92, "cm is 92 bytes (88 before minor 9)");

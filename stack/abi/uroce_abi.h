@@ -55,7 +55,7 @@ extern "C" {
                             in its send ring's header (qp_state); 12: a CM connection's ACK timeout
                             (UROCE_CM_ACK_TIMEOUT); 13: completion timestamps (uroce_cq_entry.timestamp);
                             14: an MR's exact bytes (uroce_reg_mr_exact after REG_MR and REG_MR_PIECES);
-                            15: MRs changed in place (UROCE_MSG_REREG_MR), and MRs of 0 bytes */
+                            15: MRs changed in place (UROCE_MSG_REREG_MR), MRs of 0 bytes, multicast (UROCE_MSG_MCAST) */
 #define UROCE_ABI_CACHELINE 64
 #define UROCE_ABI_MAX_SGE 4
 #define UROCE_ABI_MAX_INLINE 64 /* inline bytes a send entry carries, in place of its SGEs */

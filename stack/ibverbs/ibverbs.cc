@@ -1457,8 +1457,17 @@ ibv_qp_ex* ibv_qp_to_qp_ex(ibv_qp* qp) { return qp ? &uqp(qp)->x : fail_null<ibv
 int ibv_query_qp_data_in_order(ibv_qp*, enum ibv_wr_opcode, uint32_t) { return 0; }  // no guarantee given
 int ibv_query_ece(ibv_qp*, ibv_ece*) { return fail(EOPNOTSUPP); }
 int ibv_set_ece(ibv_qp*, ibv_ece*) { return fail(EOPNOTSUPP); }
-int ibv_attach_mcast(ibv_qp*, const ibv_gid*, uint16_t) { return fail(EOPNOTSUPP); }
-int ibv_detach_mcast(ibv_qp*, const ibv_gid*, uint16_t) { return fail(EOPNOTSUPP); }
+// The LID is IB's: RoCE addresses a group by its GID alone.
+int ibv_attach_mcast(ibv_qp* qp, const ibv_gid* gid, uint16_t) {
+  if (!qp || !gid) return fail(EINVAL);
+  const int rc = uroce_mcast(uqp(qp)->u, gid, 1);
+  return rc ? fail(rc) : 0;
+}
+int ibv_detach_mcast(ibv_qp* qp, const ibv_gid* gid, uint16_t) {
+  if (!qp || !gid) return fail(EINVAL);
+  const int rc = uroce_mcast(uqp(qp)->u, gid, 0);
+  return rc ? fail(rc) : 0;
+}
 
 // UD address handles are liburoce's (the daemon resolves the MAC, as the
 // kernel does for rxe); rdma-core's struct is their first member.

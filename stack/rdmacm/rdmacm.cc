@@ -14,7 +14,7 @@
 // exactly when rdma_get_cm_event has something, and the daemon drives it.
 //
 // UD ids (RDMA_PS_UDP) resolve their peer's QP by SIDR, through the same
-// agent. What uroce cannot do fails cleanly with EOPNOTSUPP: multicast,
+// agent. What uroce cannot do fails cleanly with EOPNOTSUPP:
 // ECE, AF_IB addresses, RDMA_PS_IPOIB, and rsockets.
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -1311,9 +1311,53 @@ void rdma_freeaddrinfo(rdma_addrinfo* res) {
 
 // ------------------------------------------------------------ refused
 
-int rdma_join_multicast(rdma_cm_id*, sockaddr*, void*) { return fail(EOPNOTSUPP); }
-int rdma_join_multicast_ex(rdma_cm_id*, rdma_cm_join_mc_attr_ex*, void*) { return fail(EOPNOTSUPP); }
-int rdma_leave_multicast(rdma_cm_id*, sockaddr*) { return fail(EOPNOTSUPP); }
+// Multicast on RoCE: no subnet manager to ask, so a join attaches the id's
+// UD QP (if it has one yet) to the group's GID and reports
+// MULTICAST_JOIN at once with what a sender needs: the group's address,
+// QPN 0xFFFFFF, and the UDP port space's Q_Key.
+static bool group_gid(const sockaddr* addr, ibv_gid& gid) {
+  if (!addr || (addr->sa_family != AF_INET && addr->sa_family != AF_INET6)) return false;
+  gid_of(addr, gid);
+  const bool v4 = addr->sa_family == AF_INET;
+  return v4 ? (gid.raw[12] & 0xf0) == 0xe0 : gid.raw[0] == 0xff;
+}
+int rdma_join_multicast_ex(rdma_cm_id* cm_id, rdma_cm_join_mc_attr_ex* attr, void* context) {
+  if (!cm_id || !attr || !(attr->comp_mask & RDMA_CM_JOIN_MC_ATTR_ADDRESS)) return fail(EINVAL);
+  if ((attr->comp_mask & RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS) &&
+      attr->join_flags != RDMA_MC_JOIN_FLAG_FULLMEMBER && attr->join_flags != RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER)
+    return fail(EINVAL);
+  const bool send_only = (attr->comp_mask & RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS) &&
+                         attr->join_flags == RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER;
+  ibv_gid mgid{};
+  if (!group_gid(attr->addr, mgid)) return fail(EINVAL);  // not a multicast address
+  Id* id = as_id(cm_id);
+  if (!id->dev) return fail(ENODEV);  // bound or resolved to a device first
+  if (cm_id->qp && !send_only && ibv_attach_mcast(cm_id->qp, &mgid, 0) != 0) return -1;
+  Event* e = make_event(id, RDMA_CM_EVENT_MULTICAST_JOIN, 0);
+  rdma_ud_param& u = e->e.param.ud;
+  u.private_data = context;
+  u.ah_attr.is_global = 1;
+  u.ah_attr.grh.dgid = mgid;
+  u.ah_attr.grh.hop_limit = 1;
+  u.ah_attr.port_num = 1;
+  u.qp_num = 0xFFFFFF;
+  u.qkey = RDMA_UDP_QKEY;
+  std::lock_guard<std::mutex> lock(g_mu);
+  enqueue(id->chan, e);
+  return 0;
+}
+int rdma_join_multicast(rdma_cm_id* cm_id, sockaddr* addr, void* context) {
+  rdma_cm_join_mc_attr_ex a{};
+  a.comp_mask = RDMA_CM_JOIN_MC_ATTR_ADDRESS;
+  a.addr = addr;
+  return rdma_join_multicast_ex(cm_id, &a, context);
+}
+int rdma_leave_multicast(rdma_cm_id* cm_id, sockaddr* addr) {
+  ibv_gid mgid{};
+  if (!cm_id || !group_gid(addr, mgid)) return fail(EINVAL);
+  if (cm_id->qp && ibv_detach_mcast(cm_id->qp, &mgid, 0) != 0) return fail(EADDRNOTAVAIL);  // not joined
+  return 0;
+}
 int rdma_set_local_ece(rdma_cm_id*, ibv_ece*) { return fail(EOPNOTSUPP); }
 int rdma_get_remote_ece(rdma_cm_id*, ibv_ece*) { return fail(EOPNOTSUPP); }
 int rdma_reject_ece(rdma_cm_id*, const void*, uint8_t) { return fail(EOPNOTSUPP); }

@@ -58,6 +58,8 @@ Engine::Engine(const EngineConfig& cfg) : cfg_(cfg), mrs_(cfg.max_mrs, cfg.seed)
   if (cfg_.ip != wire::IpAddr{}) neighbors_.add_static(cfg_.ip, cfg_.mac);
   qps_.resize(cfg.max_qps);
   active_.reserve(cfg.max_qps);
+  mcast_.reserve(cfg.max_mcast_attach);
+  mcast_loop_.resize(16384);
   ack_waiters_.reserve(cfg.max_qps);
 }
 
@@ -249,6 +251,7 @@ int Engine::destroy_qp(Qp* qp) {
   qp->active = false;
   qp->resp.ack_listed = false;
   mrs_.unbind_qp(qp->handle);  // its type 2 windows serve nobody now
+  std::erase_if(mcast_, [qp](const McastAttach& m) { return m.qp == qp; });  // it leaves its groups
   --qp->pd->refs;
   if (gsi) {
     gsi_.reset();
@@ -1122,9 +1125,20 @@ RxVerdict Engine::rx(wire::ConstBytes frame, std::uint64_t now) {
   // destination address must be this port's, or a frame addressed to
   // another host could be executed here (and the real one then taken for
   // a duplicate).
+  if (pkt.dst.is_multicast()) {
+    last_now_ = now;
+    return to_group(pkt, now);
+  }
   if (!(pkt.dst == cfg_.ip)) return drop(PortCounter::rx_wrong_dst, RxVerdict::kWrongDst);
   last_now_ = now;
-  Qp* qp = slot_qp(pkt.destqp);
+  return to_qp(slot_qp(pkt.destqp), pkt, now);
+}
+
+RxVerdict Engine::to_qp(Qp* qp, const wire::Packet& pkt, std::uint64_t now) {
+  const auto drop = [this](PortCounter c, RxVerdict v) {
+    port_ctr_.inc(c);
+    return v;
+  };
   if (pkt.info->has(wire::kOpCnp)) {
     // A reaction point's input (IBTA A17.9.3): for our live QP, from its
     // peer (a UD QP has none: from anyone), to its congestion control.
@@ -1194,6 +1208,47 @@ RxVerdict Engine::rx(wire::ConstBytes frame, std::uint64_t now) {
     on_response(*qp, pkt, now);
   }
   return RxVerdict::kToQp;
+}
+
+// -------------------------------------------------------------- multicast
+
+int Engine::attach_mcast(Qp* qp, const wire::IpAddr& gid) {
+  if (qp == nullptr || qp->quarantine_until || qp->type != IBV_QPT_UD || !gid.is_multicast()) return EINVAL;
+  for (const McastAttach& m : mcast_)
+    if (m.qp == qp && m.gid == gid) return 0;
+  if (mcast_.size() >= cfg_.max_mcast_attach) return ENOMEM;
+  mcast_.push_back({gid, qp});
+  return 0;
+}
+
+int Engine::detach_mcast(Qp* qp, const wire::IpAddr& gid) {
+  const auto n = std::erase_if(mcast_, [&](const McastAttach& m) { return m.qp == qp && m.gid == gid; });
+  return n != 0 ? 0 : EINVAL;
+}
+
+RxVerdict Engine::to_group(const wire::Packet& pkt, std::uint64_t now) {
+  // Only a UD datagram to the multicast QPN (IBTA 10.5.2.3) is a group's.
+  if (pkt.destqp != 0xFFFFFFu || wire::transport_of(pkt.opcode) != wire::Transport::kUd) {
+    port_ctr_.inc(PortCounter::rx_wrong_dst);
+    return RxVerdict::kWrongDst;
+  }
+  RxVerdict v = RxVerdict::kUnknownQp;
+  bool member = false;
+  for (const McastAttach& m : mcast_) {
+    if (!(m.gid == pkt.dst)) continue;
+    member = true;
+    if (to_qp(m.qp, pkt, now) == RxVerdict::kToQp) v = RxVerdict::kToQp;  // each refusal is counted as its QP's
+  }
+  if (!member) port_ctr_.inc(PortCounter::rx_unknown_qp);  // a group nobody here is in
+  return v;
+}
+
+void Engine::loop_to_group(const TxFrame& f, const wire::IpAddr& group, std::uint64_t now) {
+  bool members = false;
+  for (const McastAttach& m : mcast_) members = members || m.gid == group;
+  if (!members) return;
+  const std::size_t n = f.copy_to(wire::Bytes(mcast_loop_.data(), mcast_loop_.size()));
+  if (n != 0) (void)rx(wire::ConstBytes(mcast_loop_.data(), n), now);
 }
 
 // ------------------------------------------------------------------ poll

@@ -70,6 +70,9 @@ struct EngineConfig {
   /// A UD message's largest size, in bytes: the port's active MTU
   /// (abi::roce_active_mtu of the link's Ethernet MTU), as rxe takes it.
   std::uint32_t ud_mtu = 4096;
+  /// Multicast attachments (a UD QP in a group), all QPs together: the
+  /// table is this size from the start (no allocation when one attaches).
+  std::uint32_t max_mcast_attach = 1024;
 };
 
 /// A QP's congestion control as telemetry shows it (Engine::cc_report).
@@ -235,6 +238,16 @@ class Engine {
   /// Processes one received frame, and says what it did with it (each drop
   /// is also counted in the port counters).
   RxVerdict rx(wire::ConstBytes frame, std::uint64_t now);
+  /// Multicast (IBTA 10.5.2.3): a UD QP joins the group `gid` (an IPv4
+  /// 224/4 or IPv6 ff00::/8 address); a datagram to the group (DQPN
+  /// 0xFFFFFF) reaches each QP in it, from the wire or from a QP of this
+  /// engine (the port loops a group's datagrams back to its members here,
+  /// as a NIC does). 0 (already in: 0 too), EINVAL (not UD, not a group)
+  /// or ENOMEM (the table is full). Control path.
+  int attach_mcast(Qp* qp, const wire::IpAddr& gid);
+  /// 0, or EINVAL when the QP is not in the group.
+  int detach_mcast(Qp* qp, const wire::IpAddr& gid);
+  [[nodiscard]] std::size_t mcast_attachments() const { return mcast_.size(); }
   /// Runs the requesters, READ responders, ACK flush and timers.
   void poll(std::uint64_t now);
   /// Hands every queued frame to fn(const TxFrame&) and empties the ring.
@@ -372,6 +385,13 @@ class Engine {
 
   // responder.cc
   void on_request(Qp& qp, const wire::Packet& pkt, std::uint64_t now);
+  /// A parsed packet for this port, to its QP: the per-QP checks, then the
+  /// responder or the completer.
+  RxVerdict to_qp(Qp* qp, const wire::Packet& pkt, std::uint64_t now);
+  /// A datagram to a multicast group: to each member QP.
+  RxVerdict to_group(const wire::Packet& pkt, std::uint64_t now);
+  /// A datagram this engine sent to a group, to its members here too.
+  void loop_to_group(const TxFrame& f, const wire::IpAddr& group, std::uint64_t now);
   void on_rc_request(Qp& qp, const wire::Packet& pkt);
   [[gnu::noinline]] void on_rc_out_of_order(Qp& qp, const wire::Packet& pkt);  // on_rc_request: a gap or a duplicate
   void on_uc_request(Qp& qp, const wire::Packet& pkt);
@@ -438,6 +458,12 @@ class Engine {
   bool tx_full_ = false;          // tx_slot() found the TX ring full (poll's per-QP note)
   std::vector<Qp*> ack_waiters_;  // QPs with a coalesced ACK pending
   NeighborTable neighbors_;
+  struct McastAttach {
+    wire::IpAddr gid;
+    Qp* qp;
+  };
+  std::vector<McastAttach> mcast_;  // capacity cfg_.max_mcast_attach, reserved
+  std::vector<std::uint8_t> mcast_loop_;  // a looped datagram, flattened (one MTU frame)
   // When each UD flow (source address and QP, to our QP) may next be sent a
   // CNP. Direct-mapped: two flows that share a slot may each get one more.
   struct UdCnpSlot {

@@ -250,6 +250,7 @@ bool Engine::send_next_packet(Qp& qp, std::uint64_t now) {
     spec.ext.deth_qkey = (w.remote_qkey & 0x80000000u) ? qp.qkey : w.remote_qkey;
     spec.ext.deth_src_qp = qp.qpn;
     finish_frame(*f, qp, spec, payload);
+    if (w.ah.dgid.is_multicast()) loop_to_group(*f, w.ah.dgid, now);
   } else {
     finish_packet(*f, qp, pf, ext, payload);
   }

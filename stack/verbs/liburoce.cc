@@ -1217,7 +1217,18 @@ int uroce_query_device(uroce_context* ctx, ibv_device_attr* attr) {
   // MRs and MWs take any byte range: every power-of-two page size from 4 KiB
   // up is one uroce can map (rxe says the same).
   attr->page_size_cap = ~std::uint64_t{0xfff};
+  // Multicast (minor 15): a UD QP joins groups; the daemon's default
+  // --max-mcast-per-uid (64) bounds a user's attachments.
+  if (ctx->minor >= 15) attr->max_mcast_grp = attr->max_mcast_qp_attach = attr->max_total_mcast_qp_attach = 64;
   return 0;
+}
+
+int uroce_mcast(uroce_qp* qp, const ibv_gid* gid, int attach) {
+  if (!qp || !gid) return set_error(EINVAL, "no QP or GID");
+  if (qp->ctx->minor < 15) return set_error(EOPNOTSUPP, "this uroced has no multicast");
+  uroce_mcast_msg m{qp->handle, attach ? 1u : 0u, {}};
+  std::memcpy(m.gid, gid->raw, 16);
+  return call(qp->ctx, UROCE_MSG_MCAST, &m, sizeof m, -1, nullptr, 0);
 }
 
 int uroce_query_port(uroce_context* ctx, uint8_t port_num, ibv_port_attr* attr) {

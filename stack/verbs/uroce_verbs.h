@@ -184,6 +184,9 @@ uint32_t uroce_qp_num(const struct uroce_qp* qp);
 struct ibv_ah* uroce_create_ah(struct uroce_pd* pd, struct ibv_ah_attr* attr);
 int uroce_destroy_ah(struct ibv_ah* ah);
 int uroce_modify_qp(struct uroce_qp* qp, struct ibv_qp_attr* attr, int attr_mask);
+/* ibv_attach_mcast (attach 1) and ibv_detach_mcast (0), for a UD QP and a
+ * multicast GID (ABI minor 15). 0, or an errno. */
+int uroce_mcast(struct uroce_qp* qp, const union ibv_gid* gid, int attach);
 /* uroce's own QP attributes (ABI minor 10; ENOTSUP from an older daemon):
  * - its congestion control, by name ("none", "dcqcn", "swift"), at any
  *   time (docs/research.md): any on an RC or UC QP; on a UD QP only one that

@@ -34,6 +34,14 @@ struct IpAddr {
     return b[10] == 0xff && b[11] == 0xff;
   }
   [[nodiscard]] const std::uint8_t* v4() const { return &b[12]; }
+  /// An IPv4 (224/4) or IPv6 (ff00::/8) multicast group.
+  [[nodiscard]] bool is_multicast() const { return is_v4_mapped() ? (b[12] & 0xf0) == 0xe0 : b[0] == 0xff; }
+  /// The Ethernet address a multicast group's frames go to (RFC 1112:
+  /// 01:00:5e and the low 23 bits; RFC 2464: 33:33 and the low 32 bits).
+  [[nodiscard]] std::array<std::uint8_t, 6> multicast_mac() const {
+    if (is_v4_mapped()) return {0x01, 0x00, 0x5e, static_cast<std::uint8_t>(b[13] & 0x7f), b[14], b[15]};
+    return {0x33, 0x33, b[12], b[13], b[14], b[15]};
+  }
   friend bool operator==(const IpAddr&, const IpAddr&) = default;
   friend auto operator<=>(const IpAddr&, const IpAddr&) = default;
 

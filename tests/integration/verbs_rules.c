@@ -37,6 +37,9 @@
  *   - an MR of 0 bytes registers, and reaches no byte;
  *   - a QP moved to RESET takes its own completions out of its CQ (the
  *     flushes of its error), and leaves those of other QPs;
+ *   - multicast: a UD QP in a group (ibv_attach_mcast) receives what
+ *     another QP sends to the group's GID and QPN 0xFFFFFF, and nothing
+ *     after ibv_detach_mcast; an RC QP, or a unicast GID, is EINVAL;
  *   - completion timestamps: an extended CQ with the free-running and the
  *     wall-clock timestamp stamps a WRITE's completion between the times
  *     read before the post and after the poll; hca_core_clock is 1 GHz
@@ -531,6 +534,93 @@ static void reset_forgets_completions(void) {
   free(buf);
 }
 
+/* A UD QP in RTS (Q_Key 0x1234). */
+static struct ibv_qp* ud_up(void) {
+  struct ibv_qp* qp = make_qp(IBV_QPT_UD, NULL, 4, 4, 1, 1, NULL);
+  struct ibv_qp_attr a = {0};
+  if (!qp || to_init(qp, IBV_QPT_UD)) return qp;
+  a.qp_state = IBV_QPS_RTR;
+  if (ibv_modify_qp(qp, &a, IBV_QP_STATE)) return qp;
+  a.qp_state = IBV_QPS_RTS;
+  a.sq_psn = 1;
+  ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN);
+  return qp;
+}
+
+/* Multicast: a group's member receives, a QP that left does not. */
+static void multicast(void) {
+  uint8_t* buf = calloc(1, 4096);
+  struct ibv_mr* mr = buf ? ibv_reg_mr(pd, buf, 4096, IBV_ACCESS_LOCAL_WRITE) : NULL;
+  struct ibv_qp *tx = ud_up(), *rx = ud_up();
+  struct ibv_qp* rc = make_qp(IBV_QPT_RC, NULL, 1, 1, 1, 1, NULL);
+  union ibv_gid group = {0}, own;
+  group.raw[10] = group.raw[11] = 0xff;
+  group.raw[12] = 239, group.raw[13] = 1, group.raw[14] = 2, group.raw[15] = 3;
+  check(mr && tx && rx && rc && ibv_query_gid(ctx, 1, 0, &own) == 0, "two UD QPs, an RC QP, an MR");
+  if (!mr || !tx || !rx || !rc) goto out;
+  check(dev.max_mcast_grp > 0 && dev.max_mcast_qp_attach > 0, "the device reports multicast (max_mcast_grp %d)",
+        dev.max_mcast_grp);
+  check(ibv_attach_mcast(rc, &group, 0) == EINVAL, "an RC QP joins no group: EINVAL");
+  check(ibv_attach_mcast(rx, &own, 0) == EINVAL, "a unicast GID is no group: EINVAL");
+  check(ibv_attach_mcast(rx, &group, 0) == 0, "a UD QP joins 239.1.2.3");
+  struct ibv_ah_attr aa = {0};
+  aa.is_global = 1;
+  aa.grh.dgid = group;
+  aa.grh.hop_limit = 1;
+  aa.port_num = 1;
+  struct ibv_ah* ah = ibv_create_ah(pd, &aa);
+  check(ah != NULL, "an address handle to the group");
+  for (int round = 0; ah && round < 2; ++round) {
+    struct ibv_sge rs = {(uintptr_t)buf, 40 + 64, mr->lkey}, ss = {(uintptr_t)(buf + 1024), 64, mr->lkey};
+    struct ibv_recv_wr r = {0}, *rbad = NULL;
+    r.wr_id = 7;
+    r.sg_list = &rs;
+    r.num_sge = 1;
+    struct ibv_send_wr w = {0}, *sbad = NULL;
+    w.wr_id = 8;
+    w.sg_list = &ss;
+    w.num_sge = 1;
+    w.opcode = IBV_WR_SEND;
+    w.send_flags = IBV_SEND_SIGNALED;
+    w.wr.ud.ah = ah;
+    w.wr.ud.remote_qpn = 0xFFFFFF;
+    w.wr.ud.remote_qkey = 0x1234;
+    memset(buf, 0, 1024);
+    memset(buf + 1024, 0x60 + round, 64);
+    if (ibv_post_recv(rx, &r, &rbad) || ibv_post_send(tx, &w, &sbad)) {
+      check(0, "posts to the group");
+      break;
+    }
+    int sent = 0, got = 0;
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    do {
+      struct ibv_wc wc;
+      if (ibv_poll_cq(cq, 1, &wc) == 1) {
+        if (wc.wr_id == 8 && wc.status == IBV_WC_SUCCESS) sent = 1;
+        if (wc.wr_id == 7 && wc.status == IBV_WC_SUCCESS && wc.byte_len == 40 + 64 && buf[40] == 0x60 + round &&
+            buf[103] == 0x60 + round)
+          got = 1;
+      }
+      clock_gettime(CLOCK_MONOTONIC, &t);
+    } while ((t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000 < 300 && !(round == 0 && got && sent));
+    if (round == 0) {
+      check(sent && got, "a datagram to the group reaches the member, every byte");
+      check(ibv_detach_mcast(rx, &group, 0) == 0, "the member leaves");
+      check(ibv_detach_mcast(rx, &group, 0) == EINVAL, "leaving again: EINVAL");
+    } else {
+      check(sent && !got, "then a datagram to the group reaches it no more");
+    }
+  }
+  if (ah) ibv_destroy_ah(ah);
+out:
+  if (tx) ibv_destroy_qp(tx);
+  if (rx) ibv_destroy_qp(rx);
+  if (rc) ibv_destroy_qp(rc);
+  if (mr) ibv_dereg_mr(mr);
+  free(buf);
+}
+
 /* Device memory: allocated, copied to and from at 4-byte granules, and
  * written by a peer through a zero-based MR over it. */
 static void device_memory(void) {
@@ -771,6 +861,7 @@ int main(int argc, char** argv) {
   rereg();
   zero_byte_mr();
   reset_forgets_completions();
+  multicast();
   device_memory();
   parent_domain();
   unmapped_before_dereg();
