@@ -756,8 +756,12 @@ int ud(const char* sa, const char* sb) {
     bad = aa;
     std::memset(bad.grh.dgid.raw, 0, 16);
     bad.grh.dgid.raw[10] = bad.grh.dgid.raw[11] = 0xff;
-    bad.grh.dgid.raw[12] = 239;  // multicast
-    check(uroce_create_ah(a.pd, &bad) == nullptr && errno == EINVAL, "an AH to a multicast address: EINVAL");
+    bad.grh.dgid.raw[12] = 240;  // reserved (class E): no host has it, and no group
+    check(uroce_create_ah(a.pd, &bad) == nullptr && errno == EINVAL, "an AH to a reserved address: EINVAL");
+    bad.grh.dgid.raw[12] = 239;  // a multicast group: its MAC is its address's, with no ARP
+    ibv_ah* group = uroce_create_ah(a.pd, &bad);
+    check(group != nullptr, "an AH to a multicast group (minor 15), at once");
+    if (group) uroce_destroy_ah(group);
     bad.grh.dgid.raw[12] = 10;
     bad.grh.dgid.raw[13] = 250;  // nobody there
     const auto t0 = std::chrono::steady_clock::now();
