@@ -1125,13 +1125,12 @@ RxVerdict Engine::rx(wire::ConstBytes frame, std::uint64_t now) {
   // destination address must be this port's, or a frame addressed to
   // another host could be executed here (and the real one then taken for
   // a duplicate).
-  if (pkt.dst.is_multicast()) {
-    last_now_ = now;
-    return to_group(pkt, now);
-  }
-  if (!(pkt.dst == cfg_.ip)) return drop(PortCounter::rx_wrong_dst, RxVerdict::kWrongDst);
+  // A multicast group's datagram is the other kind of address we take
+  // (tested only when the address is not the port's: off the unicast path).
+  const bool mine = pkt.dst == cfg_.ip;
+  if (!mine && !pkt.dst.is_multicast()) return drop(PortCounter::rx_wrong_dst, RxVerdict::kWrongDst);
   last_now_ = now;
-  return to_qp(slot_qp(pkt.destqp), pkt, now);
+  return mine ? to_qp(slot_qp(pkt.destqp), pkt, now) : to_group(pkt, now);
 }
 
 RxVerdict Engine::to_qp(Qp* qp, const wire::Packet& pkt, std::uint64_t now) {
