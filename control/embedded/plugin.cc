@@ -49,6 +49,7 @@ void* start(const char* options, char* sock, std::size_t sock_len, char* err, st
     put(err, err_len, pr == ParseResult::kHelp ? "embedded mode takes uroced's options:\n" + text : text);
     return nullptr;
   }
+  o.limits.odp = true;  // in the application's own process, a stalled fault stalls only it
   if (o.ports.size() != 1 || o.shards != 1) {
     put(err, err_len, "embedded mode runs one pipeline: one --port, --shards 1");
     return nullptr;

@@ -135,6 +135,9 @@ ParseResult parse_options(int argc, const char* const* argv, NodeOptions& out, s
       ("max-qps", po::value(&lim.max_qps), "QPs per session (default 256)")
       ("max-qps-per-uid", po::value(&lim.max_qps_per_uid), "QPs one uid may hold over its sessions (default 512)")
       ("max-mcast-per-uid", po::value(&lim.max_mcast_per_uid), "multicast attachments one uid may hold (default 64)")
+      ("odp", po::bool_switch(&lim.odp),
+       "let applications register MRs on demand (IBV_ACCESS_ON_DEMAND): each access is made through the "
+       "application's /proc/self/mem when it happens; a page fault that waits (FUSE, NFS) then stalls this daemon")
       ("max-cqs", po::value(&lim.max_cqs), "CQs per session (default 256)")
       ("max-mrs", po::value(&lim.max_mrs), "MRs per session (default 1024)")
       ("max-mr-mb", po::value(&max_mr_mb), "registered MiB per session (default 4096)")

@@ -5,7 +5,9 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -111,6 +113,7 @@ struct SessionServer::Session {
   std::map<std::uint32_t, QpRes> qps;
   std::map<std::uint32_t, SrqRes> srqs;
   std::uint64_t mr_bytes = 0;
+  int mem_fd = -1;  // the application's /proc/self/mem, for its ODP MRs (minor 16)
   int pid = -1;  // the application's, from SO_PEERCRED
   int uid = -1;
   std::uint64_t accepted_ms = 0;  // a session that has not said hello by hello_timeout_ms is closed
@@ -487,6 +490,31 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
       s.mr_bytes += m.length;
       return send_reply(sock, h, 0, "", &r, sizeof r);
     }
+    case UROCE_MSG_REG_MR_ODP: {
+      uroce_reg_mr_odp_msg m;
+      if (!take(m)) return;
+      if (!limits_.odp) return fail(EOPNOTSUPP, "this uroced registers no ODP MR (it runs without --odp)");
+      auto pd = s.pds.find(m.pd);
+      if (pd == s.pds.end()) return fail(EINVAL, "no such PD in this session");
+      if (s.mrs.size() + s.mws.size() >= limits_.max_mrs) return fail(EDQUOT, "over this session's MR limit");
+      if (s.mem_fd < 0) {
+        // The application's memory file: procfs, opened read-write by the
+        // application (which could open only what it may write anyway).
+        struct statfs fs {};
+        struct stat st {};
+        if (fds.empty() || ::fstatfs(fds.front(), &fs) != 0 || fs.f_type != PROC_SUPER_MAGIC ||
+            ::fstat(fds.front(), &st) != 0 || !S_ISREG(st.st_mode) ||
+            (::fcntl(fds.front(), F_GETFL) & O_ACCMODE) != O_RDWR)
+          return fail(EINVAL, "the first ODP MR needs the application's /proc/self/mem, open for reading and writing");
+        s.mem_fd = fds.front();
+        fds.erase(fds.begin());
+      }
+      Mr* mr = eng_.reg_mr_odp(pd->second, m.addr, m.length, m.iova, m.access, s.mem_fd);
+      if (!mr) return fail(EINVAL, "bad MR access flags or range");
+      uroce_reg_mr_reply r{s.next_handle++, mr->lkey, mr->rkey, 0};
+      s.mrs[r.handle] = {mr, Mapping{}};  // nothing mapped, nothing counted against the MR bytes
+      return send_reply(sock, h, 0, "", &r, sizeof r);
+    }
     case UROCE_MSG_REREG_MR: {
       // ibv_rereg_mr: the same MR (and keys), with another PD, access, or
       // memory (sent as REG_MR_PIECES sends it).
@@ -500,6 +528,8 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
         if (p == s.pds.end()) return fail(EINVAL, "no such PD in this session");
         pd = p->second;
       }
+      if ((m.flags & IBV_REREG_MR_CHANGE_TRANSLATION) && r->second.mr->odp_fd >= 0)
+        return fail(EOPNOTSUPP, "an ODP MR keeps its range: register another");
       Mapping map;
       uroce_reg_mr_pieces_msg pm{};
       uroce_reg_mr_exact ex{};
@@ -986,6 +1016,7 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
         r.max_qp_rd_atom = transport::kMaxRdAtomic;
         r.max_mr_size = limits_.max_mr_bytes;
         std::memcpy(r.mac, eng_.config().mac.data(), 6);
+        r.flags = limits_.odp ? UROCE_DEVICE_ODP : 0;
         return send_reply(sock, h, 0, "", &r, sizeof r);
       }
       if (m.object == UROCE_OBJ_QP) {
@@ -1076,6 +1107,8 @@ void SessionServer::close(Session& s) {
     r.map.unmap();
   }
   s.mrs.clear();
+  if (s.mem_fd >= 0) ::close(s.mem_fd);  // no MR reaches through it any more
+  s.mem_fd = -1;
   for (auto& [h, c] : s.cqs) {
     eng_.destroy_cq(c.cq);
     c.map.unmap();

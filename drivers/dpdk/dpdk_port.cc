@@ -446,7 +446,7 @@ bool Port::Queue::tx(const transport::TxFrame& f) {
   const bool self = f.hdr_len >= 6 && to_self(f.hdr);  // copied: a looped frame must not borrow memory
   if (dev->zero_copy && !self) {
     std::size_t payload = 0;
-    bool external = f.nseg > 0;
+    bool external = f.nseg > 0 && !f.bounced;  // an ODP bounce buffer is reused with the slot too
     for (std::uint8_t i = 0; i < f.nseg; ++i) {
       payload += f.seg[i].len;
       // Inline payloads live in the TX ring slot, which is reused: copy those.

@@ -75,6 +75,12 @@ enum uroce_msg_type {
   /* Minor 15: a UD QP joins or leaves a multicast group (ibv_attach_mcast,
    * ibv_detach_mcast). RESOLVE answers a group's GID with its multicast MAC. */
   UROCE_MSG_MCAST = 25,         /* body: mcast;      reply: status */
+  /* Minor 16: an ODP MR (IBV_ACCESS_ON_DEMAND): nothing is shared up front;
+   * the daemon reaches the bytes through the application's memory file
+   * (its /proc/self/mem, opened read-write), sent with the session's first
+   * ODP MR and kept for the session's life. Only where uroce_device_attr
+   * says UROCE_DEVICE_ODP (the daemon's --odp). */
+  UROCE_MSG_REG_MR_ODP = 26,    /* body: reg_mr_odp [+ fd the first time]; reply: reg_mr_reply */
 };
 
 struct uroce_msg_hdr {
@@ -279,6 +285,14 @@ struct uroce_cm_event_msg {
   uint32_t qkey; /* UD ESTABLISHED: the peer QP's Q_Key */
 };
 
+struct uroce_reg_mr_odp_msg {
+  uint32_t pd;
+  uint32_t access; /* ibv_access_flags, IBV_ACCESS_ON_DEMAND among them */
+  uint64_t addr;   /* the application's; 0 with length UINT64_MAX: the whole address space (implicit ODP) */
+  uint64_t length;
+  uint64_t iova;   /* what peers and SGEs address its first byte as (implicit ODP: 0) */
+};
+
 struct uroce_resolve_msg {
   uint8_t dgid[16]; /* an IPv4-mapped or IPv6 address */
 };
@@ -293,8 +307,9 @@ struct uroce_device_attr {
   uint32_t max_qp_wr, max_sge, max_cqe, max_qp_rd_atom;
   uint64_t max_mr_size;
   uint8_t mac[6];
-  uint16_t pad;
+  uint16_t flags; /* minor 16: UROCE_DEVICE_* (0 from an older daemon) */
 };
+#define UROCE_DEVICE_ODP 1u /* ODP MRs (UROCE_MSG_REG_MR_ODP) are allowed */
 
 /* The port's link as its driver reports it (minor 7). */
 struct uroce_port_attr {
@@ -311,6 +326,7 @@ UROCE_STATIC_ASSERT(sizeof(struct uroce_reg_mr_msg) == 32, "reg_mr is 32 bytes")
 UROCE_STATIC_ASSERT(sizeof(struct uroce_reg_mr_exact) == 16, "reg_mr_exact is 16 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_rereg_mr_msg) == 16, "rereg_mr is 16 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_mcast_msg) == 24, "mcast is 24 bytes");
+UROCE_STATIC_ASSERT(sizeof(struct uroce_reg_mr_odp_msg) == 32, "reg_mr_odp is 32 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_reg_mr_pieces_msg) == 40 + 16 * UROCE_MR_MAX_PIECES, "reg_mr_pieces layout");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_create_qp_msg) == 32, "create_qp is 32 bytes (28 before minor 2)");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_cm_msg) == 92, "cm is 92 bytes (88 before minor 9)");

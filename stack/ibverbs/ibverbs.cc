@@ -189,6 +189,8 @@ enum class Exp : std::uint8_t { kPd, kMr, kDm };
 // Parent domains (ibv_alloc_parent_domain): a second wrapper of their PD's
 // liburoce PD, freed alone by ibv_dealloc_pd. Under g_mu.
 std::set<ibv_pd*>& g_parent_domains = *new std::set<ibv_pd*>;
+// ODP MRs by L_Key, for ibv_advise_mr. Under g_mu.
+std::map<std::uint32_t, ibv_mr*>& g_odp_mrs = *new std::map<std::uint32_t, ibv_mr*>;
 constexpr std::size_t kMaxDm = 256 * 1024;  // the largest device memory (ibv_alloc_dm)
 struct Exported {
   uroce_context* u;
@@ -255,6 +257,16 @@ int vctx_query_device_ex(ibv_context* c, const ibv_query_device_ex_input* input,
   full.device_cap_flags_ex = full.orig_attr.device_cap_flags | (1ull << 38);
   full.phys_port_cnt_ex = full.orig_attr.phys_port_cnt;
   full.max_dm_size = kMaxDm;
+  if (uroce_odp(ucontext(c)->u)) {
+    // ODP (the daemon's --odp, or embedded mode): every access is made when
+    // it happens, through the process's memory file; implicit MRs too.
+    full.odp_caps.general_caps = IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT;
+    constexpr std::uint32_t kRecv = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_SRQ_RECV;
+    full.odp_caps.per_transport_caps.rc_odp_caps =
+        kRecv | IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_READ | IBV_ODP_SUPPORT_ATOMIC;
+    full.odp_caps.per_transport_caps.uc_odp_caps = kRecv | IBV_ODP_SUPPORT_WRITE;
+    full.odp_caps.per_transport_caps.ud_odp_caps = kRecv;
+  }
   if (uroce_completion_timestamps(ucontext(c)->u)) {
     // Completion timestamps: CLOCK_MONOTONIC in ns, a 64-bit count at 1 GHz.
     full.completion_timestamp_mask = ~std::uint64_t{0};
@@ -779,6 +791,7 @@ ibv_dm* vctx_alloc_dm(ibv_context* c, ibv_alloc_dm_attr* a);
 ibv_td* vctx_alloc_td(ibv_context* c, ibv_td_init_attr* a);
 int vctx_dealloc_td(ibv_td* td);
 ibv_pd* vctx_alloc_parent_domain(ibv_context* c, ibv_parent_domain_init_attr* a);
+int vctx_advise_mr(ibv_pd* pd, ibv_advise_mr_advice advice, uint32_t flags, ibv_sge* sg, uint32_t n);
 int vctx_free_dm(ibv_dm* dm);
 ibv_mr* vctx_reg_dm_mr(ibv_pd* pd, ibv_dm* dm, uint64_t off, size_t len, unsigned int access);
 }  // namespace
@@ -804,6 +817,7 @@ ibv_context* make_context(ibv_device* device, uroce_context* u, int cmd_fd) {
   v.alloc_td = vctx_alloc_td;
   v.dealloc_td = vctx_dealloc_td;
   v.alloc_parent_domain = vctx_alloc_parent_domain;
+  v.advise_mr = vctx_advise_mr;
   ibv_context& ctx = v.context;
   ctx.device = device;
   ctx.cmd_fd = cmd_fd;
@@ -1102,6 +1116,10 @@ static ibv_mr* reg_mr_at(ibv_pd* pd, void* addr, size_t length, uint64_t iova, i
   m->v.lkey = uroce_mr_lkey(u);
   m->v.rkey = uroce_mr_rkey(u);
   m->v.handle = export_handle(UContext_of_pd(pd), m, Exp::kMr);
+  if (access & IBV_ACCESS_ON_DEMAND) {
+    std::lock_guard<std::mutex> lock(g_mu);
+    g_odp_mrs[m->v.lkey] = &m->v;
+  }
   return &m->v;
 }
 ibv_mr* uroce_impl_ibv_reg_mr(ibv_pd* pd, void* addr, size_t length, int access) {
@@ -1135,6 +1153,40 @@ int vctx_dealloc_td(ibv_td* td) {
   delete td;
   return 0;
 }
+// ibv_advise_mr: each range must lie in an ODP MR of the PD. A prefetch
+// faults the pages in now (for writing, with PREFETCH_WRITE), so that the
+// accesses to come find them; NO_FAULT has nothing to do, as an ODP access
+// here is never stalled on a page that is there.
+int vctx_advise_mr(ibv_pd* pd, ibv_advise_mr_advice advice, uint32_t flags, ibv_sge* sg, uint32_t n) {
+  if (!pd || !sg || n == 0 || (flags & ~static_cast<uint32_t>(IBV_ADVISE_MR_FLAG_FLUSH))) return EINVAL;
+  if (advice != IBV_ADVISE_MR_ADVICE_PREFETCH && advice != IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE &&
+      advice != IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT)
+    return EOPNOTSUPP;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    for (uint32_t i = 0; i < n; ++i) {
+      const auto it = g_odp_mrs.find(sg[i].lkey);
+      if (it == g_odp_mrs.end() || (it->second->pd != pd && UPd::of(it->second->pd)->u != UPd::of(pd)->u)) return EINVAL;
+      const ibv_mr* mr = it->second;
+      const auto base = reinterpret_cast<std::uintptr_t>(mr->addr);
+      const bool implicit = mr->addr == nullptr && mr->length == SIZE_MAX;
+      if (!implicit && (sg[i].addr < base || sg[i].length > mr->length || sg[i].addr - base > mr->length - sg[i].length))
+        return EINVAL;
+    }
+  }
+  if (advice == IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT) return 0;
+  const int how = advice == IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE ? MADV_POPULATE_WRITE : MADV_POPULATE_READ;
+  for (uint32_t i = 0; i < n; ++i) {
+    if (sg[i].length == 0) continue;
+    const std::uintptr_t from = sg[i].addr & ~std::uintptr_t{4095};
+    const std::uintptr_t to = (sg[i].addr + sg[i].length + 4095) & ~std::uintptr_t{4095};
+    if (::madvise(reinterpret_cast<void*>(from), to - from, how) != 0 && errno != EINVAL &&
+        (flags & IBV_ADVISE_MR_FLAG_FLUSH))
+      return errno;  // a synchronous prefetch of pages that are not there (an older kernel: EINVAL, a hint only)
+  }
+  return 0;
+}
+
 ibv_pd* vctx_alloc_parent_domain(ibv_context* c, ibv_parent_domain_init_attr* a) {
   constexpr std::uint32_t kKnown = IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS | IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT;
   if (!c || !a || !a->pd || (a->comp_mask & ~kKnown) || a->pd->context != c) return fail_null<ibv_pd>(EINVAL);
@@ -1274,6 +1326,7 @@ int ibv_dereg_mr(ibv_mr* mr) {
       --it->second->mrs;
       g_dm_mrs.erase(it);
     }
+    if (const auto it = g_odp_mrs.find(mr->lkey); it != g_odp_mrs.end() && it->second == mr) g_odp_mrs.erase(it);
   }
   delete m;
   return 0;

@@ -212,7 +212,12 @@ void Engine::on_response(Qp& qp, const wire::Packet& pkt, std::uint64_t now) {
           continue;
         }
         const std::size_t take = static_cast<std::size_t>(std::min<std::uint64_t>(data.size() - done, s.length - skip));
-        std::memcpy(w.local[i] + skip, data.data() + done, take);
+        if (!put_bytes(w.local[i].at(skip), data.data() + done, take)) {
+          // An ODP page the application no longer has: a local protection error.
+          if (&w == &qp.sq.at(qp.sq.head())) complete_send(qp, IBV_WC_LOC_PROT_ERR);
+          set_error(qp);
+          return;
+        }
         done += take;
         skip = 0;
       }
@@ -230,7 +235,13 @@ void Engine::on_response(Qp& qp, const wire::Packet& pkt, std::uint64_t now) {
         set_error(qp);
         return;
       }
-      std::memcpy(w.local[0], &orig, sizeof orig);
+      std::uint8_t ob[sizeof orig];
+      std::memcpy(ob, &orig, sizeof orig);
+      if (!put_bytes(w.local[0], ob, sizeof ob)) {
+        if (&w == &qp.sq.at(qp.sq.head())) complete_send(qp, IBV_WC_LOC_PROT_ERR);
+        set_error(qp);
+        return;
+      }
       w.read_pkts_done = 1;
       r.una = p + 1;
       progress = true;

@@ -103,6 +103,26 @@ Mr* Engine::reg_mr_iova(Pd* pd, void* addr, std::uint64_t len, unsigned access, 
   return mrs_.reg(pd, addr, len, access, iova);
 }
 
+Mr* Engine::reg_mr_odp(Pd* pd, std::uint64_t app_addr, std::uint64_t len, std::uint64_t iova, unsigned access,
+                       int mem_fd) {
+  const bool implicit = app_addr == 0 && iova == 0 && len == UINT64_MAX;
+  if (pd == nullptr || mem_fd < 0 || len == 0 || (!implicit && (app_addr + len < app_addr || iova + len < iova)) ||
+      !mr_access_ok(access))
+    return nullptr;
+  if (!odp_bounce_) odp_bounce_ = std::make_unique<std::uint8_t[]>(std::size_t{tx_.slot_count()} * TxFrame::kMaxPayload);
+  return mrs_.reg(pd, reinterpret_cast<void*>(app_addr), len, access, iova, mem_fd);
+}
+
+bool Engine::add_odp_seg(TxFrame& f, MemRef src, std::uint32_t len) {
+  std::uint8_t* b = odp_bounce_.get() + std::size_t{tx_.slot_of(&f)} * TxFrame::kMaxPayload;
+  for (std::uint8_t i = 0; i < f.nseg; ++i)
+    if (f.seg[i].p >= b && f.seg[i].p < b + TxFrame::kMaxPayload) b = const_cast<std::uint8_t*>(f.seg[i].p) + f.seg[i].len;
+  if (!get_bytes(src, b, len)) return false;
+  f.seg[f.nseg++] = {b, len};
+  f.bounced = true;
+  return true;
+}
+
 int Engine::rereg_mr(Mr* mr, int flags, Pd* pd, unsigned access, void* addr, std::uint64_t len, std::uint64_t iova) {
   constexpr int kAll = IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD | IBV_REREG_MR_CHANGE_ACCESS;
   if (mr == nullptr || flags == 0 || (flags & ~kAll) != 0) return EINVAL;
@@ -412,7 +432,7 @@ ModifyResult Engine::modify_qp(Qp* qp, const ibv_qp_attr& a, int mask) {
   if ((mask & IBV_QP_PKEY_INDEX) && a.pkey_index != 0) return {EINVAL, "pkey_index must be 0"};
   if ((mask & IBV_QP_ACCESS_FLAGS) &&
       (a.qp_access_flags & ~unsigned(IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC |
-                                     IBV_ACCESS_LOCAL_WRITE | UROCE_ACCESS_FLUSH_GLOBAL)))
+                                     IBV_ACCESS_LOCAL_WRITE | UROCE_ACCESS_FLUSH_GLOBAL | IBV_ACCESS_ON_DEMAND)))
     return {EINVAL, "unsupported qp_access_flags"};
   wire::MacAddr mac{};
   wire::IpAddr dip{};
@@ -436,7 +456,7 @@ ModifyResult Engine::modify_qp(Qp* qp, const ibv_qp_attr& a, int mask) {
   if (mask & IBV_QP_MIN_RNR_TIMER) qp->min_rnr_timer = a.min_rnr_timer;
   if (mask & IBV_QP_MAX_QP_RD_ATOMIC) qp->max_rd_atomic = a.max_rd_atomic;
   if (mask & IBV_QP_MAX_DEST_RD_ATOMIC) qp->max_dest_rd_atomic = a.max_dest_rd_atomic;
-  if (mask & IBV_QP_ACCESS_FLAGS) qp->access = a.qp_access_flags;
+  if (mask & IBV_QP_ACCESS_FLAGS) qp->access = a.qp_access_flags;  // ON_DEMAND among them: the MRs' business, as on rxe
   if (mask & IBV_QP_AV) {
     qp->remote_ip = dip;
     qp->remote_mac = mac;
@@ -973,6 +993,7 @@ TxFrame* Engine::tx_slot() {
   }
   f->nseg = 0;
   f->trailer_len = 0;
+  f->bounced = false;
   return f;
 }
 

@@ -89,6 +89,7 @@ struct CcReport {
 /// a scatter-gather list, or flattens it with copy_to().
 struct TxFrame {
   static constexpr std::size_t kMaxHdr = 128;
+  static constexpr std::size_t kMaxPayload = 4096;  // the largest MTU
   std::uint8_t hdr[kMaxHdr];
   std::uint16_t hdr_len = 0;
   struct Seg {
@@ -99,6 +100,7 @@ struct TxFrame {
   std::uint8_t trailer[8];  // pad (0..3 zero bytes) then ICRC
   std::uint8_t trailer_len = 0;
   std::uint8_t inline_buf[kMaxInline];  // payload copied here when it is not in an MR
+  bool bounced = false;  // a segment is in the engine's ODP bounce buffer, reused with the slot: copy it out
   // What the fault injector and tests may want to know without parsing.
   std::uint32_t qpn = 0;
   wire::Psn psn{};
@@ -149,6 +151,13 @@ class Engine {
   /// [iova, iova+len) but that sits at `addr` for the engine, e.g. a shared
   /// mapping at another address in the daemon.
   Mr* reg_mr_iova(Pd* pd, void* addr, std::uint64_t len, unsigned access, std::uint64_t iova);
+  /// An ODP MR (on-demand paging): the application's [app_addr, +len),
+  /// none of it shared or pinned, each access made through its memory file
+  /// `mem_fd` when it happens (MemRef). The whole address space with
+  /// app_addr 0 and len UINT64_MAX (implicit ODP; iova 0). Peers and SGEs
+  /// address app_addr's byte as iova. The caller keeps mem_fd
+  /// open for the MR's life.
+  Mr* reg_mr_odp(Pd* pd, std::uint64_t app_addr, std::uint64_t len, std::uint64_t iova, unsigned access, int mem_fd);
   int dereg_mr(Mr* mr);  // EBUSY while memory windows are bound to it
   /// ibv_rereg_mr in place, keeping the keys: `flags` is IBV_REREG_MR_CHANGE_*
   /// (at least one); `pd` with CHANGE_PD, `access` with CHANGE_ACCESS, and
@@ -307,6 +316,10 @@ class Engine {
   void complete_recv(Qp& qp, const RecvWqe& w, ibv_wc_status status, ibv_wc_opcode op, std::uint32_t byte_len,
                      unsigned flags = 0, std::uint32_t imm_or_inv = 0, std::uint32_t src_qp = 0);
   TxFrame* tx_slot();
+  /// Reads an ODP payload into the frame's own bounce buffer and adds it as
+  /// a segment (the frame then carries a copy: `bounced`). False if the
+  /// application has no such page.
+  bool add_odp_seg(TxFrame& f, MemRef src, std::uint32_t len);
   wire::FrameSpec spec_for(const Qp& qp, std::uint8_t opcode, wire::Psn psn) const;
   void finish_frame(TxFrame& f, Qp& qp, const wire::FrameSpec& spec, std::uint32_t payload_len);
   /// A packet of the QP's connection (a request, ACK or READ response),
@@ -473,6 +486,9 @@ class Engine {
   };
   std::array<UdCnpSlot, 256> ud_cnp_{};
   Fifo<TxFrame> tx_;
+  // ODP payloads on their way out: one MTU per TX slot, made at the first
+  // ODP registration (a frame's bytes must outlive the read of them).
+  std::unique_ptr<std::uint8_t[]> odp_bounce_;
   PortCounters port_ctr_;
   QpCounters dead_qp_ctr_;  // counters of destroyed QPs, kept for totals
   std::uint64_t last_now_ = 0;  // the latest time rx or poll was given

@@ -39,6 +39,10 @@ class Fifo {
     return &slots_[tail_++ & mask_];
   }
   T& front() { return slots_[head_ & mask_]; }
+  /// Slots in all (a power of two), and the position of one of them: for
+  /// state kept beside each slot.
+  [[nodiscard]] std::uint32_t slot_count() const { return static_cast<std::uint32_t>(slots_.size()); }
+  [[nodiscard]] std::uint32_t slot_of(const T* p) const { return static_cast<std::uint32_t>(p - slots_.data()); }
   void pop() { ++head_; }
   void clear() { head_ = tail_ = 0; }
   /// Empties it, the next slot taking absolute index i (a shadow's indices

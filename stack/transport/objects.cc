@@ -1,10 +1,29 @@
 #include <cstring>
 #include "stack/transport/objects.h"
 
+#include <unistd.h>
+
 #include <bit>
 #include <cerrno>
 
 namespace uroce::transport {
+
+bool odp_copy(int fd, std::uint8_t* buf, std::size_t n, const std::uint8_t* addr, bool to_app) {
+  // The file's offsets are the application's addresses. A page it has not
+  // mapped (or may not access so) ends the copy short, with EIO or EFAULT:
+  // an access error for the caller, never a fault here.
+  auto at = reinterpret_cast<std::uintptr_t>(addr);
+  while (n != 0) {
+    if (at > static_cast<std::uintptr_t>(INT64_MAX) - n) return false;  // past what an offset can name
+    const ssize_t r = to_app ? ::pwrite(fd, buf, n, static_cast<off_t>(at)) : ::pread(fd, buf, n, static_cast<off_t>(at));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    buf += r;
+    at += static_cast<std::uintptr_t>(r);
+    n -= static_cast<std::size_t>(r);
+  }
+  return true;
+}
 
 MrTable::MrTable(std::uint32_t capacity, std::uint64_t seed)
     : slots_(std::make_unique<Mr[]>(capacity)), nslots_(capacity), last_byte_(capacity), rng_(seed) {
@@ -13,7 +32,7 @@ MrTable::MrTable(std::uint32_t capacity, std::uint64_t seed)
   for (std::uint32_t i = capacity; i-- > 1;) free_.push_back(i);
 }
 
-Mr* MrTable::reg(Pd* pd, void* addr, std::uint64_t len, unsigned access, std::uint64_t iova) {
+Mr* MrTable::reg(Pd* pd, void* addr, std::uint64_t len, unsigned access, std::uint64_t iova, int odp_fd) {
   if (free_.empty()) return nullptr;
   const std::uint32_t idx = free_.back();
   free_.pop_back();
@@ -29,6 +48,7 @@ Mr* MrTable::reg(Pd* pd, void* addr, std::uint64_t len, unsigned access, std::ui
   m.iova = iova;
   m.length = len;
   m.access = access;
+  m.odp_fd = odp_fd;
   m.lkey = m.rkey = (idx << 8) | byte;
   m.valid = true;
   m.remote_ok = (access & (IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) != 0;
@@ -59,6 +79,7 @@ int MrTable::rereg(Mr* mr, Pd* pd, unsigned access, std::uint8_t* addr, std::uin
   }
   if (addr != nullptr) {
     mr->addr = addr;
+    mr->odp_fd = -1;  // memory registered in place of what it paged in
     mr->length = len;
     mr->iova = iova;
   }

@@ -45,6 +45,39 @@ inline void copy_payload(std::uint8_t* dst, const std::uint8_t* src, std::size_t
   }
 }
 
+/// Where checked bytes are. Registered (pinned) memory: `p`, in our own
+/// address space. On-demand paging (an ODP MR): `p` is the application's
+/// own address, never dereferenced here, and the bytes are read and written
+/// through `fd`, the application's memory file (its /proc/self/mem), page
+/// faults and all: a page it has not mapped is an access error, not a crash.
+struct MemRef {
+  std::uint8_t* p = nullptr;
+  int fd = -1;
+  [[nodiscard]] MemRef at(std::uint64_t off) const { return {p + off, fd}; }
+  [[nodiscard]] bool odp() const { return fd >= 0; }
+};
+
+/// An ODP access: n bytes between `buf` and the application's address
+/// `addr`, through its memory file. False if any byte cannot be reached.
+bool odp_copy(int fd, std::uint8_t* buf, std::size_t n, const std::uint8_t* addr, bool to_app);
+
+/// Copies n bytes into checked memory. False on an ODP page that is not there.
+inline bool put_bytes(MemRef dst, const std::uint8_t* src, std::size_t n) {
+  if (!dst.odp()) {
+    copy_payload(dst.p, src, n);
+    return true;
+  }
+  return odp_copy(dst.fd, const_cast<std::uint8_t*>(src), n, dst.p, true);
+}
+/// Copies n bytes out of checked memory.
+inline bool get_bytes(MemRef src, std::uint8_t* dst, std::size_t n) {
+  if (!src.odp()) {
+    std::memcpy(dst, src.p, n);
+    return true;
+  }
+  return odp_copy(src.fd, dst, n, src.p, false);
+}
+
 struct Pd {
   std::uint32_t handle = 0;
   std::uint32_t refs = 0;  // MRs, QPs and SRQs that use it
@@ -55,7 +88,8 @@ struct Pd {
 /// to, with access rights of its own.
 struct Mr {
   Pd* pd = nullptr;
-  std::uint8_t* addr = nullptr;  // MR: where the bytes are for us (MW: unused)
+  std::uint8_t* addr = nullptr;  // MR: where the bytes are for us (ODP: the application's address; MW: unused)
+  int odp_fd = -1;  // ODP: the application's memory file, through which its bytes are reached (MemRef)
   std::uint64_t iova = 0;  // the address the peer uses in RETH/AtomicETH (a zero-based MW: 0)
   std::uint64_t length = 0;
   unsigned access = 0;  // ibv_access_flags
@@ -91,8 +125,9 @@ class MrTable {
   MrTable(std::uint32_t capacity, std::uint64_t seed);
 
   /// Registers [addr, addr+len) with `access`; iova is what the peer sees.
-  /// Returns nullptr if the table is full.
-  Mr* reg(Pd* pd, void* addr, std::uint64_t len, unsigned access, std::uint64_t iova);
+  /// Returns nullptr if the table is full. With `odp_fd`, an ODP MR: addr
+  /// is the application's, reached through that memory file (MemRef).
+  Mr* reg(Pd* pd, void* addr, std::uint64_t len, unsigned access, std::uint64_t iova, int odp_fd = -1);
   /// Frees the slot: EBUSY while windows are bound to the MR (or, for a
   /// window, never: it is unbound first).
   int dereg(Mr* mr);
@@ -115,7 +150,7 @@ class MrTable {
   /// rules (remote access must be granted, and not invalidated; a window
   /// must be bound, and a type 2 window bound through the QP `qp_handle`).
   KeyCheck check(std::uint32_t key, bool remote, const Pd* pd, std::uint64_t qp_handle, std::uint64_t va,
-                 std::uint64_t len, unsigned need, std::uint8_t** out) const;
+                 std::uint64_t len, unsigned need, MemRef* out) const;
 
   /// Invalidation: by a SEND_WITH_INV (remote) or a LOCAL_INV WQE of QP
   /// `qp_handle` in `pd`. An MR's remote access stops; a type 2 window is
@@ -151,7 +186,7 @@ inline Mr* MrTable::find(std::uint32_t key) const {
 }
 
 inline KeyCheck MrTable::check(std::uint32_t key, bool remote, const Pd* pd, std::uint64_t qp_handle, std::uint64_t va,
-                        std::uint64_t len, unsigned need, std::uint8_t** out) const {
+                        std::uint64_t len, unsigned need, MemRef* out) const {
   const Mr* m = find(key);
   if (m == nullptr || (remote && !m->remote_ok)) return KeyCheck::kBadKey;
   if (m->mw_type != 0 && (!remote || (m->mw_type == IBV_MW_TYPE_2 && m->bound_qp != qp_handle)))
@@ -162,10 +197,10 @@ inline KeyCheck MrTable::check(std::uint32_t key, bool remote, const Pd* pd, std
   if (m->mw_type != 0) {
     // Through the window to its MR, whose bounds hold the window's.
     const Mr* r = m->parent;
-    *out = r->addr + (m->window_base + (va - m->iova) - r->iova);
+    *out = {r->addr + (m->window_base + (va - m->iova) - r->iova), r->odp_fd};
     return KeyCheck::kOk;
   }
-  *out = m->addr + (va - m->iova);
+  *out = {m->addr + (va - m->iova), m->odp_fd};
   return KeyCheck::kOk;
 }
 
@@ -313,10 +348,10 @@ inline bool scatter_recv(const MrTable& mrs, const Pd* pd, const RecvWqe& w, std
       continue;
     }
     const std::uint64_t take = std::min<std::uint64_t>(data.size() - done, s.length - offset);
-    std::uint8_t* dst;
-    if (mrs.check(s.lkey, false, pd, 0, s.addr + offset, take, IBV_ACCESS_LOCAL_WRITE, &dst) != KeyCheck::kOk)
+    MemRef dst;
+    if (mrs.check(s.lkey, false, pd, 0, s.addr + offset, take, IBV_ACCESS_LOCAL_WRITE, &dst) != KeyCheck::kOk ||
+        !put_bytes(dst, data.data() + done, take))
       return false;
-    copy_payload(dst, data.data() + done, take);
     done += take;
     offset = 0;
   }

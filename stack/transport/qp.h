@@ -69,7 +69,7 @@ struct SendWqeHead {
 /// slot, and every line written is a miss.
 struct alignas(64) SendWqe : SendWqeHead {
   Sge sge[kMaxSge]{};
-  std::uint8_t* local[kMaxSge]{};  // each SGE's bytes in our own address space, set when the WQE starts
+  MemRef local[kMaxSge]{};  // where each SGE's bytes are (MemRef), set when the WQE starts
   // Only some operations: atomics, FLUSH and binds (compare_add, swap;
   // a bind's MR in remote_qpn), UD (ah, remote_qpn, remote_qkey), inline.
   std::uint64_t compare_add = 0;

@@ -209,7 +209,15 @@ bool Engine::send_next_packet(Qp& qp, std::uint64_t now) {
           continue;
         }
         const std::uint32_t take = static_cast<std::uint32_t>(std::min<std::uint64_t>(need, s.length - skip));
-        f->seg[f->nseg++] = {w.local[i] + skip, take};
+        if (!w.local[i].odp()) {
+          f->seg[f->nseg++] = {w.local[i].p + skip, take};
+        } else if (!add_odp_seg(*f, w.local[i].at(skip), take)) {
+          // An ODP page the application does not have: a local protection error.
+          unbuilt(*f);
+          if (r.cursor == qp.sq.head()) complete_send(qp, IBV_WC_LOC_PROT_ERR);
+          set_error(qp);
+          return false;
+        }
         need -= take;
         skip = 0;
       }

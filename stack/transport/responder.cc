@@ -217,15 +217,18 @@ Engine::Exec Engine::exec_atomic_write(Qp& qp, const wire::Packet& pkt) {
   const wire::Reth* reth = pkt.reth();
   if (reth->dma_len.get() != 8 || pkt.payload_len != 8) return Exec::kNakInvalid;
   if ((reth->va.get() & 7) != 0) return Exec::kNakInvalid;  // misaligned
-  std::uint8_t* p = nullptr;
+  MemRef p;
   if (!(qp.access & IBV_ACCESS_REMOTE_WRITE) ||
-      mrs_.check(reth->rkey.get(), true, qp.pd, qp.handle, reth->va.get(), 8, IBV_ACCESS_REMOTE_WRITE, &p) != KeyCheck::kOk) {
+      mrs_.check(reth->rkey.get(), true, qp.pd, qp.handle, reth->va.get(), 8, IBV_ACCESS_REMOTE_WRITE, &p) != KeyCheck::kOk ||
+      (p.odp() && !put_bytes(p, pkt.payload().data(), 8))) {
     qp.ctr.inc(QpCounter::remote_access_err);
     return Exec::kNakAccess;
   }
-  std::uint64_t v;
-  std::memcpy(&v, pkt.payload().data(), 8);  // the bytes as they came, stored as they are
-  std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(p)).store(v, std::memory_order_release);
+  if (!p.odp()) {
+    std::uint64_t v;
+    std::memcpy(&v, pkt.payload().data(), 8);  // the bytes as they came, stored as they are
+    std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(p.p)).store(v, std::memory_order_release);
+  }
   Responder& s = qp.resp;
   ++s.epsn;
   s.in_msg = Responder::InMsg::kNone;
@@ -244,7 +247,7 @@ Engine::Exec Engine::exec_flush(Qp& qp, const wire::Packet& pkt) {
   const wire::Reth* reth = pkt.reth();
   const unsigned need = (type & UROCE_FLUSH_GLOBAL ? UROCE_ACCESS_FLUSH_GLOBAL : 0) |
                         (type & UROCE_FLUSH_PERSISTENT ? UROCE_ACCESS_FLUSH_PERSISTENT : 0);
-  std::uint8_t* p = nullptr;
+  MemRef p;
   // The range must lie in the MR; for the whole MR, its first byte names it.
   const std::uint64_t len = level == UROCE_FLUSH_RANGE ? reth->dma_len.get() : 1;
   if ((qp.access & need) != need || (type & UROCE_FLUSH_PERSISTENT) ||
@@ -265,7 +268,7 @@ Engine::Exec Engine::exec_write(Qp& qp, const wire::Packet& pkt) {
   Responder& s = qp.resp;
   const wire::OpcodeInfo& info = *pkt.info;
   const bool end = info.has(wire::kOpEnd);
-  std::uint8_t* dst = nullptr;  // where this packet's payload goes
+  MemRef dst;  // where this packet's payload goes
   if (info.has(wire::kOpStart)) {
     const wire::Reth* reth = pkt.reth();
     const std::uint32_t len = reth->dma_len.get();
@@ -275,7 +278,7 @@ Engine::Exec Engine::exec_write(Qp& qp, const wire::Packet& pkt) {
       qp.ctr.inc(QpCounter::remote_access_err);
       return Exec::kNakAccess;
     }
-    std::uint8_t* p = nullptr;
+    MemRef p;
     if (len != 0 &&
         mrs_.check(reth->rkey.get(), true, qp.pd, qp.handle, reth->va.get(), len, IBV_ACCESS_REMOTE_WRITE, &p) != KeyCheck::kOk) {
       qp.ctr.inc(QpCounter::remote_access_err);
@@ -300,12 +303,12 @@ Engine::Exec Engine::exec_write(Qp& qp, const wire::Packet& pkt) {
     // Every later packet is checked again, not only the first: the MR may
     // have been deregistered (or invalidated) since, and then this is a
     // remote access error.
-    if (dst == nullptr && mrs_.check(s.wkey, true, qp.pd, qp.handle, s.wva + s.offset, pkt.payload_len, IBV_ACCESS_REMOTE_WRITE,
-                                     &dst) != KeyCheck::kOk) {
+    if ((dst.p == nullptr && mrs_.check(s.wkey, true, qp.pd, qp.handle, s.wva + s.offset, pkt.payload_len,
+                                        IBV_ACCESS_REMOTE_WRITE, &dst) != KeyCheck::kOk) ||
+        !put_bytes(dst, pkt.payload().data(), pkt.payload_len)) {
       qp.ctr.inc(QpCounter::remote_access_err);
       return Exec::kNakAccess;
     }
-    copy_payload(dst, pkt.payload().data(), pkt.payload_len);
   }
   s.wremain -= pkt.payload_len;
   s.offset += pkt.payload_len;
@@ -332,7 +335,7 @@ Engine::Exec Engine::exec_read(Qp& qp, const wire::Packet& pkt, Psn psn) {
     qp.ctr.inc(QpCounter::remote_access_err);
     return Exec::kNakAccess;
   }
-  std::uint8_t* p = nullptr;
+  MemRef p;
   if (len != 0 &&
       mrs_.check(reth->rkey.get(), true, qp.pd, qp.handle, reth->va.get(), len, IBV_ACCESS_REMOTE_READ, &p) != KeyCheck::kOk) {
     qp.ctr.inc(QpCounter::remote_access_err);
@@ -360,18 +363,40 @@ Engine::Exec Engine::exec_atomic(Qp& qp, const wire::Packet& pkt) {
     return Exec::kNakAccess;
   }
   if (va & 7) return Exec::kNakInvalid;  // atomics must be 8-byte aligned (9.4.5)
-  std::uint8_t* p = nullptr;
+  MemRef p;
   if (mrs_.check(a->rkey.get(), true, qp.pd, qp.handle, va, 8, IBV_ACCESS_REMOTE_ATOMIC, &p) != KeyCheck::kOk) {
     qp.ctr.inc(QpCounter::remote_access_err);
     return Exec::kNakAccess;
   }
-  std::atomic_ref<std::uint64_t> target(*reinterpret_cast<std::uint64_t*>(p));
   std::uint64_t orig;
-  if (pkt.opcode == op::kRcCmpSwap) {
-    orig = a->compare.get();
-    target.compare_exchange_strong(orig, a->swap_add.get());  // orig ends up holding the old value
+  if (p.odp()) {
+    // Through the memory file: one read and one write, atomic against
+    // every other RDMA atomic (the engine runs them one at a time), not
+    // against the application's own stores between the two.
+    std::uint8_t old[8];
+    if (!get_bytes(p, old, 8)) {
+      qp.ctr.inc(QpCounter::remote_access_err);
+      return Exec::kNakAccess;
+    }
+    std::memcpy(&orig, old, 8);
+    const std::uint64_t next = pkt.opcode == op::kRcCmpSwap ? (orig == a->compare.get() ? a->swap_add.get() : orig)
+                                                            : orig + a->swap_add.get();
+    if (next != orig) {
+      std::uint8_t nb[8];
+      std::memcpy(nb, &next, 8);
+      if (!put_bytes(p, nb, 8)) {
+        qp.ctr.inc(QpCounter::remote_access_err);
+        return Exec::kNakAccess;
+      }
+    }
   } else {
-    orig = target.fetch_add(a->swap_add.get());
+    std::atomic_ref<std::uint64_t> target(*reinterpret_cast<std::uint64_t*>(p.p));
+    if (pkt.opcode == op::kRcCmpSwap) {
+      orig = a->compare.get();
+      target.compare_exchange_strong(orig, a->swap_add.get());  // orig ends up holding the old value
+    } else {
+      orig = target.fetch_add(a->swap_add.get());
+    }
   }
   const std::uint32_t depth = qp.max_dest_rd_atomic ? qp.max_dest_rd_atomic : 1;
   s.replay[s.replay_next++ % depth] = ReplayEntry{true, true, pkt.psn, 1, orig};
@@ -393,7 +418,7 @@ void Engine::replay_duplicate(Qp& qp, const wire::Packet& pkt) {
         // of the original READ only (a partially answered READ).
         const wire::Reth* reth = pkt.reth();
         const std::uint32_t len = reth->dma_len.get();
-        std::uint8_t* p = nullptr;
+        MemRef p;
         if (len != 0 && mrs_.check(reth->rkey.get(), true, qp.pd, qp.handle, reth->va.get(), len, IBV_ACCESS_REMOTE_READ,
                                    &p) != KeyCheck::kOk)
           break;
@@ -574,9 +599,9 @@ void Engine::run_responses(Qp& qp) {
     }
     const std::uint64_t off = std::uint64_t{rt.pkt} * qp.mtu;
     const std::uint32_t payload = static_cast<std::uint32_t>(std::min<std::uint64_t>(qp.mtu, rt.len - off));
-    const std::uint8_t* src = nullptr;
+    MemRef src;
     if (payload != 0) {
-      std::uint8_t* p = nullptr;
+      MemRef p;
       if (mrs_.check(rt.rkey, true, qp.pd, qp.handle, rt.va + off, payload, IBV_ACCESS_REMOTE_READ, &p) != KeyCheck::kOk) {
         // Deregistered (or invalidated) mid-response: the rest becomes a
         // remote access NAK at this PSN (IBTA 9.7.5.2.4), never a read of
@@ -596,7 +621,15 @@ void Engine::run_responses(Qp& qp) {
                                 : first       ? op::kRcReadRespFirst
                                 : last        ? op::kRcReadRespLast
                                               : op::kRcReadRespMiddle;
-    if (payload) f->seg[f->nseg++] = {src, payload};
+    if (payload && src.odp() && !add_odp_seg(*f, src, payload)) {
+      // A page the application does not have (any more): as above.
+      unbuilt(*f);
+      qp.ctr.inc(QpCounter::remote_access_err);
+      rt.kind = RespTx::Kind::kAck;
+      rt.syndrome = kNakAccess;
+      continue;
+    }
+    if (payload && !src.odp()) f->seg[f->nseg++] = {src.p, payload};
     finish_packet(*f, qp, {opcode, false, false, rt.psn}, aeth(kAckSyndrome, s.msn), payload);
     ++rt.pkt;
     ++rt.psn;

@@ -190,13 +190,13 @@ Engine::Exec Engine::sr_place(Qp& qp, const wire::Packet& pkt) {
       return Exec::kNakAccess;
     }
     if (pkt.payload_len != 0) {
-      std::uint8_t* dst = nullptr;
+      MemRef dst;
       if (mrs_.check(reth->rkey.get(), true, qp.pd, qp.handle, reth->va.get(), pkt.payload_len,
-                     IBV_ACCESS_REMOTE_WRITE, &dst) != KeyCheck::kOk) {
+                     IBV_ACCESS_REMOTE_WRITE, &dst) != KeyCheck::kOk ||
+          !put_bytes(dst, pkt.payload().data(), pkt.payload_len)) {
         qp.ctr.inc(QpCounter::remote_access_err);
         return Exec::kNakAccess;
       }
-      std::memcpy(dst, pkt.payload().data(), pkt.payload_len);
     }
   } else {
     const RecvWqe& w = s.rwqes[msn % SrState::kRwqes];

@@ -360,6 +360,8 @@ struct uroce_context {
   std::once_flag cm_once;
   int cm_fd = -1;
   bool cm_pushed = false;  // the daemon rings cm_fd (false: an older daemon, asked every millisecond)
+  std::uint16_t dev_flags = 0;  // UROCE_DEVICE_* as the last device query said (minor 16)
+  bool mem_sent = false;        // the daemon holds this process's /proc/self/mem (the first ODP MR sent it)
 };
 
 struct uroce_pd {
@@ -1083,8 +1085,34 @@ int mr_memory(uroce_pd* pd, void* addr, std::size_t length, std::uint64_t iova, 
   return 0;
 }
 
+namespace {
+/// An ODP MR (minor 16): nothing is shared; the daemon reaches the bytes
+/// through this process's memory file, sent with the session's first one.
+/// NULL with SIZE_MAX bytes: the whole address space (implicit ODP).
+uroce_mr* reg_mr_odp(uroce_pd* pd, void* addr, std::size_t length, std::uint64_t iova, int access) {
+  uroce_context* ctx = pd->ctx;
+  if (ctx->minor < 16) return set_error(EOPNOTSUPP, "this uroced registers no ODP MR (ABI minor < 16)"), nullptr;
+  const bool implicit = addr == nullptr && length == SIZE_MAX;
+  if (length == 0 || (!addr && !implicit)) return set_error(EINVAL, "bad ODP MR arguments"), nullptr;
+  uroce_reg_mr_odp_msg m{pd->handle, static_cast<std::uint32_t>(access), reinterpret_cast<std::uintptr_t>(addr),
+                         implicit ? UINT64_MAX : length, implicit ? 0 : iova};
+  uroce_reg_mr_reply r{};
+  int fd = -1;
+  if (!ctx->mem_sent) {
+    fd = ::open("/proc/self/mem", O_RDWR | O_CLOEXEC);
+    if (fd < 0) return set_error(errno, "cannot open /proc/self/mem for the daemon"), nullptr;
+  }
+  const int rc = call(ctx, UROCE_MSG_REG_MR_ODP, &m, sizeof m, fd, &r, sizeof r);
+  if (fd >= 0) ::close(fd);
+  if (rc != 0) return nullptr;
+  ctx->mem_sent = true;
+  return new uroce_mr{pd, r.handle, r.lkey, r.rkey, {}};
+}
+}  // namespace
+
 uroce_mr* uroce_reg_mr_iova(uroce_pd* pd, void* addr, std::size_t length, std::uint64_t iova, int access) {
   if (!pd) return set_error(EINVAL, "bad MR arguments"), nullptr;
+  if (access & IBV_ACCESS_ON_DEMAND) return reg_mr_odp(pd, addr, length, iova, access);
   uroce_context* ctx = pd->ctx;
   MrMemory mem;
   if (mr_memory(pd, addr, length, iova, access, mem) != 0) return nullptr;
@@ -1192,6 +1220,7 @@ int uroce_query_device(uroce_context* ctx, ibv_device_attr* attr) {
   uroce_query_msg q{UROCE_OBJ_DEVICE, 0};
   uroce_device_attr r{};
   if (int rc = call(ctx, UROCE_MSG_QUERY, &q, sizeof q, -1, &r, sizeof r)) return rc;
+  ctx->dev_flags = ctx->minor >= 16 ? r.flags : 0;
   *attr = ibv_device_attr{};
   std::snprintf(attr->fw_ver, sizeof attr->fw_ver, "uroce abi %u.%u", UROCE_ABI_MAJOR, UROCE_ABI_MINOR);
   std::uint64_t guid = 0;  // EUI-64 from the MAC, as RoCE devices do
@@ -1824,6 +1853,8 @@ extern "C" {
 int uroce_poll_cq_ts(uroce_cq* cq, int num, ibv_wc* wc, std::uint64_t* ts) { return poll_entries<true>(cq, num, wc, ts); }
 
 int uroce_completion_timestamps(const uroce_context* ctx) { return ctx && ctx->minor >= 13 ? 1 : 0; }
+
+int uroce_odp(const uroce_context* ctx) { return ctx && (ctx->dev_flags & UROCE_DEVICE_ODP) ? 1 : 0; }
 
 int uroce_poll_cq(uroce_cq* cq, int num, ibv_wc* wc) { return poll_entries<false>(cq, num, wc, nullptr); }
 

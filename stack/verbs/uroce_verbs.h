@@ -255,6 +255,9 @@ int uroce_poll_cq(struct uroce_cq* cq, int num_entries, struct ibv_wc* wc);
 int uroce_poll_cq_ts(struct uroce_cq* cq, int num_entries, struct ibv_wc* wc, uint64_t* timestamps);
 /* 1 when the daemon stamps completions (ABI minor 13), else 0. */
 int uroce_completion_timestamps(const struct uroce_context* ctx);
+/* Whether ODP MRs (IBV_ACCESS_ON_DEMAND) can be registered, as the last
+ * uroce_query_device found (the daemon's --odp; always in embedded mode). */
+int uroce_odp(const struct uroce_context* ctx);
 
 /* Async events, as ibv_get_async_event: IBV_EVENT_CQ_ERR names a CQ that
  * overflowed (completions were lost, and are counted by uroced), and

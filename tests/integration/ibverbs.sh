@@ -75,8 +75,9 @@ mkdir -p "$TMP/run_b"
 # A says its link carries 9000-byte frames (--link-mtu; memif's buffers do), B
 # leaves the driver's 1500: their verbs ports are at 4096 and 1024, and the
 # programs between them settle on 1024 as they would between such hosts.
+# A allows ODP MRs (--odp); B does not, as a daemon does by default.
 start_daemon "" d --port net_memif0 --vdev "net_memif0,role=server,socket=$TMP/m.sock,bsize=8192" --ip 10.96.0.1 --link-mtu 9000 --lcore 0 \
-  --app-socket "$TMP/run/uroce0.sock" --ctl-socket "$TMP/d.ctl"
+  --app-socket "$TMP/run/uroce0.sock" --ctl-socket "$TMP/d.ctl" --odp
 DA=$LAST_PID
 for i in $(seq 50); do [ -S "$TMP/run/uroce0.sock" ] && [ -S "$TMP/d.ctl" ] && break; sleep 0.1; done
 start_daemon "" db --port net_memif0 --vdev "net_memif0,role=client,socket=$TMP/m.sock,bsize=8192" --ip 10.96.0.2 --lcore 1 \
@@ -322,6 +323,11 @@ run "$RULES" uroce0 > "$TMP/rules.out" 2>&1; rc=$?
 grep FAIL "$TMP/rules.out" | sed 's/^/  /'; tail -1 "$TMP/rules.out" | sed 's/^/  /'
 check "verbs_rules: every QP shape accepted, every refusal rxe gives, every check" \
   "[ $rc -eq 0 ] && grep -qE '^[1-9][0-9]* passed, 0 failed' '$TMP/rules.out'"
+check "verbs_rules on A (--odp): ODP MRs, implicit ODP and ibv_advise_mr were checked" "grep -q 'the device reports ODP' '$TMP/rules.out'"
+timeout 20 "$URUN" --lib "$IBV_DIR" --run-dir "$TMP/run_b" "$RULES" uroce0 odp > "$TMP/rules-b.out" 2>&1; rc=$?
+grep FAIL "$TMP/rules-b.out" | sed 's/^/  /'; tail -1 "$TMP/rules-b.out" | sed 's/^/  /'
+check "verbs_rules on B (no --odp): no ODP caps, and an ODP MR is EOPNOTSUPP" \
+  "[ $rc -eq 0 ] && grep -q 'reports no ODP' '$TMP/rules-b.out' && grep -qE '^[1-9][0-9]* passed, 0 failed' '$TMP/rules-b.out'"
 
 echo "== negative control: without uroce-run the same programs find no uroce device"
 UROCE_RUN_DIR="$TMP/run" timeout 20 ibv_devices > "$TMP/neg.out" 2>&1

@@ -831,6 +831,89 @@ static void fork_private(void) {
   free(buf);
 }
 
+/* ODP (IBV_ACCESS_ON_DEMAND): where the device reports it, an MR over
+ * memory never touched (and a hole unmapped after registration), an
+ * implicit MR over the whole address space, and ibv_advise_mr's rules;
+ * where it does not, the registration is EOPNOTSUPP, as the kernel
+ * refuses it on a device without ODP. */
+static void odp(void) {
+  struct ibv_device_attr_ex ax;
+  memset(&ax, 0, sizeof ax);
+  check(ibv_query_device_ex(ctx, NULL, &ax) == 0, "ibv_query_device_ex for the ODP caps");
+  const int have = (ax.odp_caps.general_caps & IBV_ODP_SUPPORT) != 0;
+  const size_t len = 1u << 20;
+  uint8_t* mem = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (mem == MAP_FAILED) {
+    check(0, "mmap of 1 MiB for the ODP checks");
+    return;
+  }
+  const int all = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_ON_DEMAND;
+  errno = 0;
+  struct ibv_mr* mr = ibv_reg_mr(pd, mem, len, all);
+  if (!have) {
+    printf("odp: the device reports no ODP\n");
+    check(!mr && errno == EOPNOTSUPP, "no ODP caps: an ODP MR is EOPNOTSUPP (errno %d)", errno);
+    if (mr) ibv_dereg_mr(mr);
+    munmap(mem, len);
+    return;
+  }
+  printf("odp: the device reports ODP\n");
+  const uint32_t want = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_READ |
+                        IBV_ODP_SUPPORT_ATOMIC | IBV_ODP_SUPPORT_SRQ_RECV;
+  check((ax.odp_caps.general_caps & IBV_ODP_SUPPORT_IMPLICIT) &&
+            (ax.odp_caps.per_transport_caps.rc_odp_caps & want) == want,
+        "ODP caps: implicit, and every RC operation (what the checks below do)");
+  check(mr != NULL, "an ODP MR over 1 MiB never touched (errno %d)", errno);
+  uint8_t* src = calloc(1, 8192);
+  struct ibv_mr* from = src ? ibv_reg_mr(pd, src, 8192, IBV_ACCESS_LOCAL_WRITE) : NULL;
+  check(from != NULL, "a plain MR to write from");
+  if (mr && from) {
+    for (int i = 0; i < 8192; ++i) src[i] = (uint8_t)(i * 5 + 3);
+    check(write_status(from, (uintptr_t)(mem + 512 * 1024 + 7), mr->rkey, 8192) == IBV_WC_SUCCESS,
+          "a WRITE of 8 KiB into pages first touched by it: success");
+    check(memcmp(mem + 512 * 1024 + 7, src, 8192) == 0, "the WRITE's bytes are in the application's pages");
+    munmap(mem + 256 * 1024, 4096);  /* a hole, after the registration */
+    check(write_status(from, (uintptr_t)(mem + 256 * 1024 + 16), mr->rkey, 64) == IBV_WC_REM_ACCESS_ERR,
+          "a WRITE into a page unmapped since: remote access error");
+    check(write_status(from, (uintptr_t)(mem + 16), mr->rkey, 64) == IBV_WC_SUCCESS && mem[16] == src[0],
+          "and the next WRITE to a page that is there: success");
+    /* ibv_advise_mr: ranges of the PD's ODP MRs only. */
+    struct ibv_sge sg = {(uintptr_t)(mem + 4096), 8192, mr->lkey};
+    check(ibv_advise_mr(pd, IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE, IBV_ADVISE_MR_FLAG_FLUSH, &sg, 1) == 0,
+          "ibv_advise_mr PREFETCH_WRITE, FLUSH, of an ODP range: 0");
+    check(ibv_advise_mr(pd, IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT, 0, &sg, 1) == 0, "PREFETCH_NO_FAULT: 0");
+    struct ibv_sge plain = {(uintptr_t)src, 64, from->lkey};
+    check(ibv_advise_mr(pd, IBV_ADVISE_MR_ADVICE_PREFETCH, 0, &plain, 1) == EINVAL, "advice on a plain MR: EINVAL");
+    struct ibv_sge past = {(uintptr_t)(mem + len - 8), 64, mr->lkey};
+    check(ibv_advise_mr(pd, IBV_ADVISE_MR_ADVICE_PREFETCH, 0, &past, 1) == EINVAL, "advice past the MR: EINVAL");
+    check(ibv_advise_mr(pd, IBV_ADVISE_MR_ADVICE_PREFETCH, 0x80, &sg, 1) == EINVAL, "unknown advice flags: EINVAL");
+    check(ibv_advise_mr(pd, IBV_ADVISE_MR_ADVICE_PREFETCH, 0, &sg, 0) == EINVAL, "no ranges: EINVAL");
+  }
+  /* Implicit ODP: one MR over the whole address space; memory allocated
+   * after it is reached through its keys, locally and remotely. */
+  errno = 0;
+  struct ibv_mr* imr = ibv_reg_mr(pd, NULL, SIZE_MAX, all);
+  check(imr != NULL, "an implicit ODP MR (NULL, SIZE_MAX) (errno %d)", errno);
+  uint8_t* late = malloc(4096);
+  uint8_t* late_src = malloc(4096);
+  if (imr && late && late_src) {
+    memset(late, 0, 4096);
+    memset(late_src, 0x3c, 4096);
+    /* The source through the implicit MR's L_Key, the target through its R_Key. */
+    struct ibv_mr fake = *imr;
+    fake.addr = late_src;
+    check(write_status(&fake, (uintptr_t)late, imr->rkey, 4096) == IBV_WC_SUCCESS && late[0] == 0x3c && late[4095] == 0x3c,
+          "a WRITE from and to memory allocated after the implicit MR: success");
+  }
+  free(late);
+  free(late_src);
+  if (imr) check(ibv_dereg_mr(imr) == 0, "the implicit MR deregisters");
+  if (from) ibv_dereg_mr(from);
+  if (mr) check(ibv_dereg_mr(mr) == 0, "the ODP MR deregisters");
+  free(src);
+  munmap(mem, len);
+}
+
 int main(int argc, char** argv) {
   int n = 0;
   struct ibv_device** list = ibv_get_device_list(&n);
@@ -851,21 +934,26 @@ int main(int argc, char** argv) {
     printf("verbs_rules: cannot open %s\n", ibv_get_device_name(d));
     return 1;
   }
-  shapes();
-  send_only();
-  posts();
-  cqs_and_attrs();
-  gids();
-  timestamps();
-  mr_bounds();
-  rereg();
-  zero_byte_mr();
-  reset_forgets_completions();
-  multicast();
-  device_memory();
-  parent_domain();
-  unmapped_before_dereg();
-  fork_private();
+  if (argc > 2 && strcmp(argv[2], "odp") == 0) {
+    odp();  /* only this: on a daemon without --odp */
+  } else {
+    shapes();
+    send_only();
+    posts();
+    cqs_and_attrs();
+    gids();
+    timestamps();
+    mr_bounds();
+    rereg();
+    zero_byte_mr();
+    reset_forgets_completions();
+    multicast();
+    device_memory();
+    parent_domain();
+    unmapped_before_dereg();
+    fork_private();
+    odp();
+  }
   ibv_destroy_cq(cq);
   ibv_dealloc_pd(pd);
   ibv_close_device(ctx);

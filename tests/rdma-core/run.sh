@@ -35,8 +35,9 @@ gunzip -f "$TMP"/tests/*.gz
 # (the embedded node has none: see expected.txt). memif's
 # buffers hold a whole 9000-byte frame of the kernel's.
 mkdir -p "$TMP/run" "$TMP/run_b" "$TMP/run_c"
+# A allows ODP MRs (--odp), as an operator would to run ODP programs.
 start_daemon "" d --port net_memif0 --vdev "net_memif0,role=server,socket=$TMP/m.sock,bsize=16384" --ip 10.97.0.1 --link-mtu 9000 --lcore 0 \
-  --app-socket "$TMP/run/uroce0.sock" --ctl-socket "$TMP/d.ctl" --host-netdev uroce0
+  --app-socket "$TMP/run/uroce0.sock" --ctl-socket "$TMP/d.ctl" --host-netdev uroce0 --odp
 DA=$LAST_PID
 wait_sockets "$TMP/run/uroce0.sock" "$TMP/d.ctl" || bad "daemon A is up (gave up after $PROBES looks)"
 start_daemon "" db --port net_memif0 --vdev "net_memif0,role=client,socket=$TMP/m.sock,bsize=16384" --ip 10.97.0.2 --link-mtu 9000 --lcore 1 \
