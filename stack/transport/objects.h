@@ -45,6 +45,12 @@ inline void copy_payload(std::uint8_t* dst, const std::uint8_t* src, std::size_t
   }
 }
 
+/// p + off as address arithmetic: an ODP MR's base is an address of the
+/// application's, never ours to point into, and 0 for an implicit MR.
+inline std::uint8_t* advance(std::uint8_t* p, std::uint64_t off) {
+  return reinterpret_cast<std::uint8_t*>(reinterpret_cast<std::uintptr_t>(p) + off);
+}
+
 /// Where checked bytes are. Registered (pinned) memory: `p`, in our own
 /// address space. On-demand paging (an ODP MR): `p` is the application's
 /// own address, never dereferenced here, and the bytes are read and written
@@ -53,7 +59,7 @@ inline void copy_payload(std::uint8_t* dst, const std::uint8_t* src, std::size_t
 struct MemRef {
   std::uint8_t* p = nullptr;
   int fd = -1;
-  [[nodiscard]] MemRef at(std::uint64_t off) const { return {p + off, fd}; }
+  [[nodiscard]] MemRef at(std::uint64_t off) const { return {advance(p, off), fd}; }
   [[nodiscard]] bool odp() const { return fd >= 0; }
 };
 
@@ -197,10 +203,10 @@ inline KeyCheck MrTable::check(std::uint32_t key, bool remote, const Pd* pd, std
   if (m->mw_type != 0) {
     // Through the window to its MR, whose bounds hold the window's.
     const Mr* r = m->parent;
-    *out = {r->addr + (m->window_base + (va - m->iova) - r->iova), r->odp_fd};
+    *out = {advance(r->addr, m->window_base + (va - m->iova) - r->iova), r->odp_fd};
     return KeyCheck::kOk;
   }
-  *out = {m->addr + (va - m->iova), m->odp_fd};
+  *out = {advance(m->addr, va - m->iova), m->odp_fd};
   return KeyCheck::kOk;
 }
 
