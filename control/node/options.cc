@@ -135,6 +135,7 @@ ParseResult parse_options(int argc, const char* const* argv, NodeOptions& out, s
       ("max-qps", po::value(&lim.max_qps), "QPs per session (default 256)")
       ("max-qps-per-uid", po::value(&lim.max_qps_per_uid), "QPs one uid may hold over its sessions (default 512)")
       ("max-mcast-per-uid", po::value(&lim.max_mcast_per_uid), "multicast attachments one uid may hold (default 64)")
+      ("max-flows-per-uid", po::value(&lim.max_flows_per_uid), "flow rules (ibv_create_flow) one uid may hold (default 64)")
       ("odp", po::bool_switch(&lim.odp),
        "let applications register MRs on demand (IBV_ACCESS_ON_DEMAND): each access is made through the "
        "application's /proc/self/mem when it happens; a page fault that waits (FUSE, NFS) then stalls this daemon")
@@ -311,6 +312,7 @@ ParseResult parse_options(int argc, const char* const* argv, NodeOptions& out, s
                                     {"--max-qps", lim.max_qps, 65536u},
                                     {"--max-qps-per-uid", lim.max_qps_per_uid, 65536u},
                                     {"--max-mcast-per-uid", lim.max_mcast_per_uid, 1024u},
+                                    {"--max-flows-per-uid", lim.max_flows_per_uid, 256u},
                                     {"--max-cqs", lim.max_cqs, 65536u},
                                     {"--max-mrs", lim.max_mrs, 1u << 20},
                                     {"--max-pending-rtr", lim.max_pending_rtr, 65536u},

@@ -33,6 +33,7 @@ struct SessionLimits {
   std::uint32_t max_sessions = 256, max_sessions_per_uid = 64;
   std::uint32_t max_qps_per_uid = 512;  // the engine's table holds 1024: one user cannot take it all
   std::uint32_t max_mcast_per_uid = 64;  // multicast attachments one uid may hold (the engine's table holds 1024)
+  std::uint32_t max_flows_per_uid = 64;  // raw packet QPs' flow rules one uid may hold (the engine's table holds 256)
   /// ODP MRs (--odp): the node reads and writes an application's memory
   /// through its /proc/self/mem as each access happens. Off in a daemon by
   /// default (a mapping whose faults wait, FUSE or NFS, would stall the

@@ -15,6 +15,7 @@
 #include <bit>
 #include <chrono>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "stack/abi/doorbell.h"
@@ -105,6 +106,7 @@ struct SessionServer::Session {
     std::uint32_t handle = 0;
     Session* session = nullptr;
     std::vector<wire::IpAddr> groups;  // the multicast groups it is in (the engine drops them with the QP)
+    std::vector<std::uint32_t> flows;  // a raw packet QP's flow rules (the engine drops them with the QP)
   };
   std::map<std::uint32_t, Pd*> pds;
   std::map<std::uint32_t, MrRes> mrs;
@@ -386,6 +388,20 @@ const char* map_mr_memory(const uroce_reg_mr_pieces_msg& pm, const std::vector<i
   return nullptr;
 }
 
+/// Whether the application may have raw packet QPs and flow rules: with
+/// CAP_NET_RAW in its effective set, as the kernel asks (it could send any
+/// frame it likes), read from its /proc status when it asks.
+bool may_use_raw(int pid) {
+  FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/status").c_str(), "re");
+  if (f == nullptr) return false;
+  char line[256];
+  unsigned long long eff = 0;
+  while (std::fgets(line, sizeof line, f))
+    if (std::sscanf(line, "CapEff: %llx", &eff) == 1) break;
+  std::fclose(f);
+  return (eff >> 13) & 1;  // CAP_NET_RAW
+}
+
 }  // namespace
 
 void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_t* body, std::vector<int>& fds) {
@@ -488,6 +504,27 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
       uroce_reg_mr_reply r{s.next_handle++, mr->lkey, mr->rkey, 0};
       s.mrs[r.handle] = {mr, map};
       s.mr_bytes += m.length;
+      return send_reply(sock, h, 0, "", &r, sizeof r);
+    }
+    case UROCE_MSG_CREATE_FLOW: {
+      uroce_flow_msg m;
+      if (!take(m)) return;
+      auto q = s.qps.find(m.qp);
+      if (q == s.qps.end()) return fail(EINVAL, "no such QP in this session");
+      if (q->second.qp->type != IBV_QPT_RAW_PACKET) return fail(EINVAL, "a flow rule steers to a raw packet QP");
+      std::size_t of_uid = 0;
+      for (const auto& [id, o] : sessions_)
+        if (o->uid == s.uid)
+          for (const auto& [qh, qr] : o->qps) of_uid += qr.flows.size();
+      if (of_uid >= limits_.max_flows_per_uid) {
+        ++refused_.flows_per_uid;
+        return fail(EDQUOT, "too many flow rules for uid " + std::to_string(s.uid) + " (max_flows_per_uid " +
+                                std::to_string(limits_.max_flows_per_uid) + ")");
+      }
+      const std::uint32_t fh = eng_.create_flow(q->second.qp, m.priority, m.value, m.mask);
+      if (fh == 0) return fail(ENOMEM, "the port's flow table is full");
+      q->second.flows.push_back(fh);
+      uroce_handle_reply r{fh};
       return send_reply(sock, h, 0, "", &r, sizeof r);
     }
     case UROCE_MSG_REG_MR_ODP: {
@@ -679,8 +716,11 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
       auto scq = s.cqs.find(m.send_cq), rcq = s.cqs.find(m.recv_cq);
       if (pd == s.pds.end() || scq == s.cqs.end() || rcq == s.cqs.end())
         return fail(EINVAL, "no such PD or CQ in this session");
-      if (m.qp_type != IBV_QPT_RC && m.qp_type != IBV_QPT_UC && m.qp_type != IBV_QPT_UD)
-        return fail(EINVAL, "QP type must be RC, UC or UD");
+      if (m.qp_type != IBV_QPT_RC && m.qp_type != IBV_QPT_UC && m.qp_type != IBV_QPT_UD &&
+          m.qp_type != IBV_QPT_RAW_PACKET)
+        return fail(EINVAL, "QP type must be RC, UC, UD or RAW_PACKET");
+      if (m.qp_type == IBV_QPT_RAW_PACKET && !may_use_raw(s.pid))
+        return fail(EPERM, "a raw packet QP needs CAP_NET_RAW");
       Srq* srq = nullptr;
       if (m.srq != 0) {
         auto sr = s.srqs.find(m.srq);
@@ -844,6 +884,16 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
         q->second.map.unmap();
         s.qps.erase(q);
         return send_reply(sock, h, 0, "", nullptr, 0);
+      }
+      if (m.object == UROCE_OBJ_FLOW) {
+        for (auto& [qh, q] : s.qps) {
+          const auto it = std::find(q.flows.begin(), q.flows.end(), m.handle);
+          if (it == q.flows.end()) continue;
+          eng_.destroy_flow(m.handle);
+          q.flows.erase(it);
+          return send_reply(sock, h, 0, "", nullptr, 0);
+        }
+        return fail(EINVAL, "no such flow rule in this session");
       }
       if (m.object == UROCE_OBJ_MW) {
         auto w = s.mws.find(m.handle);
@@ -1042,6 +1092,7 @@ nlohmann::ordered_json SessionServer::limits_status() const {
           {"max_qps", l.max_qps},
           {"max_qps_per_uid", l.max_qps_per_uid},
           {"max_mcast_per_uid", l.max_mcast_per_uid},
+          {"max_flows_per_uid", l.max_flows_per_uid},
           {"max_cqs", l.max_cqs},
           {"max_mrs", l.max_mrs},
           {"max_mr_bytes", l.max_mr_bytes},
@@ -1055,6 +1106,7 @@ nlohmann::ordered_json SessionServer::limits_status() const {
             {"unhelloed", refused_.unhelloed},
             {"hello_timeouts", refused_.hello_timeouts},
             {"mcast_per_uid", refused_.mcast_per_uid},
+            {"flows_per_uid", refused_.flows_per_uid},
             {"qps_per_uid", refused_.qps_per_uid},
             {"accept_errors", guard_.errors()},
             {"emfile_drops", guard_.dropped()}}},

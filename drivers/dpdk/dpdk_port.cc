@@ -476,7 +476,7 @@ bool Port::Queue::tx(const transport::TxFrame& f) {
 }
 
 void Port::Queue::mark_offloads(rte_mbuf* b, const transport::TxFrame& f) const {
-  if (!(dev->tx_offloads & RTE_ETH_TX_OFFLOAD_IPV4_CKSUM) || f.hdr_len < 34) return;
+  if (!(dev->tx_offloads & RTE_ETH_TX_OFFLOAD_IPV4_CKSUM) || f.hdr_len < 34 || f.raw) return;  // raw: as written
   const bool vlan = f.hdr[12] == 0x81 && f.hdr[13] == 0x00;
   const std::size_t l2 = vlan ? 18 : 14;
   if (f.hdr[l2 - 2] != 0x08 || f.hdr[l2 - 1] != 0x00) return;  // IPv6 has no header checksum

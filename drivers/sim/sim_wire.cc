@@ -79,10 +79,19 @@ bool SimWire::step() {
     const Event ev = heap_.back();
     heap_.pop_back();
     const std::uint8_t* data = &pool_[std::size_t{ev.slot} * kSlot];
-    // Deliver by destination MAC, like a switch; unknown MACs are lost.
+    // Deliver by destination MAC, like a switch; unknown MACs are lost, and
+    // a group's (multicast, broadcast) frame floods every port but the
+    // sender's.
     bool found = false;
+    const bool group = ev.len >= 12 && (data[0] & 1) != 0;
     for (transport::Engine* e : engines_) {
-      if (ev.len >= 6 && std::memcmp(data, e->config().mac.data(), 6) == 0) {
+      if (group && std::memcmp(data + 6, e->config().mac.data(), 6) != 0) {
+        if (deliver_tap) deliver_tap(e, wire::ConstBytes(data, ev.len), now_);
+        e->rx(wire::ConstBytes(data, ev.len), now_);
+        found = true;
+        continue;
+      }
+      if (!group && ev.len >= 6 && std::memcmp(data, e->config().mac.data(), 6) == 0) {
         if (deliver_tap) deliver_tap(e, wire::ConstBytes(data, ev.len), now_);
         e->rx(wire::ConstBytes(data, ev.len), now_);
         found = true;

@@ -81,6 +81,11 @@ enum uroce_msg_type {
    * ODP MR and kept for the session's life. Only where uroce_device_attr
    * says UROCE_DEVICE_ODP (the daemon's --odp). */
   UROCE_MSG_REG_MR_ODP = 26,    /* body: reg_mr_odp [+ fd the first time]; reply: reg_mr_reply */
+  /* Minor 16: a flow rule (ibv_create_flow) steering the frames it matches,
+   * from the wire and from this port's own raw packet QPs, to a raw packet
+   * QP. UROCE_MSG_DESTROY with UROCE_OBJ_FLOW removes it. Raw packet QPs and
+   * flows are for sessions of uid 0 or with CAP_NET_RAW, as on the kernel. */
+  UROCE_MSG_CREATE_FLOW = 27,   /* body: flow;       reply: handle */
 };
 
 struct uroce_msg_hdr {
@@ -223,7 +228,8 @@ enum uroce_object {
   UROCE_OBJ_DEVICE = 5,
   UROCE_OBJ_SRQ = 6,
   UROCE_OBJ_PORT = 7, /* QUERY only (minor 7): reply port_attr */
-  UROCE_OBJ_MW = 8    /* DESTROY (minor 8) */
+  UROCE_OBJ_MW = 8,   /* DESTROY (minor 8) */
+  UROCE_OBJ_FLOW = 9  /* DESTROY (minor 16) */
 };
 struct uroce_destroy_msg {
   uint32_t object; /* enum uroce_object */
@@ -293,6 +299,27 @@ struct uroce_reg_mr_odp_msg {
   uint64_t iova;   /* what peers and SGEs address its first byte as (implicit ODP: 0) */
 };
 
+/* What a flow rule matches: a frame's fields, in network byte order, each
+ * compared under the mask (0 bits: any). An IPv4 address is IPv4-mapped. */
+struct uroce_flow_key {
+  uint8_t dmac[6];
+  uint8_t smac[6];
+  uint8_t ethertype[2]; /* the inner one, past an 802.1Q tag */
+  uint8_t vlan[2];      /* the tag's TCI (0: untagged) */
+  uint8_t src_ip[16];
+  uint8_t dst_ip[16];
+  uint8_t ip_proto;     /* IPv4 protocol, IPv6 next header */
+  uint8_t tos;          /* IPv4 TOS, IPv6 traffic class */
+  uint8_t sport[2];     /* TCP or UDP */
+  uint8_t dport[2];
+  uint8_t pad[2];
+};
+struct uroce_flow_msg {
+  uint32_t qp;       /* a raw packet QP of the session */
+  uint32_t priority; /* the lowest matching value takes the frame */
+  struct uroce_flow_key value, mask;
+};
+
 struct uroce_resolve_msg {
   uint8_t dgid[16]; /* an IPv4-mapped or IPv6 address */
 };
@@ -327,6 +354,8 @@ UROCE_STATIC_ASSERT(sizeof(struct uroce_reg_mr_exact) == 16, "reg_mr_exact is 16
 UROCE_STATIC_ASSERT(sizeof(struct uroce_rereg_mr_msg) == 16, "rereg_mr is 16 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_mcast_msg) == 24, "mcast is 24 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_reg_mr_odp_msg) == 32, "reg_mr_odp is 32 bytes");
+UROCE_STATIC_ASSERT(sizeof(struct uroce_flow_key) == 56, "flow_key is 56 bytes");
+UROCE_STATIC_ASSERT(sizeof(struct uroce_flow_msg) == 120, "flow is 120 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_reg_mr_pieces_msg) == 40 + 16 * UROCE_MR_MAX_PIECES, "reg_mr_pieces layout");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_create_qp_msg) == 32, "create_qp is 32 bytes (28 before minor 2)");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_cm_msg) == 92, "cm is 92 bytes (88 before minor 9)");

@@ -56,7 +56,8 @@ extern "C" {
                             (UROCE_CM_ACK_TIMEOUT); 13: completion timestamps (uroce_cq_entry.timestamp);
                             14: an MR's exact bytes (uroce_reg_mr_exact after REG_MR and REG_MR_PIECES);
                             15: MRs changed in place (UROCE_MSG_REREG_MR), MRs of 0 bytes, multicast (UROCE_MSG_MCAST);
-                            16: ODP MRs (UROCE_MSG_REG_MR_ODP, UROCE_DEVICE_ODP) */
+                            16: ODP MRs (UROCE_MSG_REG_MR_ODP, UROCE_DEVICE_ODP); raw packet QPs and flow
+                            rules (UROCE_MSG_CREATE_FLOW) */
 #define UROCE_ABI_CACHELINE 64
 #define UROCE_ABI_MAX_SGE 4
 #define UROCE_ABI_MAX_INLINE 64 /* inline bytes a send entry carries, in place of its SGEs */

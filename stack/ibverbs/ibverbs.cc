@@ -78,6 +78,7 @@
 #include <vector>
 
 #include "stack/abi/uroce_abi.h"  // the SGE and inline limits of a send entry
+#include "stack/abi/session_proto.h"
 #include "stack/verbs/uroce_verbs.h"
 
 // Not in the installed headers (rdma-core's driver.h): declared with
@@ -626,8 +627,9 @@ constexpr uint64_t kSendOps = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WR
 
 UQp* make_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
   if (!pd || !attr || !attr->send_cq || !attr->recv_cq) return fail_null<UQp>(EINVAL);
-  if (attr->qp_type != IBV_QPT_RC && attr->qp_type != IBV_QPT_UC && attr->qp_type != IBV_QPT_UD)
-    return fail_null<UQp>(EOPNOTSUPP);  // XRC, raw packet and driver QPs
+  if (attr->qp_type != IBV_QPT_RC && attr->qp_type != IBV_QPT_UC && attr->qp_type != IBV_QPT_UD &&
+      attr->qp_type != IBV_QPT_RAW_PACKET)
+    return fail_null<UQp>(EOPNOTSUPP);  // XRC and driver QPs
   uroce_qp_init_attr ia{};
   ia.send_cq = ucq(attr->send_cq)->u;
   ia.recv_cq = ucq(attr->recv_cq)->u;
@@ -792,6 +794,8 @@ ibv_td* vctx_alloc_td(ibv_context* c, ibv_td_init_attr* a);
 int vctx_dealloc_td(ibv_td* td);
 ibv_pd* vctx_alloc_parent_domain(ibv_context* c, ibv_parent_domain_init_attr* a);
 int vctx_advise_mr(ibv_pd* pd, ibv_advise_mr_advice advice, uint32_t flags, ibv_sge* sg, uint32_t n);
+ibv_flow* vctx_create_flow(ibv_qp* qp, ibv_flow_attr* a);
+int vctx_destroy_flow(ibv_flow* flow);
 int vctx_free_dm(ibv_dm* dm);
 ibv_mr* vctx_reg_dm_mr(ibv_pd* pd, ibv_dm* dm, uint64_t off, size_t len, unsigned int access);
 }  // namespace
@@ -818,6 +822,8 @@ ibv_context* make_context(ibv_device* device, uroce_context* u, int cmd_fd) {
   v.dealloc_td = vctx_dealloc_td;
   v.alloc_parent_domain = vctx_alloc_parent_domain;
   v.advise_mr = vctx_advise_mr;
+  v.ibv_create_flow = vctx_create_flow;
+  v.ibv_destroy_flow = vctx_destroy_flow;
   ibv_context& ctx = v.context;
   ctx.device = device;
   ctx.cmd_fd = cmd_fd;
@@ -1157,6 +1163,136 @@ int vctx_dealloc_td(ibv_td* td) {
 // faults the pages in now (for writing, with PREFETCH_WRITE), so that the
 // accesses to come find them; NO_FAULT has nothing to do, as an ODP access
 // here is never stalled on a page that is there.
+// Flow rules (ibv_create_flow) for raw packet QPs: the specs of the
+// ethernet, IPv4 (and its extended form), IPv6, TCP and UDP layers, each
+// value under its mask, turned into uroce's match key. A layer implies the
+// one below it (an IPv4 spec, the IPv4 ethertype; a UDP spec, protocol
+// 17), as the kernel's do. What the key cannot match (TTL, hop limit, flow
+// label, inner headers, tunnels, actions) is EOPNOTSUPP, never ignored.
+int flow_key_from_specs(const ibv_flow_attr* a, uroce_flow_key& v, uroce_flow_key& m) {
+  const auto* p = reinterpret_cast<const std::uint8_t*>(a + 1);
+  // Each spec says its size, as rdma-core's own walk reads them (the attr's
+  // `size` is not filled in by every caller: pyverbs leaves it 0).
+  const auto* end = p + 4096;
+  const auto set = [](std::uint8_t* vf, std::uint8_t* mf, const void* val, const void* mask, std::size_t n) {
+    const auto* vv = static_cast<const std::uint8_t*>(val);
+    const auto* mm = static_cast<const std::uint8_t*>(mask);
+    for (std::size_t i = 0; i < n; ++i) {
+      vf[i] = static_cast<std::uint8_t>((vf[i] & ~mm[i]) | (vv[i] & mm[i]));
+      mf[i] |= mm[i];
+    }
+  };
+  const auto exact = [&](std::uint8_t* vf, std::uint8_t* mf, std::initializer_list<std::uint8_t> bytes) {
+    std::size_t i = 0;
+    for (std::uint8_t b : bytes) {
+      vf[i] = b;
+      mf[i++] = 0xff;
+    }
+  };
+  const std::uint8_t v4map[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  const std::uint8_t ones[16] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
+  for (unsigned i = 0; i < a->num_of_specs; ++i) {
+    ibv_flow_spec_type type;
+    std::uint16_t size;
+    if (p + sizeof(ibv_flow_spec_type) + 2 > end) return EINVAL;
+    std::memcpy(&type, p, sizeof type);
+    std::memcpy(&size, p + offsetof(ibv_flow_spec_eth, size), 2);
+    if (size == 0 || p + size > end) return EINVAL;
+    switch (static_cast<unsigned>(type)) {
+      case IBV_FLOW_SPEC_ETH: {
+        ibv_flow_spec_eth s{};
+        if (size < sizeof s) return EINVAL;
+        std::memcpy(&s, p, sizeof s);
+        set(v.dmac, m.dmac, s.val.dst_mac, s.mask.dst_mac, 6);
+        set(v.smac, m.smac, s.val.src_mac, s.mask.src_mac, 6);
+        set(v.ethertype, m.ethertype, &s.val.ether_type, &s.mask.ether_type, 2);
+        set(v.vlan, m.vlan, &s.val.vlan_tag, &s.mask.vlan_tag, 2);
+        break;
+      }
+      case IBV_FLOW_SPEC_IPV4:
+      case IBV_FLOW_SPEC_IPV4_EXT: {
+        ibv_flow_spec_ipv4_ext s{};
+        const std::size_t need = type == IBV_FLOW_SPEC_IPV4 ? sizeof(ibv_flow_spec_ipv4) : sizeof s;
+        if (size < need) return EINVAL;
+        if (type == IBV_FLOW_SPEC_IPV4) {
+          ibv_flow_spec_ipv4 b{};
+          std::memcpy(&b, p, sizeof b);
+          s.val.src_ip = b.val.src_ip;
+          s.val.dst_ip = b.val.dst_ip;
+          s.mask.src_ip = b.mask.src_ip;
+          s.mask.dst_ip = b.mask.dst_ip;
+        } else {
+          std::memcpy(&s, p, sizeof s);
+          if (s.mask.ttl || s.mask.flags) return EOPNOTSUPP;
+        }
+        exact(v.ethertype, m.ethertype, {0x08, 0x00});
+        set(v.src_ip, m.src_ip, v4map, ones, 12);
+        set(v.dst_ip, m.dst_ip, v4map, ones, 12);
+        set(v.src_ip + 12, m.src_ip + 12, &s.val.src_ip, &s.mask.src_ip, 4);
+        set(v.dst_ip + 12, m.dst_ip + 12, &s.val.dst_ip, &s.mask.dst_ip, 4);
+        set(&v.ip_proto, &m.ip_proto, &s.val.proto, &s.mask.proto, 1);
+        set(&v.tos, &m.tos, &s.val.tos, &s.mask.tos, 1);
+        break;
+      }
+      case IBV_FLOW_SPEC_IPV6: {
+        ibv_flow_spec_ipv6 s{};
+        if (size < sizeof s) return EINVAL;
+        std::memcpy(&s, p, sizeof s);
+        if (s.mask.flow_label || s.mask.hop_limit) return EOPNOTSUPP;
+        exact(v.ethertype, m.ethertype, {0x86, 0xdd});
+        set(v.src_ip, m.src_ip, s.val.src_ip, s.mask.src_ip, 16);
+        set(v.dst_ip, m.dst_ip, s.val.dst_ip, s.mask.dst_ip, 16);
+        set(&v.ip_proto, &m.ip_proto, &s.val.next_hdr, &s.mask.next_hdr, 1);
+        set(&v.tos, &m.tos, &s.val.traffic_class, &s.mask.traffic_class, 1);
+        break;
+      }
+      case IBV_FLOW_SPEC_TCP:
+      case IBV_FLOW_SPEC_UDP: {
+        ibv_flow_spec_tcp_udp s{};
+        if (size < sizeof s) return EINVAL;
+        std::memcpy(&s, p, sizeof s);
+        exact(&v.ip_proto, &m.ip_proto, {static_cast<std::uint8_t>(type == IBV_FLOW_SPEC_TCP ? 6 : 17)});
+        set(v.sport, m.sport, &s.val.src_port, &s.mask.src_port, 2);
+        set(v.dport, m.dport, &s.val.dst_port, &s.mask.dst_port, 2);
+        break;
+      }
+      default: return EOPNOTSUPP;  // inner headers, tunnels, ESP, MPLS, actions
+    }
+    p += size;
+  }
+  return 0;
+}
+
+struct UFlow {
+  ibv_flow v{};
+  std::uint32_t handle = 0;
+};
+
+ibv_flow* vctx_create_flow(ibv_qp* qp, ibv_flow_attr* a) {
+  if (!qp || !a || a->comp_mask) return fail_null<ibv_flow>(EINVAL);
+  if (qp->qp_type != IBV_QPT_RAW_PACKET) return fail_null<ibv_flow>(EINVAL);
+  if (a->type != IBV_FLOW_ATTR_NORMAL || a->flags) return fail_null<ibv_flow>(EOPNOTSUPP);
+  if (a->port != 1) return fail_null<ibv_flow>(EINVAL);
+  uroce_flow_key v{}, m{};
+  if (const int rc = flow_key_from_specs(a, v, m)) return fail_null<ibv_flow>(rc);
+  auto* f = new UFlow();
+  if (const int rc = uroce_create_flow(uqp(qp)->u, a->priority, &v, &m, &f->handle)) {
+    delete f;
+    return fail_null<ibv_flow>(rc);
+  }
+  f->v.context = qp->context;
+  f->v.handle = f->handle;
+  return &f->v;
+}
+
+int vctx_destroy_flow(ibv_flow* flow) {
+  if (!flow) return EINVAL;
+  auto* f = reinterpret_cast<UFlow*>(flow);
+  const int rc = uroce_destroy_flow(ucontext(flow->context)->u, f->handle);
+  if (rc == 0) delete f;
+  return rc;
+}
+
 int vctx_advise_mr(ibv_pd* pd, ibv_advise_mr_advice advice, uint32_t flags, ibv_sge* sg, uint32_t n) {
   if (!pd || !sg || n == 0 || (flags & ~static_cast<uint32_t>(IBV_ADVISE_MR_FLAG_FLUSH))) return EINVAL;
   if (advice != IBV_ADVISE_MR_ADVICE_PREFETCH && advice != IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE &&

@@ -43,9 +43,13 @@ void Dataplane::dispatch(wire::ConstBytes frame, std::uint64_t now) {
     return;
   }
   // Everything else goes to the transport, which parses it, counts RoCE
-  // frames it refuses by reason, and counts non-RoCE frames as rx_not_roce.
+  // frames it refuses by reason, steers non-RoCE frames a flow rule matches
+  // to a raw packet QP, and counts the other non-RoCE frames as rx_not_roce.
   if (capture_) capture_(capture_ctx_, frame, false, now);
-  if (eng_.rx(frame, now) != transport::RxVerdict::kNotRoce) {
+  const transport::RxVerdict v = eng_.rx(frame, now);
+  if (v == transport::RxVerdict::kRaw) {
+    // A flow rule steered it to a raw packet QP (counted there: rx_raw).
+  } else if (v != transport::RxVerdict::kNotRoce) {
     inc(DpCounter::rx_roce);
   } else if (host_) {
     to_host(frame);

@@ -59,6 +59,7 @@ Engine::Engine(const EngineConfig& cfg) : cfg_(cfg), mrs_(cfg.max_mrs, cfg.seed)
   qps_.resize(cfg.max_qps);
   active_.reserve(cfg.max_qps);
   mcast_.reserve(cfg.max_mcast_attach);
+  flows_.reserve(cfg.max_flows);
   mcast_loop_.resize(16384);
   ack_waiters_.reserve(cfg.max_qps);
 }
@@ -109,12 +110,16 @@ Mr* Engine::reg_mr_odp(Pd* pd, std::uint64_t app_addr, std::uint64_t len, std::u
   if (pd == nullptr || mem_fd < 0 || len == 0 || (!implicit && (app_addr + len < app_addr || iova + len < iova)) ||
       !mr_access_ok(access))
     return nullptr;
-  if (!odp_bounce_) odp_bounce_ = std::make_unique<std::uint8_t[]>(std::size_t{tx_.slot_count()} * TxFrame::kMaxPayload);
+  ensure_bounce();
   return mrs_.reg(pd, reinterpret_cast<void*>(app_addr), len, access, iova, mem_fd);
 }
 
+void Engine::ensure_bounce() {
+  if (!odp_bounce_) odp_bounce_ = std::make_unique<std::uint8_t[]>(std::size_t{tx_.slot_count()} * TxFrame::kMaxPayload);
+}
+
 bool Engine::add_odp_seg(TxFrame& f, MemRef src, std::uint32_t len) {
-  std::uint8_t* b = odp_bounce_.get() + std::size_t{tx_.slot_of(&f)} * TxFrame::kMaxPayload;
+  std::uint8_t* b = bounce_of(f);
   for (std::uint8_t i = 0; i < f.nseg; ++i)
     if (f.seg[i].p >= b && f.seg[i].p < b + TxFrame::kMaxPayload) b = const_cast<std::uint8_t*>(f.seg[i].p) + f.seg[i].len;
   if (!get_bytes(src, b, len)) return false;
@@ -199,7 +204,10 @@ Qp* Engine::create_qp(Pd* pd, const QpInitAttr& attr) {
   if (pd == nullptr || attr.send_cq == nullptr || attr.recv_cq == nullptr) return nullptr;
   // An overflowed CQ has lost completions for good: no new QP reports into it.
   if (attr.send_cq->overflowed() || attr.recv_cq->overflowed()) return nullptr;
-  if (attr.qp_type != IBV_QPT_RC && attr.qp_type != IBV_QPT_UC && attr.qp_type != IBV_QPT_UD) return nullptr;
+  if (attr.qp_type != IBV_QPT_RC && attr.qp_type != IBV_QPT_UC && attr.qp_type != IBV_QPT_UD &&
+      attr.qp_type != IBV_QPT_RAW_PACKET)
+    return nullptr;
+  if (attr.qp_type == IBV_QPT_RAW_PACKET && attr.gsi) return nullptr;
   const QpCap& c = attr.cap;
   if (c.max_send_wr == 0 || c.max_send_wr > (1u << 15) || c.max_recv_wr > (1u << 15) || c.max_send_sge > kMaxSge ||
       c.max_recv_sge > kMaxSge || c.max_inline_data > kMaxInline)
@@ -255,7 +263,14 @@ Qp* Engine::create_qp(Pd* pd, const QpInitAttr& attr) {
   ++qps_live_;
   *slot = std::move(qp);
   Qp* made = slot->get();
-  if (made->type != IBV_QPT_UD) set_cc(made, cfg_.cc);  // the port's default (checked when the engine was made)
+  if (made->type == IBV_QPT_RAW_PACKET) {
+    // Its frames are copied into the TX slots (and its own flows' copies
+    // into a scratch frame): made with the first such QP.
+    ensure_bounce();
+    if (!raw_scratch_) raw_scratch_ = std::make_unique<std::uint8_t[]>(TxFrame::kMaxRawFrame);
+  } else if (made->type != IBV_QPT_UD) {
+    set_cc(made, cfg_.cc);  // the port's default (checked when the engine was made)
+  }
   return made;
 }
 
@@ -272,6 +287,7 @@ int Engine::destroy_qp(Qp* qp) {
   qp->resp.ack_listed = false;
   mrs_.unbind_qp(qp->handle);  // its type 2 windows serve nobody now
   std::erase_if(mcast_, [qp](const McastAttach& m) { return m.qp == qp; });  // it leaves its groups
+  std::erase_if(flows_, [qp](const RawFlow& f) { return f.qp == qp; });     // and its flow rules go
   --qp->pd->refs;
   if (gsi) {
     gsi_.reset();
@@ -372,6 +388,13 @@ Transition transition(ibv_qp_type t, ibv_qp_state from, ibv_qp_state to) {
   // The kernel's qp_state_table (ib_modify_qp_is_ok) transcribes IBTA 10.3.1.
   const bool rc = t == IBV_QPT_RC, ud = t == IBV_QPT_UD;
   constexpr int kCur = IBV_QP_CUR_STATE;
+  if (t == IBV_QPT_RAW_PACKET) {
+    // No address, PSN or keys: the port at INIT, and the state alone after.
+    if (from == IBV_QPS_RESET && to == IBV_QPS_INIT) return {IBV_QP_PORT, 0};
+    if (from == IBV_QPS_INIT && to == IBV_QPS_INIT) return {0, IBV_QP_PORT};
+    if ((from == IBV_QPS_RTS || from == IBV_QPS_SQE) && to == IBV_QPS_RTS) return {0, kCur};
+    return {0, 0};
+  }
   constexpr int kPath = IBV_QP_ALT_PATH | IBV_QP_PATH_MIG_STATE;
   const int base_init = IBV_QP_PKEY_INDEX | IBV_QP_PORT | (ud ? IBV_QP_QKEY : IBV_QP_ACCESS_FLAGS);
   if (from == IBV_QPS_RESET && to == IBV_QPS_INIT) return {base_init, 0};
@@ -512,7 +535,8 @@ ModifyResult Engine::modify_qp(Qp* qp, const ibv_qp_attr& a, int mask) {
   qp->state = to;
   qp->sq_ring.publish_qp_state(to);  // the application's posts check it
   // The headers of its packets, from what this modify set (spec_for's fields).
-  if (qp->type == IBV_QPT_UD || to == IBV_QPS_RESET || to == IBV_QPS_INIT || !qp->tmpl.build(spec_for(*qp, 0, Psn{})))
+  if (qp->type == IBV_QPT_UD || qp->type == IBV_QPT_RAW_PACKET || to == IBV_QPS_RESET || to == IBV_QPS_INIT ||
+      !qp->tmpl.build(spec_for(*qp, 0, Psn{})))
     qp->tmpl.clear();
   if (to == IBV_QPS_ERR && from != IBV_QPS_ERR) flush(*qp);
   if (to == IBV_QPS_RTS) activate(*qp);
@@ -572,6 +596,10 @@ namespace {
 /// What a send entry asks for, or nullopt if the QP cannot do it (IBTA
 /// 10.8.2: the WR's opcode must suit the QP's service type).
 std::optional<WqeKind> send_kind(ibv_qp_type type, std::uint8_t opcode) {
+  if (type == IBV_QPT_RAW_PACKET) {  // a whole frame, as written
+    if (opcode == IBV_WR_SEND) return WqeKind::kSend;
+    return std::nullopt;
+  }
   switch (opcode) {
     case IBV_WR_SEND:
     case IBV_WR_SEND_WITH_IMM: return WqeKind::kSend;
@@ -994,6 +1022,7 @@ TxFrame* Engine::tx_slot() {
   f->nseg = 0;
   f->trailer_len = 0;
   f->bounced = false;
+  f->raw = false;
   return f;
 }
 
@@ -1138,7 +1167,10 @@ RxVerdict Engine::rx(wire::ConstBytes frame, std::uint64_t now) {
   wire::ParseOptions opts;
   const wire::ParseStatus st = wire::parse_frame(frame, opts, pkt);
   if (!st.ok()) {
-    if (!st.roce) return drop(PortCounter::rx_not_roce, RxVerdict::kNotRoce);
+    if (!st.roce) {
+      if (!flows_.empty() && rx_raw(frame)) return RxVerdict::kRaw;
+      return drop(PortCounter::rx_not_roce, RxVerdict::kNotRoce);
+    }
     if (st.reject == wire::Reject::kBadIcrc) return drop(PortCounter::rx_icrc_err, RxVerdict::kBadIcrc);
     return drop(PortCounter::rx_malformed, RxVerdict::kMalformed);
   }

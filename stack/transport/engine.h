@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "stack/abi/qp_attr.h"
+#include "stack/abi/session_proto.h"
 #include "stack/transport/counters.h"
 #include "stack/transport/objects.h"
 #include "stack/transport/qp.h"
@@ -73,6 +74,7 @@ struct EngineConfig {
   /// Multicast attachments (a UD QP in a group), all QPs together: the
   /// table is this size from the start (no allocation when one attaches).
   std::uint32_t max_mcast_attach = 1024;
+  std::uint32_t max_flows = 256;  // raw packet QPs' flow rules, in all
 };
 
 /// A QP's congestion control as telemetry shows it (Engine::cc_report).
@@ -90,6 +92,7 @@ struct CcReport {
 struct TxFrame {
   static constexpr std::size_t kMaxHdr = 128;
   static constexpr std::size_t kMaxPayload = 4096;  // the largest MTU
+  static constexpr std::size_t kMaxRawFrame = kMaxHdr + kMaxPayload;  // a raw packet QP's largest frame
   std::uint8_t hdr[kMaxHdr];
   std::uint16_t hdr_len = 0;
   struct Seg {
@@ -101,6 +104,7 @@ struct TxFrame {
   std::uint8_t trailer_len = 0;
   std::uint8_t inline_buf[kMaxInline];  // payload copied here when it is not in an MR
   bool bounced = false;  // a segment is in the engine's ODP bounce buffer, reused with the slot: copy it out
+  bool raw = false;      // a raw packet QP's frame: sent as the application wrote it (no checksum offload)
   // What the fault injector and tests may want to know without parsing.
   std::uint32_t qpn = 0;
   wire::Psn psn{};
@@ -128,6 +132,7 @@ enum class RxVerdict : std::uint8_t {
   kBadState,     // rx_bad_state
   kBadPkey,      // rx_bad_pkey
   kWrongPeer,    // rx_wrong_peer
+  kRaw,          // not RoCEv2, and a flow rule steered it to a raw packet QP (rx_raw)
 };
 
 struct ModifyResult {
@@ -247,6 +252,14 @@ class Engine {
   /// Processes one received frame, and says what it did with it (each drop
   /// is also counted in the port counters).
   RxVerdict rx(wire::ConstBytes frame, std::uint64_t now);
+  /// A flow rule (ibv_create_flow): the frames that match `value` under
+  /// `mask` (uroce_flow_key), from the wire or from this port's raw packet
+  /// QPs, go to raw packet QP `qp`; of several rules that match, the
+  /// lowest priority value's (the oldest among equals). A handle (> 0), or
+  /// 0: not a raw packet QP, or the table (max_flows) is full.
+  std::uint32_t create_flow(Qp* qp, std::uint32_t priority, const uroce_flow_key& value, const uroce_flow_key& mask);
+  int destroy_flow(std::uint32_t handle);  // EINVAL if there is no such rule
+  [[nodiscard]] std::size_t flow_count() const { return flows_.size(); }
   /// Multicast (IBTA 10.5.2.3): a UD QP joins the group `gid` (an IPv4
   /// 224/4 or IPv6 ff00::/8 address); a datagram to the group (DQPN
   /// 0xFFFFFF) reaches each QP in it, from the wire or from a QP of this
@@ -320,6 +333,19 @@ class Engine {
   /// a segment (the frame then carries a copy: `bounced`). False if the
   /// application has no such page.
   bool add_odp_seg(TxFrame& f, MemRef src, std::uint32_t len);
+  /// The bounce buffers of the TX slots (ODP payloads, raw frames' tails).
+  void ensure_bounce();
+  std::uint8_t* bounce_of(const TxFrame& f) { return odp_bounce_.get() + std::size_t{tx_.slot_of(&f)} * TxFrame::kMaxPayload; }
+  /// Copies n bytes of a WQE's data from offset `off` (its SGEs through
+  /// their MemRefs, or its inline copy). False on a page that is not there.
+  bool gather(const SendWqe& w, std::uint64_t off, std::uint8_t* dst, std::uint32_t n) const;
+  /// A raw packet QP's SEND: the WQE's bytes are a whole Ethernet frame,
+  /// sent as they are (and to this port's own flows when addressed to the
+  /// port or to a group). Completes at once.
+  bool send_raw(Qp& qp, SendWqe& w);
+  /// A frame to the flows: true if a rule took it (its QP received it, or
+  /// had no receive posted and it was dropped).
+  bool rx_raw(wire::ConstBytes frame);
   wire::FrameSpec spec_for(const Qp& qp, std::uint8_t opcode, wire::Psn psn) const;
   void finish_frame(TxFrame& f, Qp& qp, const wire::FrameSpec& spec, std::uint32_t payload_len);
   /// A packet of the QP's connection (a request, ACK or READ response),
@@ -476,6 +502,15 @@ class Engine {
     Qp* qp;
   };
   std::vector<McastAttach> mcast_;  // capacity cfg_.max_mcast_attach, reserved
+  struct RawFlow {
+    std::uint32_t handle;
+    std::uint32_t priority;
+    Qp* qp;
+    uroce_flow_key value, mask;  // value already masked
+  };
+  std::vector<RawFlow> flows_;  // capacity cfg_.max_flows, reserved
+  std::uint32_t next_flow_ = 1;
+  std::unique_ptr<std::uint8_t[]> raw_scratch_;  // a raw frame for this port's own flows (kMaxRawFrame)
   std::vector<std::uint8_t> mcast_loop_;  // a looped datagram, flattened (one MTU frame)
   // When each UD flow (source address and QP, to our QP) may next be sent a
   // CNP. Direct-mapped: two flows that share a slot may each get one more.

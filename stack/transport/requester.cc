@@ -85,6 +85,7 @@ bool Engine::send_next_packet(Qp& qp, std::uint64_t now) {
     set_error(qp);
     return false;
   }
+  if (qp.type == IBV_QPT_RAW_PACKET) return send_raw(qp, w);  // a whole frame, no PSN (raw.cc)
   if (w.kind == WqeKind::kLocal) {
     // A bind or local invalidate: executed when the requester reaches it,
     // after every WQE before it has started (rxe does the same), and

@@ -1466,6 +1466,8 @@ uroce_qp* uroce_create_qp(uroce_pd* pd, uroce_qp_init_attr* a) {
   if (a->cap.max_send_sge > UROCE_ABI_MAX_SGE || a->cap.max_recv_sge > UROCE_ABI_MAX_SGE)
     return set_error(EINVAL, "at most 4 SGEs"), nullptr;
   if (a->cap.max_inline_data > UROCE_ABI_MAX_INLINE) return set_error(EINVAL, "max_inline_data is at most 64"), nullptr;
+  if (a->qp_type == IBV_QPT_RAW_PACKET && pd->ctx->minor < 16)
+    return set_error(EOPNOTSUPP, "this uroced has no raw packet QPs (ABI minor < 16)"), nullptr;
   a->cap.max_inline_data = UROCE_ABI_MAX_INLINE;
   uroce_create_qp_msg m{pd->handle,
                         a->send_cq->handle,
@@ -1502,6 +1504,23 @@ uroce_qp* uroce_create_qp(uroce_pd* pd, uroce_qp_init_attr* a) {
 }
 
 std::uint32_t uroce_qp_num(const uroce_qp* qp) { return qp->qpn; }
+
+int uroce_create_flow(uroce_qp* qp, std::uint32_t priority, const uroce_flow_key* value, const uroce_flow_key* mask,
+                      std::uint32_t* handle) {
+  if (!qp || !value || !mask || !handle) return set_error(EINVAL, "no QP, key or handle");
+  if (qp->ctx->minor < 16) return set_error(EOPNOTSUPP, "this uroced has no flow rules (ABI minor < 16)");
+  uroce_flow_msg m{qp->handle, priority, *value, *mask};
+  uroce_handle_reply r{};
+  if (const int rc = call(qp->ctx, UROCE_MSG_CREATE_FLOW, &m, sizeof m, -1, &r, sizeof r)) return rc;
+  *handle = r.handle;
+  return 0;
+}
+
+int uroce_destroy_flow(uroce_context* ctx, std::uint32_t handle) {
+  if (!ctx) return set_error(EINVAL, "no context");
+  uroce_destroy_msg d{UROCE_OBJ_FLOW, handle};
+  return call(ctx, UROCE_MSG_DESTROY, &d, sizeof d, -1, nullptr, 0);
+}
 
 ibv_ah* uroce_create_ah(uroce_pd* pd, ibv_ah_attr* attr) {
   if (!pd || !attr) return set_error(EINVAL, "no PD or attributes"), nullptr;

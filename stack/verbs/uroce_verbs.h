@@ -258,6 +258,12 @@ int uroce_completion_timestamps(const struct uroce_context* ctx);
 /* Whether ODP MRs (IBV_ACCESS_ON_DEMAND) can be registered, as the last
  * uroce_query_device found (the daemon's --odp; always in embedded mode). */
 int uroce_odp(const struct uroce_context* ctx);
+/* A flow rule steering the frames that match `value` under `mask` to the
+ * raw packet QP `qp` (ABI minor 16); its handle in *handle. 0 or an errno. */
+struct uroce_flow_key;
+int uroce_create_flow(struct uroce_qp* qp, uint32_t priority, const struct uroce_flow_key* value,
+                      const struct uroce_flow_key* mask, uint32_t* handle);
+int uroce_destroy_flow(struct uroce_context* ctx, uint32_t handle);
 
 /* Async events, as ibv_get_async_event: IBV_EVENT_CQ_ERR names a CQ that
  * overflowed (completions were lost, and are counted by uroced), and

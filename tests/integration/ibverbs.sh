@@ -329,6 +329,14 @@ grep FAIL "$TMP/rules-b.out" | sed 's/^/  /'; tail -1 "$TMP/rules-b.out" | sed '
 check "verbs_rules on B (no --odp): no ODP caps, and an ODP MR is EOPNOTSUPP" \
   "[ $rc -eq 0 ] && grep -q 'reports no ODP' '$TMP/rules-b.out' && grep -qE '^[1-9][0-9]* passed, 0 failed' '$TMP/rules-b.out'"
 
+setpriv --bounding-set=-net_raw --inh-caps=-net_raw timeout 20 "$URUN" --lib "$IBV_DIR" --run-dir "$TMP/run" "$RULES" uroce0 raw \
+  > "$TMP/rules-raw.out" 2>&1; rc=$?
+grep FAIL "$TMP/rules-raw.out" | sed 's/^/  /'; tail -1 "$TMP/rules-raw.out" | sed 's/^/  /'
+check "verbs_rules without CAP_NET_RAW: a raw packet QP is EPERM" \
+  "[ $rc -eq 0 ] && grep -qE '^1 passed, 0 failed' '$TMP/rules-raw.out'"
+check "verbs_rules with it: raw packet QPs, flow rules and their per-uid bound were checked" \
+  "grep -q 'comes back to the matching rule' '$TMP/rules.out'"
+
 echo "== negative control: without uroce-run the same programs find no uroce device"
 UROCE_RUN_DIR="$TMP/run" timeout 20 ibv_devices > "$TMP/neg.out" 2>&1
 check "ibv_devices (the system's libibverbs) lists no uroce device" "! grep -q uroce '$TMP/neg.out'"

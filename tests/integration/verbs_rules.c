@@ -44,9 +44,16 @@
  *     wall-clock timestamp stamps a WRITE's completion between the times
  *     read before the post and after the poll; hca_core_clock is 1 GHz
  *     and ibv_query_rt_values_ex reads the same clock.
+ *   - raw packet QPs: a frame sent to a group MAC comes back to the flow
+ *     rule (ibv_create_flow) that matches it, every byte, and one of
+ *     another EtherType does not; a flow on an RC QP is refused; a uid
+ *     holds 64 flow rules (the daemon's default), then EDQUOT. Mode "raw"
+ *     checks only that ibv_create_qp(RAW_PACKET) is EPERM (run it as a
+ *     uid without CAP_NET_RAW).
  *
- *   verbs_rules [DEVICE]      (default: the first device)
+ *   verbs_rules [DEVICE] [odp|raw]      (default: the first device)
  * Prints "N passed, M failed"; exits 0 only when nothing failed. */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <infiniband/verbs.h>
 #include <stdarg.h>
@@ -836,6 +843,108 @@ static void fork_private(void) {
  * implicit MR over the whole address space, and ibv_advise_mr's rules;
  * where it does not, the registration is EOPNOTSUPP, as the kernel
  * refuses it on a device without ODP. */
+/* Raw packet QPs and flow steering. */
+struct raw_flow_attr {
+  struct ibv_flow_attr attr;
+  struct ibv_flow_spec_eth eth;
+};
+
+static struct ibv_flow* eth_flow(struct ibv_qp* qp, uint16_t ethertype, uint32_t priority) {
+  struct raw_flow_attr f;
+  memset(&f, 0, sizeof f);
+  f.attr.type = IBV_FLOW_ATTR_NORMAL;
+  f.attr.size = sizeof f;
+  f.attr.priority = priority;
+  f.attr.num_of_specs = 1;
+  f.attr.port = 1;
+  f.eth.type = IBV_FLOW_SPEC_ETH;
+  f.eth.size = sizeof f.eth;
+  const uint8_t group[6] = {0x01, 0x00, 0x5e, 0x7f, 0x00, 0x09};
+  memcpy(f.eth.val.dst_mac, group, 6);
+  memset(f.eth.mask.dst_mac, 0xff, 6);
+  f.eth.val.ether_type = htons(ethertype);
+  f.eth.mask.ether_type = 0xffff;
+  return ibv_create_flow(qp, &f.attr);
+}
+
+static void raw_packet(void) {
+  uint8_t* buf = calloc(1, 8192);
+  struct ibv_mr* mr = buf ? ibv_reg_mr(pd, buf, 8192, IBV_ACCESS_LOCAL_WRITE) : NULL;
+  struct ibv_qp* qp = make_qp(IBV_QPT_RAW_PACKET, NULL, 4, 4, 1, 1, NULL);
+  struct ibv_qp* rc = make_qp(IBV_QPT_RC, NULL, 1, 1, 1, 1, NULL);
+  check(mr && qp && rc, "a raw packet QP (errno %d), an RC QP, an MR", errno);
+  if (!mr || !qp || !rc) goto out;
+  struct ibv_qp_attr a = {0};
+  a.qp_state = IBV_QPS_INIT;
+  a.port_num = 1;
+  int rc1 = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PORT);
+  a.qp_state = IBV_QPS_RTR;
+  int rc2 = ibv_modify_qp(qp, &a, IBV_QP_STATE);
+  a.qp_state = IBV_QPS_RTS;
+  int rc3 = ibv_modify_qp(qp, &a, IBV_QP_STATE);
+  check(!rc1 && !rc2 && !rc3, "INIT (the port), RTR, RTS: %d %d %d", rc1, rc2, rc3);
+  errno = 0;
+  check(eth_flow(rc, 0x88b5, 0) == NULL && errno == EINVAL, "a flow rule on an RC QP: EINVAL (%d)", errno);
+  struct ibv_flow* flow = eth_flow(qp, 0x88b5, 0);
+  check(flow != NULL, "a flow rule: that group MAC and EtherType 0x88b5 (errno %d)", errno);
+  for (int round = 0; flow && round < 2; ++round) {
+    /* round 0: EtherType 0x88b5, which the rule matches; round 1: 0x88b6, which it does not. */
+    uint8_t* frame = buf + 4096;
+    const uint8_t head[14] = {0x01, 0x00, 0x5e, 0x7f, 0x00, 0x09, 0x02, 0, 0, 0, 0, 0x42, 0x88, 0xb5 + round};
+    memcpy(frame, head, 14);
+    for (int i = 14; i < 300; ++i) frame[i] = (uint8_t)(i * 7 + round);
+    memset(buf, 0, 4096);
+    struct ibv_sge rs = {(uintptr_t)buf, 2048, mr->lkey}, ss = {(uintptr_t)frame, 300, mr->lkey};
+    struct ibv_recv_wr r = {0}, *rbad = NULL;
+    r.wr_id = 17;
+    r.sg_list = &rs;
+    r.num_sge = 1;
+    struct ibv_send_wr w = {0}, *sbad = NULL;
+    w.wr_id = 18;
+    w.sg_list = &ss;
+    w.num_sge = 1;
+    w.opcode = IBV_WR_SEND;
+    w.send_flags = IBV_SEND_SIGNALED;
+    if (round == 0 && ibv_post_recv(qp, &r, &rbad)) {
+      check(0, "a receive on the raw packet QP");
+      break;
+    }
+    if (ibv_post_send(qp, &w, &sbad)) {
+      check(0, "a frame posted on the raw packet QP");
+      break;
+    }
+    int sent = 0, got = 0;
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    do {
+      struct ibv_wc wc;
+      if (ibv_poll_cq(cq, 1, &wc) == 1) {
+        if (wc.wr_id == 18 && wc.status == IBV_WC_SUCCESS) sent = 1;
+        if (wc.wr_id == 17 && wc.status == IBV_WC_SUCCESS && wc.byte_len == 300 && memcmp(buf, frame, 300) == 0) got = 1;
+      }
+      clock_gettime(CLOCK_MONOTONIC, &t);
+    } while ((t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000 < 300 && !(round == 0 && got && sent));
+    if (round == 0) {
+      check(sent && got, "the frame comes back to the matching rule's QP, all 300 bytes");
+      if (sent && got) printf("raw: a frame comes back to the matching rule's QP\n");
+    } else {
+      check(sent && !got, "a frame of another EtherType does not");
+    }
+  }
+  if (flow) check(ibv_destroy_flow(flow) == 0, "the rule is destroyed");
+  struct ibv_flow* held[80];
+  int n = 0;
+  errno = 0;
+  while (n < 80 && (held[n] = eth_flow(qp, (uint16_t)(0x9000 + n), 1)) != NULL) ++n;
+  check(n == 64 && errno == EDQUOT, "a uid holds 64 flow rules, then EDQUOT (%d rules, errno %d)", n, errno);
+  while (n > 0) ibv_destroy_flow(held[--n]);
+out:
+  if (qp) ibv_destroy_qp(qp);
+  if (rc) ibv_destroy_qp(rc);
+  if (mr) ibv_dereg_mr(mr);
+  free(buf);
+}
+
 static void odp(void) {
   struct ibv_device_attr_ex ax;
   memset(&ax, 0, sizeof ax);
@@ -936,6 +1045,12 @@ int main(int argc, char** argv) {
   }
   if (argc > 2 && strcmp(argv[2], "odp") == 0) {
     odp();  /* only this: on a daemon without --odp */
+  } else if (argc > 2 && strcmp(argv[2], "raw") == 0) {
+    /* only this: as a uid without CAP_NET_RAW */
+    errno = 0;
+    struct ibv_qp* q = make_qp(IBV_QPT_RAW_PACKET, NULL, 4, 4, 1, 1, NULL);
+    check(q == NULL && errno == EPERM, "without CAP_NET_RAW a raw packet QP is EPERM (errno %d)", errno);
+    if (q) ibv_destroy_qp(q);
   } else {
     shapes();
     send_only();
@@ -952,6 +1067,7 @@ int main(int argc, char** argv) {
     parent_domain();
     unmapped_before_dereg();
     fork_private();
+    raw_packet();
     odp();
   }
   ibv_destroy_cq(cq);
