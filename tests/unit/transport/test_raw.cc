@@ -130,7 +130,9 @@ TEST(Raw, AFrameToAGroupReachesTheFlowOfAQpOnTheSamePortAndTheWire) {
   ASSERT_EQ(t.wb.size(), 1u);
   for (const ibv_wc& c : t.wa) {
     EXPECT_EQ(c.status, IBV_WC_SUCCESS);
-    if (c.opcode == IBV_WC_RECV) EXPECT_EQ(c.byte_len, 300u);
+    if (c.opcode == IBV_WC_RECV) {
+      EXPECT_EQ(c.byte_len, 300u);
+    }
   }
   EXPECT_EQ(t.wb[0].status, IBV_WC_SUCCESS);
   EXPECT_EQ(t.wb[0].byte_len, 300u);
