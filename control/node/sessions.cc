@@ -388,6 +388,16 @@ const char* map_mr_memory(const uroce_reg_mr_pieces_msg& pm, const std::vector<i
   return nullptr;
 }
 
+/// What one uid holds over all its sessions' QPs: the sum of `per_qp`.
+template <class Sessions, class F>
+std::size_t held_by(const Sessions& all, int uid, F per_qp) {
+  std::size_t n = 0;
+  for (const auto& [id, o] : all)
+    if (o->uid == uid)
+      for (const auto& [qh, q] : o->qps) n += per_qp(q);
+  return n;
+}
+
 /// Whether the application may have raw packet QPs and flow rules: with
 /// CAP_NET_RAW in its effective set, as the kernel asks (it could send any
 /// frame it likes), read from its /proc status when it asks.
@@ -512,11 +522,7 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
       auto q = s.qps.find(m.qp);
       if (q == s.qps.end()) return fail(EINVAL, "no such QP in this session");
       if (q->second.qp->type != IBV_QPT_RAW_PACKET) return fail(EINVAL, "a flow rule steers to a raw packet QP");
-      std::size_t of_uid = 0;
-      for (const auto& [id, o] : sessions_)
-        if (o->uid == s.uid)
-          for (const auto& [qh, qr] : o->qps) of_uid += qr.flows.size();
-      if (of_uid >= limits_.max_flows_per_uid) {
+      if (held_by(sessions_, s.uid, [](const auto& q) { return q.flows.size(); }) >= limits_.max_flows_per_uid) {
         ++refused_.flows_per_uid;
         return fail(EDQUOT, "too many flow rules for uid " + std::to_string(s.uid) + " (max_flows_per_uid " +
                                 std::to_string(limits_.max_flows_per_uid) + ")");
@@ -704,9 +710,7 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
       if (!take(m, offsetof(uroce_create_qp_msg, srq))) return;
       if (s.qps.size() >= limits_.max_qps) return fail(EDQUOT, "too many QPs for this session");
       {
-        std::size_t of_uid = 0;
-        for (const auto& [id, o] : sessions_) of_uid += o->uid == s.uid ? o->qps.size() : 0;
-        if (of_uid >= limits_.max_qps_per_uid) {
+        if (held_by(sessions_, s.uid, [](const auto&) { return std::size_t{1}; }) >= limits_.max_qps_per_uid) {
           ++refused_.qps_per_uid;
           return fail(EDQUOT, "too many QPs for uid " + std::to_string(s.uid) + " (max_qps_per_uid " +
                                   std::to_string(limits_.max_qps_per_uid) + ")");
@@ -833,11 +837,7 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
       }
       if (m.attach != 1) return fail(EINVAL, "attach is 0 or 1");
       if (in != groups.end()) return send_reply(sock, h, 0, "", nullptr, 0);  // already in it
-      std::size_t of_uid = 0;
-      for (const auto& [id, o] : sessions_)
-        if (o->uid == s.uid)
-          for (const auto& [qh, qr] : o->qps) of_uid += qr.groups.size();
-      if (of_uid >= limits_.max_mcast_per_uid) {
+      if (held_by(sessions_, s.uid, [](const auto& q) { return q.groups.size(); }) >= limits_.max_mcast_per_uid) {
         ++refused_.mcast_per_uid;
         return fail(EDQUOT, "too many multicast attachments for uid " + std::to_string(s.uid) + " (max_mcast_per_uid " +
                                 std::to_string(limits_.max_mcast_per_uid) + ")");

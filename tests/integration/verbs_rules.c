@@ -555,6 +555,23 @@ static struct ibv_qp* ud_up(void) {
 }
 
 /* Multicast: a group's member receives, a QP that left does not. */
+/* Polls the CQ for 300 ms: *sent once the send send_id completes, *got once
+ * the receive recv_id completes with byte_len bytes and rbuf holds the n
+ * bytes of want. With stop, returns as soon as both are set. */
+static void await_pair(uint64_t send_id, uint64_t recv_id, uint32_t byte_len, const uint8_t* rbuf, const uint8_t* want,
+                       size_t n, int stop, int* sent, int* got) {
+  struct timespec t0, t;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  do {
+    struct ibv_wc wc;
+    if (ibv_poll_cq(cq, 1, &wc) == 1 && wc.status == IBV_WC_SUCCESS) {
+      if (wc.wr_id == send_id) *sent = 1;
+      if (wc.wr_id == recv_id && wc.byte_len == byte_len && memcmp(rbuf, want, n) == 0) *got = 1;
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t);
+  } while ((t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000 < 300 && !(stop && *got && *sent));
+}
+
 static void multicast(void) {
   uint8_t* buf = calloc(1, 4096);
   struct ibv_mr* mr = buf ? ibv_reg_mr(pd, buf, 4096, IBV_ACCESS_LOCAL_WRITE) : NULL;
@@ -599,18 +616,7 @@ static void multicast(void) {
       break;
     }
     int sent = 0, got = 0;
-    struct timespec t0, t;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    do {
-      struct ibv_wc wc;
-      if (ibv_poll_cq(cq, 1, &wc) == 1) {
-        if (wc.wr_id == 8 && wc.status == IBV_WC_SUCCESS) sent = 1;
-        if (wc.wr_id == 7 && wc.status == IBV_WC_SUCCESS && wc.byte_len == 40 + 64 && buf[40] == 0x60 + round &&
-            buf[103] == 0x60 + round)
-          got = 1;
-      }
-      clock_gettime(CLOCK_MONOTONIC, &t);
-    } while ((t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000 < 300 && !(round == 0 && got && sent));
+    await_pair(8, 7, 40 + 64, buf + 40, buf + 1024, 64, round == 0, &sent, &got);
     if (round == 0) {
       check(sent && got, "a datagram to the group reaches the member, every byte");
       check(ibv_detach_mcast(rx, &group, 0) == 0, "the member leaves");
@@ -914,16 +920,7 @@ static void raw_packet(void) {
       break;
     }
     int sent = 0, got = 0;
-    struct timespec t0, t;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    do {
-      struct ibv_wc wc;
-      if (ibv_poll_cq(cq, 1, &wc) == 1) {
-        if (wc.wr_id == 18 && wc.status == IBV_WC_SUCCESS) sent = 1;
-        if (wc.wr_id == 17 && wc.status == IBV_WC_SUCCESS && wc.byte_len == 300 && memcmp(buf, frame, 300) == 0) got = 1;
-      }
-      clock_gettime(CLOCK_MONOTONIC, &t);
-    } while ((t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000 < 300 && !(round == 0 && got && sent));
+    await_pair(18, 17, 300, buf, frame, 300, round == 0, &sent, &got);
     if (round == 0) {
       check(sent && got, "the frame comes back to the matching rule's QP, all 300 bytes");
       if (sent && got) printf("raw: a frame comes back to the matching rule's QP\n");
