@@ -105,6 +105,7 @@ void build_ext(std::uint8_t* b, const OpcodeInfo& info, const ExtFields& e) noex
     h->qkey.set(e.deth_qkey);
     h->src_qp.set(e.deth_src_qp);
   }
+  if (info.off_xrceth) put<Xrceth>(b, info.off_xrceth)->srqn.set(e.xrc_srqn);
   if (info.off_feth) put<Feth>(b, info.off_feth)->bits.set(e.feth);
   if (info.off_reth) {
     auto* h = put<Reth>(b, info.off_reth);

@@ -34,6 +34,7 @@ struct ExtFields {
   std::uint32_t ieth_rkey = 0;
   std::uint32_t deth_qkey = 0;
   std::uint32_t deth_src_qp = 0;
+  std::uint32_t xrc_srqn = 0;  // XRCETH
   std::uint32_t feth = 0;
   // uroce's selective repeat (Srh, Sack)
   std::uint32_t srh_msn = 0, srh_offset = 0, srh_total = 0;

@@ -161,6 +161,14 @@ struct Deth {
 };
 static_assert(sizeof(Deth) == 8);
 
+/// XRC Extended Transport Header (IBTA 9.3.5.5): the XRC SRQ, on the
+/// responder's node, that an XRC request is for.
+struct Xrceth {
+  std::uint8_t resv;
+  be24 srqn;
+};
+static_assert(sizeof(Xrceth) == 4);
+
 /// FLUSH Extended Transport Header (IBTA 1.5 9.3.9, Memory Placement Extensions).
 struct Feth {
   be32 bits;  // reserved(26) | selectivity level(2) | placement type(4)

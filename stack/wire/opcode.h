@@ -55,6 +55,11 @@ inline constexpr std::uint8_t kUcWriteLast = 0x28;
 inline constexpr std::uint8_t kUcWriteLastImm = 0x29;
 inline constexpr std::uint8_t kUcWriteOnly = 0x2a;
 inline constexpr std::uint8_t kUcWriteOnlyImm = 0x2b;
+// XRC (0xA0 and up): RC's opcodes at the same offsets; each request
+// carries an XRCETH after the BTH.
+inline constexpr std::uint8_t kXrcBase = 0xa0;
+inline constexpr std::uint8_t kXrcSendOnly = 0xa4;
+inline constexpr std::uint8_t kXrcAck = 0xb1;
 // UD
 inline constexpr std::uint8_t kUdSendOnly = 0x64;
 inline constexpr std::uint8_t kUdSendOnlyImm = 0x65;
@@ -70,11 +75,11 @@ inline constexpr std::uint8_t kSrAck = 0xe2;
 /// One of uroce's selective-repeat opcodes.
 [[nodiscard]] constexpr bool is_sr_opcode(std::uint8_t opcode) { return opcode >= op::kSrSend && opcode <= op::kSrAck; }
 
-enum class Transport : std::uint8_t { kRc = 0, kUc = 1, kRd = 2, kUd = 3, kCnp = 4, kReserved = 5 };
+enum class Transport : std::uint8_t { kRc = 0, kUc = 1, kRd = 2, kUd = 3, kCnp = 4, kXrc = 5, kReserved = 6 };
 
 [[nodiscard]] constexpr Transport transport_of(std::uint8_t opcode) {
   const unsigned t = opcode >> 5;
-  return t <= 4 ? static_cast<Transport>(t) : Transport::kReserved;
+  return t <= 5 ? static_cast<Transport>(t) : Transport::kReserved;
 }
 
 /// Per-opcode property bits.
@@ -109,6 +114,7 @@ enum OpFlag : std::uint32_t {
   kHdrCnp = 1u << 28,
   kHdrSrh = 1u << 29,   // uroce's selective-repeat header
   kHdrSack = 1u << 30,  // uroce's selective acknowledgement
+  kHdrXrceth = 1u << 31,
 };
 
 /// Where each extension header sits, as a byte offset from the start of the
@@ -118,7 +124,7 @@ struct OpcodeInfo {
   std::uint32_t flags = 0;
   std::uint8_t hdr_len = 0;  // BTH plus all extension headers
   std::uint8_t fixed_payload = 0;  // exact payload length, when fixed (ATOMIC_WRITE)
-  std::uint8_t off_deth = 0, off_feth = 0, off_reth = 0, off_atomic_eth = 0;
+  std::uint8_t off_deth = 0, off_xrceth = 0, off_feth = 0, off_reth = 0, off_atomic_eth = 0;
   std::uint8_t off_aeth = 0, off_atomic_ack = 0, off_immdt = 0, off_ieth = 0, off_cnp = 0;
   std::uint8_t off_srh = 0, off_sack = 0;
 
@@ -148,6 +154,7 @@ constexpr OpcodeInfo make(std::string_view name, std::uint32_t flags, std::uint8
   };
   // IBTA 9.2: extension headers follow the BTH in this fixed order.
   place(kHdrDeth, i.off_deth, sizeof(Deth));
+  place(kHdrXrceth, i.off_xrceth, sizeof(Xrceth));
   place(kHdrFeth, i.off_feth, sizeof(Feth));
   place(kHdrReth, i.off_reth, sizeof(Reth));
   place(kHdrAtomicEth, i.off_atomic_eth, sizeof(AtomicEth));
@@ -191,6 +198,16 @@ constexpr void add_send_write(std::array<OpcodeInfo, 256>& t, std::uint8_t base,
                         kWriteO | kImm);
 }
 
+/// XRC's names for RC's opcodes, by offset (empty where RC has none).
+constexpr std::array<std::string_view, 0x20> kXrcNames = {
+    "XRC_SEND_FIRST", "XRC_SEND_MIDDLE", "XRC_SEND_LAST", "XRC_SEND_LAST_WITH_IMMEDIATE", "XRC_SEND_ONLY",
+    "XRC_SEND_ONLY_WITH_IMMEDIATE", "XRC_RDMA_WRITE_FIRST", "XRC_RDMA_WRITE_MIDDLE", "XRC_RDMA_WRITE_LAST",
+    "XRC_RDMA_WRITE_LAST_WITH_IMMEDIATE", "XRC_RDMA_WRITE_ONLY", "XRC_RDMA_WRITE_ONLY_WITH_IMMEDIATE",
+    "XRC_RDMA_READ_REQUEST", "XRC_RDMA_READ_RESPONSE_FIRST", "XRC_RDMA_READ_RESPONSE_MIDDLE",
+    "XRC_RDMA_READ_RESPONSE_LAST", "XRC_RDMA_READ_RESPONSE_ONLY", "XRC_ACKNOWLEDGE", "XRC_ATOMIC_ACKNOWLEDGE",
+    "XRC_CMP_SWAP", "XRC_FETCH_ADD", "", "XRC_SEND_LAST_WITH_INVALIDATE", "XRC_SEND_ONLY_WITH_INVALIDATE", "", "", "",
+    "", "XRC_FLUSH", "XRC_ATOMIC_WRITE", "", ""};
+
 constexpr std::array<OpcodeInfo, 256> make_table() {
   std::array<OpcodeInfo, 256> t{};
   add_send_write(t, 0x00, true);
@@ -211,6 +228,11 @@ constexpr std::array<OpcodeInfo, 256> make_table() {
   t[op::kRcFlush] = make("RC_FLUSH", kOpRequest | kOpFlush | kOpStart | kOpEnd | kHdrFeth | kHdrReth);
   t[op::kRcAtomicWrite] =
       make("RC_ATOMIC_WRITE", kOpRequest | kOpAtomicWrite | kOpPayload | kOpStart | kOpEnd | kHdrReth, 8);
+  // XRC: each RC opcode again, with an XRCETH on the requests.
+  for (std::uint8_t i = 0; i < 0x20; ++i)
+    if (t[i].valid())
+      t[op::kXrcBase + i] = make(kXrcNames[i], (t[i].flags & ~kOpValid) | ((t[i].flags & kOpRequest) ? kHdrXrceth : 0u),
+                                 t[i].fixed_payload);
   t[op::kUdSendOnly] = make("UD_SEND_ONLY", kSendO | kHdrDeth);
   t[op::kUdSendOnlyImm] = make("UD_SEND_ONLY_WITH_IMMEDIATE", kSendO | kHdrDeth | kImm);
   t[op::kCnp] = make("CNP", kOpCnp | kHdrCnp);
@@ -250,8 +272,16 @@ constexpr int count_valid_opcodes() {
   for (const auto& i : kOpcodeTable) n += i.valid() ? 1 : 0;
   return n;
 }
-// 25 RC + 12 UC + 2 UD + CNP, and uroce's three selective-repeat opcodes.
-static_assert(count_valid_opcodes() == 43);
+// 25 RC + 25 XRC + 12 UC + 2 UD + CNP, and uroce's three selective-repeat opcodes.
+static_assert(count_valid_opcodes() == 68);
+// XRC: the XRCETH after the BTH (and DETH, which XRC has none of), before RETH and AtomicETH.
+static_assert(kOpcodeTable[op::kXrcSendOnly].off_xrceth == 12 && kOpcodeTable[op::kXrcSendOnly].hdr_len == 16);
+static_assert(kOpcodeTable[op::kXrcBase + 0x0b].off_reth == 16 && kOpcodeTable[op::kXrcBase + 0x0b].off_immdt == 32);
+static_assert(kOpcodeTable[op::kXrcBase + 0x13].hdr_len == 44);
+static_assert(kOpcodeTable[op::kXrcAck].off_xrceth == 0 && kOpcodeTable[op::kXrcAck].off_aeth == 12);
+static_assert(kOpcodeTable[op::kXrcBase + 0x10].off_xrceth == 0);  // READ responses carry none
+static_assert(kOpcodeTable[0xb7].name == "XRC_SEND_ONLY_WITH_INVALIDATE" && kOpcodeTable[0xbc].name == "XRC_FLUSH" &&
+              kOpcodeTable[0xbd].name == "XRC_ATOMIC_WRITE");
 static_assert(kOpcodeTable[op::kSrWrite].off_reth == 12 && kOpcodeTable[op::kSrWrite].off_srh == 28 &&
               kOpcodeTable[op::kSrWrite].hdr_len == 48);
 static_assert(kOpcodeTable[op::kSrAck].off_sack == 16 && kOpcodeTable[op::kSrAck].hdr_len == 52);

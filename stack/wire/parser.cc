@@ -33,6 +33,7 @@ HeaderId first_unfit_header(const OpcodeInfo& info, std::size_t avail) {
   };
   const Slot slots[] = {
       {info.off_deth, sizeof(Deth), HeaderId::kDeth},
+      {info.off_xrceth, sizeof(Xrceth), HeaderId::kXrceth},
       {info.off_feth, sizeof(Feth), HeaderId::kFeth},
       {info.off_reth, sizeof(Reth), HeaderId::kReth},
       {info.off_atomic_eth, sizeof(AtomicEth), HeaderId::kAtomicEth},
@@ -66,6 +67,7 @@ std::string_view to_string(HeaderId h) {
     case HeaderId::kUdp: return "UDP";
     case HeaderId::kBth: return "BTH";
     case HeaderId::kDeth: return "DETH";
+    case HeaderId::kXrceth: return "XRCETH";
     case HeaderId::kFeth: return "FETH";
     case HeaderId::kReth: return "RETH";
     case HeaderId::kAtomicEth: return "AtomicETH";

@@ -30,6 +30,7 @@ enum class HeaderId : std::uint8_t {
   kUdp,
   kBth,
   kDeth,
+  kXrceth,
   kFeth,
   kReth,
   kAtomicEth,
@@ -137,6 +138,7 @@ struct Packet {
   [[nodiscard]] const Srh* srh() const { return ext<Srh>(info->off_srh); }
   [[nodiscard]] const Sack* sack() const { return ext<Sack>(info->off_sack); }
   [[nodiscard]] const Deth* deth() const { return ext<Deth>(info->off_deth); }
+  [[nodiscard]] const Xrceth* xrceth() const { return ext<Xrceth>(info->off_xrceth); }
   [[nodiscard]] const Feth* feth() const { return ext<Feth>(info->off_feth); }
 
  private:

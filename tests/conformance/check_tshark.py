@@ -36,6 +36,9 @@ tshark 4.0 only dissects the BTH of opcodes it does not know (it shows the
 rest as "Unknown/Vendor Specific Data", `infiniband.vendor`): for those
 frames the BTH fields are still compared, the extension headers, payload
 length and ICRC are not, and the script prints which opcodes were affected.
+XRC is one of them: tshark names its opcodes but dissects nothing after the
+BTH, so an XRC request's XRCETH (the first four bytes after the BTH, IBTA
+9.3.5.5) is read from those bytes and compared.
 
 Exit status is non-zero on any failure. The last line is "N passed, M failed".
 """
@@ -178,7 +181,17 @@ def main(argv, t):
         cmp("payload_len", ib.payload_len(op, ulen, pad), "udp.length - headers - pad - ICRC")
 
         if v["infiniband.vendor"]:
-            # tshark did not dissect past the BTH: nothing more it can tell us.
+            # tshark did not dissect past the BTH. It still shows the bytes
+            # after it (infiniband.vendor): where IBTA puts an XRCETH first
+            # (every XRC request), its reserved byte and XRC SRQ number are
+            # compared there.
+            if op.has("XRCETH"):
+                raw = v["infiniband.vendor"].replace(":", "")
+                srqn = int(raw[2:8], 16) if len(raw) >= 8 else None
+                cmp("xrc_srqn", srqn, "infiniband.vendor bytes 1-3 (XRCETH)")
+                t.ok(raw[:2] == "00", "%s opcode %s: XRCETH reserved byte %r" % (where, opname, raw[:2]))
+            elif "xrc_srqn" in s:
+                t.ok(False, "%s opcode %s: jsonl has xrc_srqn, IBTA gives it no XRCETH" % (where, opname))
             not_dissected[opcode] += 1
             continue
 

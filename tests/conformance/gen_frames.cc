@@ -37,6 +37,10 @@ std::string spec_json(const wire::FrameSpec& s, std::size_t payload_len, std::ui
     std::snprintf(b, sizeof b, ", \"deth_qkey\": %u, \"deth_src_qp\": %u", e.deth_qkey, e.deth_src_qp);
     r += b;
   }
+  if (info.off_xrceth) {
+    std::snprintf(b, sizeof b, ", \"xrc_srqn\": %u", e.xrc_srqn);
+    r += b;
+  }
   if (info.off_feth) {
     std::snprintf(b, sizeof b, ", \"feth\": %u", e.feth);
     r += b;

@@ -17,6 +17,7 @@ UDP_LEN = 8
 HDR_LEN = {
     "RDETH": 4,
     "DETH": 8,
+    "XRCETH": 4,
     "FETH": 4,
     "RETH": 16,
     "AtomicETH": 28,
@@ -58,8 +59,9 @@ def _build():
         assert code not in t
         t[code] = Op(code, name, hdrs, kind, ends, read)
 
-    for base, tr in ((0x00, "RC"), (0x20, "UC"), (0x40, "RD")):
-        pre = ["RDETH", "DETH"] if tr == "RD" else []
+    for base, tr in ((0x00, "RC"), (0x20, "UC"), (0x40, "RD"), (0xA0, "XRC")):
+        # RD requests carry RDETH and DETH; XRC requests, the XRCETH.
+        pre = {"RD": ["RDETH", "DETH"], "XRC": ["XRCETH"]}.get(tr, [])
         add(base + 0x00, tr + "_SEND_FIRST", pre, REQUEST)
         add(base + 0x01, tr + "_SEND_MIDDLE", pre, REQUEST)
         add(base + 0x02, tr + "_SEND_LAST", pre, REQUEST, ends=True)
@@ -91,6 +93,10 @@ def _build():
     add(0x17, "RC_SEND_ONLY_WITH_INVALIDATE", ["IETH"], REQUEST, ends=True)
     add(0x1C, "RC_FLUSH", ["FETH", "RETH"], REQUEST, ends=True)
     add(0x1D, "RC_ATOMIC_WRITE", ["RETH"], REQUEST, ends=True)
+    add(0xB6, "XRC_SEND_LAST_WITH_INVALIDATE", ["XRCETH", "IETH"], REQUEST, ends=True)
+    add(0xB7, "XRC_SEND_ONLY_WITH_INVALIDATE", ["XRCETH", "IETH"], REQUEST, ends=True)
+    add(0xBC, "XRC_FLUSH", ["XRCETH", "FETH", "RETH"], REQUEST, ends=True)
+    add(0xBD, "XRC_ATOMIC_WRITE", ["XRCETH", "RETH"], REQUEST, ends=True)
     add(0x64, "UD_SEND_ONLY", ["DETH"], REQUEST, ends=True)
     add(0x65, "UD_SEND_ONLY_WITH_IMMEDIATE", ["DETH", "ImmDt"], REQUEST, ends=True)
     add(0x81, "CNP", ["CNP"], CNP)

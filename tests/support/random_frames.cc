@@ -81,6 +81,7 @@ RandomFrame random_frame(std::mt19937_64& rng, std::uint8_t opcode, IpVersion ip
   e.deth_qkey = static_cast<std::uint32_t>(u(0xffffffff));
   e.deth_src_qp = static_cast<std::uint32_t>(u(0xffffff));
   e.feth = static_cast<std::uint32_t>(u(0x3f));
+  e.xrc_srqn = static_cast<std::uint32_t>(u(0xffffff));
 
   std::size_t plen = 0;
   if (info.fixed_payload != 0) {

@@ -94,6 +94,7 @@ std::string describe(const wire::Packet& pkt) {
   if (pkt.padcnt) appendf(s, " pad=%u", pkt.padcnt);
   if (pkt.becn) s += " BECN";
   if (const auto* h = pkt.deth()) appendf(s, " qkey=0x%08x sqp=0x%06x", h->qkey.get(), h->src_qp.get());
+  if (const auto* h = pkt.xrceth()) appendf(s, " xrcsrq=0x%06x", h->srqn.get());
   if (const auto* h = pkt.feth()) appendf(s, " sel=%u plt=%u", h->selectivity(), h->placement_type());
   if (const auto* h = pkt.reth())
     appendf(s, " va=0x%" PRIx64 " rkey=0x%08x len=%u", h->va.get(), h->rkey.get(), h->dma_len.get());
@@ -141,6 +142,7 @@ nlohmann::ordered_json packet_json(const wire::Packet& pkt) {
     j["deth_qkey"] = h->qkey.get();
     j["deth_src_qp"] = h->src_qp.get();
   }
+  if (const auto* h = pkt.xrceth()) j["xrceth_srqn"] = h->srqn.get();
   if (const auto* h = pkt.feth()) j["feth"] = h->bits.get();
   if (const auto* h = pkt.reth()) {
     j["reth_va"] = h->va.get();

@@ -32,6 +32,16 @@ const Expect kSpec[] = {
     {0x23, "ImmDt", 16, true},      {0x24, "", 12, true},          {0x25, "ImmDt", 16, true},
     {0x26, "RETH", 28, true},       {0x27, "", 12, true},          {0x28, "", 12, true},
     {0x29, "ImmDt", 16, true},      {0x2a, "RETH", 28, true},      {0x2b, "RETH ImmDt", 32, true},
+    // XRC: RC's opcodes at 0xA0 and up, an XRCETH in every request packet.
+    {0xa0, "XRCETH", 16, true},     {0xa1, "XRCETH", 16, true},    {0xa2, "XRCETH", 16, true},
+    {0xa3, "XRCETH ImmDt", 20, true}, {0xa4, "XRCETH", 16, true},  {0xa5, "XRCETH ImmDt", 20, true},
+    {0xa6, "XRCETH RETH", 32, true}, {0xa7, "XRCETH", 16, true},   {0xa8, "XRCETH", 16, true},
+    {0xa9, "XRCETH ImmDt", 20, true}, {0xaa, "XRCETH RETH", 32, true}, {0xab, "XRCETH RETH ImmDt", 36, true},
+    {0xac, "XRCETH RETH", 32, false}, {0xad, "AETH", 16, true},    {0xae, "", 12, true},
+    {0xaf, "AETH", 16, true},       {0xb0, "AETH", 16, true},      {0xb1, "AETH", 16, false},
+    {0xb2, "AETH AtomicAckETH", 24, false}, {0xb3, "XRCETH AtomicETH", 44, false},
+    {0xb4, "XRCETH AtomicETH", 44, false}, {0xb6, "XRCETH IETH", 20, true}, {0xb7, "XRCETH IETH", 20, true},
+    {0xbc, "XRCETH FETH RETH", 36, false}, {0xbd, "XRCETH RETH", 32, true},
     {0x64, "DETH", 20, true},       {0x65, "DETH ImmDt", 24, true}, {0x81, "CNP", 28, false},
     // uroce's selective repeat, in the manufacturer-specific range (docs/research.md's layout).
     {0xe0, "SRH", 32, true},        {0xe1, "RETH SRH", 48, true},  {0xe2, "AETH SACK", 52, false},
@@ -43,6 +53,7 @@ std::string headers_of(const OpcodeInfo& i) {
     if (off != 0) s += (s.empty() ? "" : " ") + std::string(n);
   };
   add(i.off_deth, "DETH");
+  add(i.off_xrceth, "XRCETH");
   add(i.off_feth, "FETH");
   add(i.off_reth, "RETH");
   add(i.off_atomic_eth, "AtomicETH");
@@ -83,6 +94,9 @@ TEST(OpcodeTable, RolesAndPositions) {
   EXPECT_EQ(opcode_name(op::kRcSendOnlyInv), "RC_SEND_ONLY_WITH_INVALIDATE");
   EXPECT_EQ(transport_of(0x45), Transport::kRd);
   EXPECT_EQ(transport_of(op::kCnp), Transport::kCnp);
+  EXPECT_EQ(transport_of(op::kXrcSendOnly), Transport::kXrc);
+  EXPECT_EQ(transport_of(0xc0), Transport::kReserved);
+  EXPECT_EQ(opcode_name(op::kXrcAck), "XRC_ACKNOWLEDGE");
 }
 
 }  // namespace
