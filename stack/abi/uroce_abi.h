@@ -135,7 +135,7 @@ struct uroce_send_entry {
   uint64_t compare_add;
   uint64_t swap;
   uint32_t remote_qkey; /* UD */
-  uint32_t ah;          /* reserved (0) */
+  uint32_t xrc_srqn;    /* minor 17, XRC send QPs: the XRC SRQ the request is for (its XRCETH); else 0 */
   uint32_t inline_len;  /* IBV_SEND_INLINE: the bytes in place of sg_list */
   uint32_t seq; /* valid flag: entry index + 1, written last */
   struct uroce_sge sg_list[UROCE_ABI_MAX_SGE];

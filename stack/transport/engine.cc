@@ -172,6 +172,8 @@ Cq* Engine::create_cq(std::uint32_t cqe, const abi::Ring<uroce_cq_entry>* shared
 int Engine::destroy_cq(Cq* cq) {
   for (const auto& q : qps_)
     if (q && !q->quarantine_until && (q->send_cq == cq || q->recv_cq == cq)) return EBUSY;
+  for (const auto& s : srqs_)
+    if (s->cq() == cq) return EBUSY;  // an XRC SRQ's
   auto it = std::find_if(cqs_.begin(), cqs_.end(), [cq](const auto& c) { return c.get() == cq; });
   if (it == cqs_.end()) return EINVAL;
   std::erase(cq_noted_, cq);
@@ -181,29 +183,101 @@ int Engine::destroy_cq(Cq* cq) {
 }
 
 Srq* Engine::create_srq(Pd* pd, std::uint32_t max_wr, std::uint32_t max_sge,
-                        const abi::Ring<uroce_recv_entry>* shared) {
+                        const abi::Ring<uroce_recv_entry>* shared, Xrcd* xrcd, Cq* cq) {
   if (pd == nullptr || max_wr == 0 || max_wr > (1u << 16) || max_sge == 0 || max_sge > kMaxSge) return nullptr;
   if (shared && !shared->valid()) return nullptr;
+  if ((xrcd == nullptr) != (cq == nullptr)) return nullptr;  // an XRC SRQ has both
+  std::uint32_t num = 0;
+  if (xrcd) {
+    // The XRCETH's 24 bits: the next number nobody holds (never 0).
+    if (xrc_srqs_.size() >= (1u << 24) - 1) return nullptr;
+    do next_srq_num_ = (next_srq_num_ + 1) & 0xffffffu;
+    while (next_srq_num_ == 0 || xrc_srqs_.contains(next_srq_num_));
+    num = next_srq_num_;
+  }
   srqs_.push_back(std::make_unique<Srq>(pd, max_wr, max_sge, shared));
-  srqs_.back()->handle = next_handle_++;
+  Srq* s = srqs_.back().get();
+  s->handle = next_handle_++;
   ++pd->refs;
-  return srqs_.back().get();
+  if (xrcd) {
+    s->make_xrc(xrcd, cq, num);
+    xrc_srqs_[num] = s;
+    ++xrcd->refs;
+  }
+  return s;
 }
 
 int Engine::destroy_srq(Srq* srq) {
   for (const auto& q : qps_)
-    if (q && !q->quarantine_until && q->srq == srq) return EBUSY;
+    if (q && !q->quarantine_until && q->srq == srq && q->xrc != Xrc::kRecv) return EBUSY;
   auto it = std::find_if(srqs_.begin(), srqs_.end(), [srq](const auto& s) { return s.get() == srq; });
   if (it == srqs_.end()) return EINVAL;
+  if (srq->xrcd()) {
+    // XRC targets that took requests for it forget it: a message in
+    // progress for it ends there (its next packet names no SRQ there is).
+    for (const auto& q : qps_) {
+      if (!q || q->srq != srq) continue;
+      q->srq = nullptr;
+      q->recv_cq = nullptr;
+      q->pd = nullptr;
+      q->resp.have_rwqe = false;
+    }
+    xrc_srqs_.erase(srq->srq_num());
+    --srq->xrcd()->refs;
+  }
   --srq->pd()->refs;
   srqs_.erase(it);
   return 0;
 }
 
-Qp* Engine::create_qp(Pd* pd, const QpInitAttr& attr) {
-  if (pd == nullptr || attr.send_cq == nullptr || attr.recv_cq == nullptr) return nullptr;
+Xrcd* Engine::alloc_xrcd() {
+  xrcds_.push_back(std::make_unique<Xrcd>());
+  xrcds_.back()->handle = next_handle_++;
+  return xrcds_.back().get();
+}
+
+int Engine::dealloc_xrcd(Xrcd* x) {
+  auto it = std::find_if(xrcds_.begin(), xrcds_.end(), [x](const auto& p) { return p.get() == x; });
+  if (it == xrcds_.end()) return EINVAL;
+  if (x->refs != 0) return EBUSY;
+  xrcds_.erase(it);
+  return 0;
+}
+
+bool Engine::xrc_bind(Qp& qp, const wire::Packet& pkt) {
+  const auto it = xrc_srqs_.find(pkt.xrceth()->srqn.get());
+  if (it == xrc_srqs_.end() || it->second->xrcd() != qp.xrcd) return false;
+  Srq* s = it->second;
+  if (qp.resp.in_msg != Responder::InMsg::kNone && s != qp.srq) return false;  // one SRQ for a whole message
+  qp.srq = s;
+  qp.recv_cq = s->cq();
+  qp.pd = s->pd();
+  return true;
+}
+
+Qp* Engine::create_qp(Pd* pd, const QpInitAttr& attr_in) {
+  QpInitAttr attr = attr_in;
+  Xrc xrc = Xrc::kNone;
+  if (attr.qp_type == IBV_QPT_XRC_SEND || attr.qp_type == IBV_QPT_XRC_RECV) {
+    // An RC QP underneath. The initiator has no receive side; the target
+    // no PD, CQs or queues of its own (a one-slot SQ it never uses).
+    if (attr.gsi || attr.srq) return nullptr;
+    xrc = attr.qp_type == IBV_QPT_XRC_SEND ? Xrc::kSend : Xrc::kRecv;
+    if (xrc == Xrc::kSend) {
+      if (attr.xrcd) return nullptr;
+      attr.recv_cq = attr.send_cq;
+    } else {
+      if (attr.xrcd == nullptr || pd || attr.sq_ring || attr.rq_ring) return nullptr;
+      attr.send_cq = attr.recv_cq = nullptr;
+      attr.cap = QpCap{1, 0, 1, 0, 0};
+    }
+    attr.qp_type = IBV_QPT_RC;
+  } else if (attr.xrcd) {
+    return nullptr;
+  }
+  if (xrc != Xrc::kRecv && (pd == nullptr || attr.send_cq == nullptr || attr.recv_cq == nullptr)) return nullptr;
   // An overflowed CQ has lost completions for good: no new QP reports into it.
-  if (attr.send_cq->overflowed() || attr.recv_cq->overflowed()) return nullptr;
+  if (xrc != Xrc::kRecv && (attr.send_cq->overflowed() || attr.recv_cq->overflowed())) return nullptr;
   if (attr.qp_type != IBV_QPT_RC && attr.qp_type != IBV_QPT_UC && attr.qp_type != IBV_QPT_UD &&
       attr.qp_type != IBV_QPT_RAW_PACKET)
     return nullptr;
@@ -212,7 +286,7 @@ Qp* Engine::create_qp(Pd* pd, const QpInitAttr& attr) {
   if (c.max_send_wr == 0 || c.max_send_wr > (1u << 15) || c.max_recv_wr > (1u << 15) || c.max_send_sge > kMaxSge ||
       c.max_recv_sge > kMaxSge || c.max_inline_data > kMaxInline)
     return nullptr;
-  if (attr.srq == nullptr && c.max_recv_wr == 0) return nullptr;
+  if (attr.srq == nullptr && c.max_recv_wr == 0 && xrc == Xrc::kNone) return nullptr;
   if (attr.gsi && (attr.qp_type != IBV_QPT_UD || gsi_)) return nullptr;
   auto slot = std::find(qps_.begin(), qps_.end(), nullptr);
   if (!attr.gsi && slot == qps_.end()) {
@@ -231,6 +305,8 @@ Qp* Engine::create_qp(Pd* pd, const QpInitAttr& attr) {
   qp->qpn = attr.gsi ? kGsiQpn
                      : kFirstQpn + cfg_.qpn_offset + static_cast<std::uint32_t>(slot - qps_.begin()) * cfg_.qpn_stride;
   qp->type = attr.qp_type;
+  qp->xrc = xrc;
+  qp->xrcd = attr.xrcd;
   if (qp->type == IBV_QPT_UD) qp->mtu = cfg_.ud_mtu;  // UD has no path MTU: the port's bounds a message
   qp->pd = pd;
   qp->send_cq = attr.send_cq;
@@ -248,13 +324,14 @@ Qp* Engine::create_qp(Pd* pd, const QpInitAttr& attr) {
   qp->sq_ring.publish_qp_state(IBV_QPS_RESET);
   // The shadow has a slot for every ring slot, so taking an entry never waits for room.
   qp->sq = Fifo<SendWqe>(qp->sq_ring.capacity());
-  if (!attr.srq) {
+  if (!attr.srq && xrc == Xrc::kNone) {
     if (attr.rq_ring && !attr.rq_ring->valid()) return nullptr;
     qp->rq = RecvQueue(c.max_recv_wr, c.max_recv_sge, UROCE_RING_RECV, attr.rq_ring);
   }
   qp->handle = next_handle_++;
   qp->window = cfg_.send_window;
-  ++pd->refs;
+  if (pd) ++pd->refs;
+  if (qp->xrcd) ++qp->xrcd->refs;
   if (attr.gsi) {  // not counted in qp_count(): it belongs to the port, not to an application
     qp->qkey = kGsiQkey;
     gsi_ = std::move(qp);
@@ -288,7 +365,12 @@ int Engine::destroy_qp(Qp* qp) {
   mrs_.unbind_qp(qp->handle);  // its type 2 windows serve nobody now
   std::erase_if(mcast_, [qp](const McastAttach& m) { return m.qp == qp; });  // it leaves its groups
   std::erase_if(flows_, [qp](const RawFlow& f) { return f.qp == qp; });     // and its flow rules go
-  --qp->pd->refs;
+  if (qp->xrc == Xrc::kRecv) {
+    --qp->xrcd->refs;  // its pd is its last XRC SRQ's, not its own
+    qp->xrcd = nullptr;
+  } else {
+    --qp->pd->refs;
+  }
   if (gsi) {
     gsi_.reset();
     return 0;
@@ -679,6 +761,7 @@ int Engine::post_send(Qp* qp, const SendWr& wr) {
   e.swap = wr.swap;
   e.remote_qpn = wr.remote_qpn;
   e.remote_qkey = wr.remote_qkey;
+  e.xrc_srqn = wr.xrc_srqn;
   if (wr.opcode == IBV_WR_LOCAL_INV) e.imm_or_inv = wr.invalidate_rkey;
   if (wr.opcode == IBV_WR_BIND_MW) {  // the entry's layout for a bind (uroce_abi.h)
     e.imm_or_inv = wr.bind_mw_rkey;
@@ -752,6 +835,7 @@ void Engine::to_send_wqe(const Qp& qp, const uroce_send_entry& e, SendWqe& w) co
       w.swap = e.swap;
     }
     if (w.kind == WqeKind::kLocal) w.remote_qpn = e.remote_qpn;  // a bind's MR
+    if (qp.xrc == Xrc::kSend) w.xrc_srqn = e.xrc_srqn & 0xffffffu;
   }
 }
 
@@ -1087,8 +1171,13 @@ wire::FrameSpec Engine::full_spec(const Qp& qp, const wire::PacketFields& p, con
   return s;
 }
 
-void Engine::finish_packet(TxFrame& f, Qp& qp, const wire::PacketFields& p, const wire::ExtFields& ext,
+void Engine::finish_packet(TxFrame& f, Qp& qp, const wire::PacketFields& p_in, const wire::ExtFields& ext,
                            std::uint32_t payload_len) {
+  wire::PacketFields p = p_in;
+  // An XRC QP sends RC's packets under XRC's opcodes (the XRCETH, on
+  // requests, comes from ext).
+  if (qp.xrc != Xrc::kNone && p.opcode < 0x20) [[unlikely]]
+    p.opcode = static_cast<std::uint8_t>(p.opcode + wire::op::kXrcBase);
   if (!qp.tmpl.valid()) return finish_frame(f, qp, full_spec(qp, p, ext), payload_len);
   const std::size_t hlen = qp.tmpl.emit(f.hdr, p, ext, payload_len);
   if (hlen == 0) return unbuilt(f);
@@ -1231,10 +1320,28 @@ RxVerdict Engine::to_qp(Qp* qp, const wire::Packet& pkt, std::uint64_t now) {
     return RxVerdict::kToQp;
   }
   const wire::Transport t = wire::transport_of(pkt.opcode);
-  const bool type_ok = (t == wire::Transport::kRc && qp->type == IBV_QPT_RC) ||
+  const bool type_ok = (t == wire::Transport::kRc && qp->type == IBV_QPT_RC && qp->xrc == Xrc::kNone) ||
                        (t == wire::Transport::kUc && qp->type == IBV_QPT_UC) ||
                        (t == wire::Transport::kUd && qp->type == IBV_QPT_UD);
-  if (!type_ok) return drop(PortCounter::rx_wrong_transport, RxVerdict::kMalformed);
+  if (!type_ok) [[unlikely]] {
+    // XRC: requests to a target, responses to an initiator; each goes on as
+    // RC's opcode of the same offset (its headers where the XRC opcode has them).
+    const bool req = pkt.info->has(wire::kOpRequest);
+    if (t != wire::Transport::kXrc || qp->xrc != (req ? Xrc::kRecv : Xrc::kSend))
+      return drop(PortCounter::rx_wrong_transport, RxVerdict::kMalformed);
+    wire::Packet rc = pkt;
+    rc.opcode = static_cast<std::uint8_t>(pkt.opcode - wire::op::kXrcBase);
+    return deliver(*qp, rc, now);
+  }
+  return deliver(*qp, pkt, now);
+}
+
+RxVerdict Engine::deliver(Qp& qp_ref, const wire::Packet& pkt, std::uint64_t now) {
+  const auto drop = [this](PortCounter c, RxVerdict v) {
+    port_ctr_.inc(c);
+    return v;
+  };
+  Qp* qp = &qp_ref;
   if (qp->type != IBV_QPT_UD && !(pkt.src == qp->remote_ip)) return drop(PortCounter::rx_wrong_peer, RxVerdict::kWrongPeer);
   if (pkt.payload_len > qp->mtu) return drop(PortCounter::rx_malformed, RxVerdict::kMalformed);
   // A CM peer reaches QP1 before anything else: learn its MAC from the frame
@@ -1253,6 +1360,12 @@ RxVerdict Engine::to_qp(Qp* qp, const wire::Packet& pkt, std::uint64_t now) {
       // On a selective-repeat QP an IBTA request is fenced (sr.h): one
       // amid selective repeat's own is not its peer's, and is not taken.
       qp->ctr.inc(QpCounter::out_of_sequence);
+      return RxVerdict::kToQp;
+    }
+    if (qp->xrc == Xrc::kRecv && !xrc_bind(*qp, pkt) && pkt.psn == qp->resp.epsn) [[unlikely]] {
+      // An XRC SRQ that is not there, or not in the target's domain: an
+      // invalid request (its retries, behind the expected PSN, are replayed).
+      responder_error(*qp, pkt, Exec::kNakInvalid);
       return RxVerdict::kToQp;
     }
     on_request(*qp, pkt, now);

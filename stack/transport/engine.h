@@ -17,6 +17,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "stack/abi/qp_attr.h"
@@ -177,9 +178,13 @@ class Engine {
   /// `shared`: the ring an application consumes (see Cq); else a heap ring.
   Cq* create_cq(std::uint32_t cqe, const abi::Ring<uroce_cq_entry>* shared = nullptr);
   int destroy_cq(Cq* cq);  // EBUSY while a QP uses it
+  /// A basic SRQ, or with `xrcd` an XRC SRQ, whose receives complete in
+  /// `cq` and which XRC requests name by its srq_num().
   Srq* create_srq(Pd* pd, std::uint32_t max_wr, std::uint32_t max_sge,
-                  const abi::Ring<uroce_recv_entry>* shared = nullptr);
+                  const abi::Ring<uroce_recv_entry>* shared = nullptr, Xrcd* xrcd = nullptr, Cq* cq = nullptr);
   int destroy_srq(Srq* srq);
+  Xrcd* alloc_xrcd();
+  int dealloc_xrcd(Xrcd* x);  // EBUSY while an XRC SRQ or target QP is in it
   Qp* create_qp(Pd* pd, const QpInitAttr& attr);
   int destroy_qp(Qp* qp);
   ModifyResult modify_qp(Qp* qp, const ibv_qp_attr& attr, int mask);
@@ -371,6 +376,13 @@ class Engine {
   /// The ICRC, the trailer's length and the frame's notes, and the counters: both finishes end here.
   void seal_frame(TxFrame& f, Qp& qp, std::uint8_t opcode, wire::Psn psn, std::uint8_t pad, std::uint32_t icrc);
   bool take_recv(Qp& qp, RecvWqe& out);
+  /// to_qp's second half, once the opcode is the QP's transport's (an XRC
+  /// one as RC's).
+  RxVerdict deliver(Qp& qp, const wire::Packet& pkt, std::uint64_t now);
+  /// An XRC target's request: the XRC SRQ its XRCETH names, if that is in
+  /// the QP's domain (and the same as the message's so far), becomes the
+  /// QP's srq, recv_cq and pd. False when it cannot.
+  bool xrc_bind(Qp& qp, const wire::Packet& pkt);
   [[gnu::noinline]] bool take_recv_past_bad(Qp& qp, RecvQueue& q, RecvWqe& out);  // take_recv's rare path
   /// Takes what the producer published in the QP's send ring into the shadow.
   std::size_t fetch_sends(Qp& qp);
@@ -487,6 +499,9 @@ class Engine {
   std::vector<std::unique_ptr<Pd>> pds_;
   std::vector<std::unique_ptr<Cq>> cqs_;
   std::vector<std::unique_ptr<Srq>> srqs_;
+  std::vector<std::unique_ptr<Xrcd>> xrcds_;
+  std::unordered_map<std::uint32_t, Srq*> xrc_srqs_;  // XRC SRQs by number (filled on the control path)
+  std::uint32_t next_srq_num_ = 0;
   std::vector<std::unique_ptr<Qp>> qps_;  // index = qpn - kFirstQpn
   std::unique_ptr<Qp> gsi_;               // QP1, when the CM agent made it
   std::size_t qps_live_ = 0;

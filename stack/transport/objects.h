@@ -89,6 +89,14 @@ struct Pd {
   std::uint32_t refs = 0;  // MRs, QPs and SRQs that use it
 };
 
+/// An XRC domain (IBTA 11.2.1.2 and 9.8.5): what ties XRC target QPs to the
+/// XRC SRQs their requests may name. Several sessions may share one.
+struct Xrcd {
+  std::uint32_t handle = 0;
+  std::uint32_t refs = 0;  // XRC SRQs and XRC target QPs in it
+  void* owner = nullptr;   // the control plane's tag
+};
+
 /// An entry of the key table: a memory region, or a memory window (IBTA
 /// 10.6.7), which has an R_Key only and names a range of the MR it is bound
 /// to, with access rights of its own.
@@ -307,6 +315,16 @@ class Srq {
       : pd_(pd), rq_(max_wr, max_sge, UROCE_RING_SRQ, shared) {}
   int post(const RecvWr& wr) { return rq_.post(wr); }
   [[nodiscard]] Pd* pd() const { return pd_; }
+  /// An XRC SRQ's domain, completion queue and number (the XRCETH's SRQ
+  /// number, unique on the port); null and 0 for a basic SRQ.
+  [[nodiscard]] Xrcd* xrcd() const { return xrcd_; }
+  [[nodiscard]] Cq* cq() const { return cq_; }
+  [[nodiscard]] std::uint32_t srq_num() const { return srq_num_; }
+  void make_xrc(Xrcd* x, Cq* cq, std::uint32_t num) {
+    xrcd_ = x;
+    cq_ = cq;
+    srq_num_ = num;
+  }
   [[nodiscard]] std::uint32_t max_sge() const { return rq_.max_sge(); }
   [[nodiscard]] std::uint32_t depth() const { return rq_.depth(); }
   RecvQueue& queue() { return rq_; }  // where the responder takes receives (take_recv)
@@ -316,6 +334,9 @@ class Srq {
  private:
   Pd* pd_;
   RecvQueue rq_;
+  Xrcd* xrcd_ = nullptr;
+  Cq* cq_ = nullptr;
+  std::uint32_t srq_num_ = 0;
 };
 
 // On every SEND packet: inline, where the responder can see through them.

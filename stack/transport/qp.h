@@ -76,6 +76,7 @@ struct alignas(64) SendWqe : SendWqeHead {
   std::uint64_t swap = 0;
   std::uint32_t remote_qpn = 0;
   std::uint32_t remote_qkey = 0;
+  std::uint32_t xrc_srqn = 0;  // an XRC send QP's: the XRC SRQ its request is for
   Ah ah{};
   std::uint8_t inline_data[kMaxInline]{};
 
@@ -178,10 +179,19 @@ struct Responder {
   std::array<ReplayEntry, kMaxRdAtomic> replay{};
 };
 
+/// An XRC QP's role (IBTA 9.8.5): an RC QP underneath, whose requests
+/// carry an XRCETH (kSend, the initiator), or which takes requests for the
+/// XRC SRQs of its domain (kRecv, the target).
+enum class Xrc : std::uint8_t { kNone, kSend, kRecv };
+
 class Qp {
  public:
   std::uint32_t qpn = 0;
-  ibv_qp_type type = IBV_QPT_RC;
+  ibv_qp_type type = IBV_QPT_RC;  // IBV_QPT_RC for both XRC roles (xrc says which)
+  Xrc xrc = Xrc::kNone;
+  /// An XRC target's domain. Its pd, recv_cq and srq are those of the XRC
+  /// SRQ the request in hand names (from its XRCETH), set as each arrives.
+  Xrcd* xrcd = nullptr;
   ibv_qp_state state = IBV_QPS_RESET;
   Pd* pd = nullptr;
   Cq* send_cq = nullptr;

@@ -170,6 +170,7 @@ bool Engine::send_next_packet(Qp& qp, std::uint64_t now) {
   wire::ExtFields ext;
   ext.imm = w.imm;
   ext.ieth_rkey = w.invalidate_rkey;
+  if (qp.xrc == Xrc::kSend) [[unlikely]] ext.xrc_srqn = w.xrc_srqn;  // the XRCETH (finish_packet makes the opcode XRC's)
 
   std::uint32_t payload = 0;
   const std::uint64_t off = std::uint64_t{r.cursor_pkt} * qp.mtu;

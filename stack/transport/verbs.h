@@ -60,6 +60,7 @@ struct SendWr {
   const Ah* ah = nullptr;
   std::uint32_t remote_qpn = 0;
   std::uint32_t remote_qkey = 0;
+  std::uint32_t xrc_srqn = 0;  // an XRC send QP's: the XRC SRQ at the target (qp_type.xrc.remote_srqn)
 };
 
 struct RecvWr {
@@ -79,12 +80,16 @@ struct QpCap {
 class Cq;
 class Srq;
 struct Pd;
+struct Xrcd;
 
 struct QpInitAttr {
+  /// RC, UC, UD, RAW_PACKET, or XRC: IBV_QPT_XRC_SEND (a PD and a send CQ;
+  /// no receive side) or IBV_QPT_XRC_RECV (xrcd alone: no PD, CQs or queues).
   ibv_qp_type qp_type = IBV_QPT_RC;
   Cq* send_cq = nullptr;
   Cq* recv_cq = nullptr;
   Srq* srq = nullptr;
+  Xrcd* xrcd = nullptr;  // IBV_QPT_XRC_RECV
   QpCap cap{};
   bool sq_sig_all = false;
   /// The General Services Interface QP: UD, QP number 1, Q_Key 0x80010000
