@@ -46,13 +46,15 @@ void Engine::arm_retry(Qp& qp, std::uint64_t now) {
   if (qp.type != IBV_QPT_RC || qp.req.retry_deadline != 0) return;
   const std::uint64_t full = timeout_ns(qp.timeout);
   std::uint64_t t = full;
-  if (qp.sr && qp.rtt.count() && t != 0) {
+  if (qp.sr && !sr_fenced(qp) && qp.rtt.count() && t != 0) {
     // Selective repeat times out on the measured round trip (IRN's
     // RTO_low): a lost resend, or a loss at the tail that no later packet
     // reveals, costs a few round trips, not the IBTA timer. Only the IBTA
     // timer spends the retry budget (charge_at): a peer that stops
     // answering fails the QP after retry_cnt + 1 of its timeouts, as under
-    // go-back-N, not after retry_cnt + 1 round trips.
+    // go-back-N, not after retry_cnt + 1 round trips. A fenced operation
+    // (READ, atomic) recovers as go-back-N, whose every timeout spends a
+    // retry: it keeps the IBTA timer.
     t = std::min(t, std::max<std::uint64_t>(4 * (qp.rtt.min() + qp.rtt.last()), 20'000));
     if (qp.req.charge_at == 0) qp.req.charge_at = now + full;
   }

@@ -129,11 +129,12 @@ TEST(SelectiveRepeat, KeepsItsWindowAndLeavesOtherQpsGoBackN) {
 }
 
 /// A selective-repeat pair (retry_cnt `retries`) whose first WRITE has
-/// measured the round trip, so its short timer runs; then a second WRITE
-/// that the wire drops for `silence_ns` (all of it if 0). Returns the
-/// second WRITE's completion and, in *when, the virtual time it took.
+/// measured the round trip, so its short timer runs; then a second
+/// operation (`opcode`: a WRITE, or a READ, which goes fenced) that the
+/// wire drops for `silence_ns` (all of it if 0). Returns the second
+/// operation's completion and, in *when, the virtual time it took.
 ibv_wc write_through_silence(std::uint8_t retries, std::uint64_t silence_ns, std::uint64_t* when,
-                             std::uint64_t* timeouts) {
+                             std::uint64_t* timeouts, ibv_wr_opcode opcode = IBV_WR_RDMA_WRITE) {
   Pair p(21);
   PairOptions po;
   po.selective_repeat = true;
@@ -149,7 +150,9 @@ ibv_wc write_through_silence(std::uint8_t retries, std::uint64_t silence_ns, std
   p.wire.set_impairments(dead);
   wc.clear();
   const std::uint64_t t0 = p.wire.now();
-  EXPECT_EQ(p.A().post_send(q.a, p.write_to(1, s, 8192, 2)), 0);
+  SendWr second = p.write_to(1, s, 8192, 2);
+  second.opcode = opcode;
+  EXPECT_EQ(p.A().post_send(q.a, second), 0);
   if (silence_ns != 0) {
     p.wire.run_until([&] { return p.poll(0, wc) > 0; }, silence_ns);
     p.wire.set_impairments({});
@@ -170,6 +173,19 @@ TEST(SelectiveRepeat, ShortTimeoutsSpendNoRetryBeforeTheIbtaTimer) {
   EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << "status " << wc.status;
   EXPECT_EQ(wc.wr_id, 2u);
   EXPECT_GT(timeouts, 10u) << "the short timer resent during the silence";
+}
+
+TEST(SelectiveRepeat, AFencedReadSpendsNoRetryBeforeTheIbtaTimerEither) {
+  // A READ goes fenced, recovering as go-back-N does, which spends a retry
+  // on every timeout: so while fenced the timer is IBTA's, never the short
+  // one (whose timeouts would spend retry_cnt in a few round trips of a
+  // slow peer).
+  std::uint64_t t = 0, timeouts = 0;
+  const ibv_wc wc = write_through_silence(1, 800'000, &t, &timeouts, IBV_WR_RDMA_READ);
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << "status " << wc.status;
+  EXPECT_EQ(wc.wr_id, 2u);
+  EXPECT_EQ(wc.opcode, IBV_WC_RDMA_READ);
+  EXPECT_LE(timeouts, 1u);
 }
 
 TEST(SelectiveRepeat, ADeadPeerFailsAfterRetryCntPlusOneIbtaTimeouts) {
