@@ -478,6 +478,18 @@ Transition transition(ibv_qp_type t, ibv_qp_state from, ibv_qp_state to) {
     return {0, 0};
   }
   constexpr int kPath = IBV_QP_ALT_PATH | IBV_QP_PATH_MIG_STATE;
+  if (t == IBV_QPT_XRC_SEND || t == IBV_QPT_XRC_RECV) {
+    // The kernel's table for XRC_INI and XRC_TGT: RC's, less the responder's
+    // attributes at an initiator's RTR and the requester's at a target's
+    // RTS (which each may still give, as RC's, and which go unused).
+    const Transition r = transition(IBV_QPT_RC, from, to);
+    const bool ini = t == IBV_QPT_XRC_SEND;
+    if (from == IBV_QPS_INIT && to == IBV_QPS_RTR && ini)
+      return {kRcUcRtrReq, r.optional | (kRcRtrReq & ~kRcUcRtrReq)};
+    if (from == IBV_QPS_RTR && to == IBV_QPS_RTS && !ini)
+      return {IBV_QP_SQ_PSN | IBV_QP_TIMEOUT, r.optional | (kRcRtsReq & ~(IBV_QP_SQ_PSN | IBV_QP_TIMEOUT))};
+    return r;
+  }
   const int base_init = IBV_QP_PKEY_INDEX | IBV_QP_PORT | (ud ? IBV_QP_QKEY : IBV_QP_ACCESS_FLAGS);
   if (from == IBV_QPS_RESET && to == IBV_QPS_INIT) return {base_init, 0};
   if (from == IBV_QPS_INIT && to == IBV_QPS_INIT) return {0, base_init};
@@ -515,7 +527,10 @@ ModifyResult Engine::modify_qp(Qp* qp, const ibv_qp_attr& a, int mask) {
   const ibv_qp_state to = (mask & IBV_QP_STATE) ? a.qp_state : from;
   if (to > IBV_QPS_ERR) return {EINVAL, "unknown target state"};
   if (!legal(from, to)) return {EINVAL, "illegal state transition"};
-  const Transition tr = transition(qp->type, from, to);
+  const Transition tr = transition(qp->xrc == Xrc::kSend   ? IBV_QPT_XRC_SEND
+                                   : qp->xrc == Xrc::kRecv ? IBV_QPT_XRC_RECV
+                                                           : qp->type,
+                                   from, to);
   const int given = mask & ~IBV_QP_STATE;  // CUR_STATE only where the table allows it
   if ((given & tr.required) != tr.required) return {EINVAL, "a required attribute for this transition is missing"};
   if ((given & ~(tr.required | tr.optional)) != 0) return {EINVAL, "an attribute not allowed for this transition"};
