@@ -114,6 +114,7 @@ struct SessionServer::Session {
   std::map<std::uint32_t, CqRes> cqs;
   std::map<std::uint32_t, QpRes> qps;
   std::map<std::uint32_t, SrqRes> srqs;
+  std::map<std::uint32_t, Xrcd*> xrcds;  // the XRC domains it opened (minor 17), under its PD limit
   std::uint64_t mr_bytes = 0;
   int mem_fd = -1;  // the application's /proc/self/mem, for its ODP MRs (minor 16)
   int pid = -1;  // the application's, from SO_PEERCRED
@@ -414,6 +415,13 @@ bool may_use_raw(int pid) {
 
 }  // namespace
 
+void SessionServer::release_xrcd(Xrcd* x) {
+  auto it = xrcds_.find(x);
+  if (it == xrcds_.end() || --it->second.openers != 0) return;
+  xrcds_.erase(it);
+  (void)eng_.dealloc_xrcd(x);  // nothing is left in it: its SRQs and target QPs went with their sessions
+}
+
 void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_t* body, std::vector<int>& fds) {
   const int sock = s.sock.native_handle();
   auto fail = [&](int err, const std::string& why) { send_reply(sock, h, err, why, nullptr, 0); };
@@ -678,12 +686,54 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
       ::close(fd);
       return;
     }
+    case UROCE_MSG_OPEN_XRCD: {
+      uroce_open_xrcd_msg m;
+      if (!take(m)) return;
+      if (s.pds.size() + s.xrcds.size() >= limits_.max_pds)
+        return fail(EDQUOT, "too many PDs and XRC domains for this session");
+      Xrcd* x = nullptr;
+      if (m.has_fd) {
+        if (fds.empty()) return fail(EINVAL, "an XRC domain of a file needs the file's descriptor");
+        struct stat st {};
+        const int rc = ::fstat(fds.front(), &st);
+        ::close(fds.front());
+        fds.erase(fds.begin());
+        if (rc != 0) return fail(EBADF, "cannot stat the XRC domain's file");
+        for (auto& [dom, share] : xrcds_)
+          if (share.file && share.dev == st.st_dev && share.ino == st.st_ino) x = dom;
+        // As the kernel's ib_uverbs_open_xrcd: none without O_CREAT, or
+        // one with O_CREAT | O_EXCL, is EINVAL.
+        if (!x && !(m.oflags & O_CREAT)) return fail(EINVAL, "the file has no XRC domain and O_CREAT is not set");
+        if (x && (m.oflags & O_CREAT) && (m.oflags & O_EXCL))
+          return fail(EINVAL, "the file has an XRC domain already (O_EXCL)");
+        if (!x) {
+          x = eng_.alloc_xrcd();
+          xrcds_[x] = {true, static_cast<std::uint64_t>(st.st_dev), static_cast<std::uint64_t>(st.st_ino), 0};
+        }
+      } else {
+        x = eng_.alloc_xrcd();
+        xrcds_[x] = {};
+      }
+      ++xrcds_[x].openers;
+      uroce_handle_reply r{s.next_handle++};
+      s.xrcds[r.handle] = x;
+      return send_reply(sock, h, 0, "", &r, sizeof r);
+    }
     case UROCE_MSG_CREATE_SRQ: {
       uroce_create_srq_msg m;
-      if (!take(m)) return;
+      if (!take(m, offsetof(uroce_create_srq_msg, xrcd))) return;  // minor 16 and older send 12 bytes
       if (s.srqs.size() >= limits_.max_srqs) return fail(EDQUOT, "too many SRQs for this session");
       auto pd = s.pds.find(m.pd);
       if (pd == s.pds.end()) return fail(EINVAL, "no such PD in this session");
+      Xrcd* xrcd = nullptr;
+      Cq* xcq = nullptr;
+      if (m.xrcd != 0 || m.cq != 0) {
+        auto x = s.xrcds.find(m.xrcd);
+        auto c = s.cqs.find(m.cq);
+        if (x == s.xrcds.end() || c == s.cqs.end()) return fail(EINVAL, "an XRC SRQ needs an XRC domain and a CQ of this session");
+        xrcd = x->second;
+        xcq = c->second.cq;
+      }
       if (m.max_wr == 0 || m.max_wr > 4096 || m.max_sge == 0 || m.max_sge > UROCE_ABI_MAX_SGE)
         return fail(EINVAL, "SRQ max_wr must be 1..4096 and max_sge 1..4");
       const std::uint32_t entries = std::bit_ceil(m.max_wr);
@@ -693,7 +743,7 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
         return fail(ENOMEM, "cannot create the SRQ ring");
       uroce_handle_reply r{s.next_handle++};
       const auto ring = abi::Ring<uroce_recv_entry>::create(map.addr, entries, UROCE_RING_SRQ, r.handle);
-      Srq* srq = eng_.create_srq(pd->second, entries, m.max_sge, &ring);
+      Srq* srq = eng_.create_srq(pd->second, entries, m.max_sge, &ring, xrcd, xcq);
       if (!srq) {
         map.unmap();
         ::close(fd);
@@ -701,7 +751,8 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
       }
       s.srqs[r.handle] = {srq, map};
       srq->owner = &s.srqs[r.handle];
-      send_reply(sock, h, 0, "", &r, sizeof r, fd);
+      const uroce_create_srq_reply rr{r.handle, srq->srq_num()};  // a library before minor 17 reads the handle alone
+      send_reply(sock, h, 0, "", &rr, sizeof rr, fd);
       ::close(fd);
       return;
     }
@@ -716,16 +767,29 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
                                   std::to_string(limits_.max_qps_per_uid) + ")");
         }
       }
+      // XRC (minor 17): a send QP has no receive CQ (its send CQ stands in);
+      // a target has no PD or CQs, only its domain.
+      if (m.qp_type == IBV_QPT_XRC_SEND && m.recv_cq == 0) m.recv_cq = m.send_cq;
+      Xrcd* xrcd = nullptr;
+      if (m.qp_type == IBV_QPT_XRC_RECV) {
+        auto x = s.xrcds.find(m.xrcd);
+        if (x == s.xrcds.end()) return fail(EINVAL, "an XRC target QP needs an XRC domain of this session");
+        xrcd = x->second;
+      } else if (m.xrcd != 0) {
+        return fail(EINVAL, "only an XRC target QP names an XRC domain");
+      }
       auto pd = s.pds.find(m.pd);
       auto scq = s.cqs.find(m.send_cq), rcq = s.cqs.find(m.recv_cq);
-      if (pd == s.pds.end() || scq == s.cqs.end() || rcq == s.cqs.end())
+      if (!xrcd && (pd == s.pds.end() || scq == s.cqs.end() || rcq == s.cqs.end()))
         return fail(EINVAL, "no such PD or CQ in this session");
       if (m.qp_type != IBV_QPT_RC && m.qp_type != IBV_QPT_UC && m.qp_type != IBV_QPT_UD &&
-          m.qp_type != IBV_QPT_RAW_PACKET)
-        return fail(EINVAL, "QP type must be RC, UC, UD or RAW_PACKET");
+          m.qp_type != IBV_QPT_RAW_PACKET && m.qp_type != IBV_QPT_XRC_SEND && m.qp_type != IBV_QPT_XRC_RECV)
+        return fail(EINVAL, "QP type must be RC, UC, UD, RAW_PACKET, XRC_SEND or XRC_RECV");
       if (m.qp_type == IBV_QPT_RAW_PACKET && !may_use_raw(s.pid))
         return fail(EPERM, "a raw packet QP needs CAP_NET_RAW");
       Srq* srq = nullptr;
+      if (m.srq != 0 && (m.qp_type == IBV_QPT_XRC_SEND || m.qp_type == IBV_QPT_XRC_RECV))
+        return fail(EINVAL, "an XRC QP has no SRQ of its own (its requests name XRC SRQs)");
       if (m.srq != 0) {
         auto sr = s.srqs.find(m.srq);
         if (sr == s.srqs.end()) return fail(EINVAL, "no such SRQ in this session");
@@ -749,15 +813,16 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
                                                           UROCE_RING_RECV, handle);
       QpInitAttr ia;
       ia.qp_type = static_cast<ibv_qp_type>(m.qp_type);
-      ia.send_cq = scq->second.cq;
-      ia.recv_cq = rcq->second.cq;
+      ia.send_cq = xrcd ? nullptr : scq->second.cq;
+      ia.recv_cq = xrcd ? nullptr : rcq->second.cq;
       ia.cap.max_send_wr = sqn;
       ia.cap.max_recv_wr = rqn;
       ia.sq_sig_all = m.sq_sig_all != 0;
       ia.srq = srq;
-      ia.sq_ring = &sq;
-      ia.rq_ring = srq ? nullptr : &rq;
-      Qp* qp = eng_.create_qp(pd->second, ia);
+      ia.xrcd = xrcd;
+      ia.sq_ring = xrcd ? nullptr : &sq;  // an XRC target sends nothing: the engine gives it no ring
+      ia.rq_ring = srq || m.qp_type == IBV_QPT_XRC_SEND || xrcd ? nullptr : &rq;
+      Qp* qp = eng_.create_qp(xrcd ? nullptr : pd->second, ia);
       if (!qp) {
         map.unmap();
         ::close(fd);
@@ -926,6 +991,17 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
         if (const int rc = eng_.destroy_srq(q->second.srq); rc != 0) return fail(rc, "the SRQ is still used by a QP");
         q->second.map.unmap();
         s.srqs.erase(q);
+        return send_reply(sock, h, 0, "", nullptr, 0);
+      }
+      if (m.object == UROCE_OBJ_XRCD) {
+        auto x = s.xrcds.find(m.handle);
+        if (x == s.xrcds.end()) return fail(EINVAL, "no such XRC domain in this session");
+        for (const auto& [hq, q] : s.srqs)
+          if (q.srq->xrcd() == x->second) return fail(EBUSY, "an XRC SRQ of this session is in the domain");
+        for (const auto& [hq, q] : s.qps)
+          if (q.qp->xrcd == x->second) return fail(EBUSY, "an XRC target QP of this session is in the domain");
+        release_xrcd(x->second);
+        s.xrcds.erase(x);
         return send_reply(sock, h, 0, "", nullptr, 0);
       }
       if (m.object == UROCE_OBJ_PD) {
@@ -1152,6 +1228,8 @@ void SessionServer::close(Session& s) {
     q.map.unmap();
   }
   s.srqs.clear();
+  for (auto& [h, x] : s.xrcds) release_xrcd(x);  // after its SRQs and QPs in them
+  s.xrcds.clear();
   for (auto& [h, w] : s.mws) eng_.dealloc_mw(w);  // before the MRs they are bound to
   s.mws.clear();
   for (auto& [h, r] : s.mrs) {

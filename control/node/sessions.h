@@ -111,6 +111,17 @@ class SessionServer {
   SessionLimits limits_;
   std::map<std::uint32_t, std::shared_ptr<Session>> sessions_;
   std::uint32_t next_session_ = 1;
+  /// XRC domains, shared by the sessions that opened them: a file's (by its
+  /// inode), or one session's own. Freed when the last session lets go.
+  struct XrcdShare {
+    bool file = false;
+    std::uint64_t dev = 0, ino = 0;
+    std::uint32_t openers = 0;
+  };
+  std::map<transport::Xrcd*, XrcdShare> xrcds_;
+  /// A session lets go of an XRC domain it opened (its SRQs and QPs in it
+  /// are gone); the last one frees it.
+  void release_xrcd(transport::Xrcd* x);
   AcceptGuard guard_;  // accepting out of descriptors: shed and pause, never spin
   boost::asio::steady_timer accept_pause_;
   std::uint64_t last_sweep_ms_ = 0;

@@ -86,6 +86,13 @@ enum uroce_msg_type {
    * QP. UROCE_MSG_DESTROY with UROCE_OBJ_FLOW removes it. Raw packet QPs and
    * flows are for sessions of uid 0 or with CAP_NET_RAW, as on the kernel. */
   UROCE_MSG_CREATE_FLOW = 27,   /* body: flow;       reply: handle */
+  /* Minor 17: an XRC domain (ibv_open_xrcd). With a file descriptor, the
+   * domain of its file (its inode), which every session that opens that
+   * file shares; without one, a domain of the session's own.
+   * UROCE_MSG_DESTROY with UROCE_OBJ_XRCD closes the session's hold on it.
+   * XRC SRQs (create_srq's xrcd and cq) and XRC QPs (IBV_QPT_XRC_SEND,
+   * IBV_QPT_XRC_RECV with create_qp's xrcd) live in it. */
+  UROCE_MSG_OPEN_XRCD = 28,     /* body: open_xrcd [+ fd]; reply: handle */
 };
 
 struct uroce_msg_hdr {
@@ -194,11 +201,26 @@ struct uroce_create_qp_msg {
   uint32_t max_send_wr, max_recv_wr; /* ring sizes, rounded up to powers of two */
   uint32_t sq_sig_all;
   uint32_t srq; /* minor 2: an SRQ handle, or 0; with an SRQ, max_recv_wr is ignored */
+  /* Minor 17: IBV_QPT_XRC_RECV's domain (pd, send_cq and recv_cq are then
+   * 0: the QP takes those of the XRC SRQ each request names). An
+   * IBV_QPT_XRC_SEND QP has a PD and a send CQ only (recv_cq 0). */
+  uint32_t xrcd;
 };
 struct uroce_create_srq_msg {
   uint32_t pd;
   uint32_t max_wr;  /* ring size, rounded up to a power of two */
   uint32_t max_sge; /* <= UROCE_ABI_MAX_SGE */
+  /* Minor 17: an XRC SRQ (IBV_SRQT_XRC): its domain and the CQ its
+   * receives complete in; both 0 for a basic SRQ. */
+  uint32_t xrcd, cq;
+};
+struct uroce_create_srq_reply {
+  uint32_t handle;
+  uint32_t srq_num; /* minor 17: an XRC SRQ's number, which XRC senders name (ibv_get_srq_num); else 0 */
+};
+struct uroce_open_xrcd_msg {
+  int32_t oflags;  /* with an fd: O_CREAT makes the file's domain if it has none; O_CREAT | O_EXCL refuses one that exists */
+  uint32_t has_fd; /* 1: the file's descriptor comes with the message */
 };
 
 struct uroce_create_qp_reply {
@@ -229,7 +251,8 @@ enum uroce_object {
   UROCE_OBJ_SRQ = 6,
   UROCE_OBJ_PORT = 7, /* QUERY only (minor 7): reply port_attr */
   UROCE_OBJ_MW = 8,   /* DESTROY (minor 8) */
-  UROCE_OBJ_FLOW = 9  /* DESTROY (minor 16) */
+  UROCE_OBJ_FLOW = 9, /* DESTROY (minor 16) */
+  UROCE_OBJ_XRCD = 10 /* DESTROY (minor 17) */
 };
 struct uroce_destroy_msg {
   uint32_t object; /* enum uroce_object */
@@ -357,10 +380,12 @@ UROCE_STATIC_ASSERT(sizeof(struct uroce_reg_mr_odp_msg) == 32, "reg_mr_odp is 32
 UROCE_STATIC_ASSERT(sizeof(struct uroce_flow_key) == 56, "flow_key is 56 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_flow_msg) == 120, "flow is 120 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_reg_mr_pieces_msg) == 40 + 16 * UROCE_MR_MAX_PIECES, "reg_mr_pieces layout");
-UROCE_STATIC_ASSERT(sizeof(struct uroce_create_qp_msg) == 32, "create_qp is 32 bytes (28 before minor 2)");
+UROCE_STATIC_ASSERT(sizeof(struct uroce_create_qp_msg) == 36, "create_qp is 36 bytes (28 before minor 2, 32 before 17)");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_cm_msg) == 92, "cm is 92 bytes (88 before minor 9)");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_cm_event_msg) == 116, "cm_event is 116 bytes (96 before minor 9)");
-UROCE_STATIC_ASSERT(sizeof(struct uroce_create_srq_msg) == 12, "create_srq is 12 bytes");
+UROCE_STATIC_ASSERT(sizeof(struct uroce_create_srq_msg) == 20, "create_srq is 20 bytes (12 before minor 17)");
+UROCE_STATIC_ASSERT(sizeof(struct uroce_create_srq_reply) == 8 && sizeof(struct uroce_open_xrcd_msg) == 8,
+                    "create_srq reply and open_xrcd are 8 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_alloc_mw_msg) == 8 && sizeof(struct uroce_alloc_mw_reply) == 8, "alloc_mw is 8 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_create_qp_reply) == 24, "create_qp reply is 24 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_qp_opt_msg) == 32, "qp_opt is 32 bytes");

@@ -17,6 +17,7 @@
 // with errno set where rdma-core's does), never a crash.
 #include <endian.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <net/if.h>
 #include <pthread.h>
 #include <time.h>
@@ -133,8 +134,9 @@ struct Wrap {
 using UPd = Wrap<ibv_pd, uroce_pd>;
 using UMr = Wrap<ibv_mr, uroce_mr>;
 using UChannel = Wrap<ibv_comp_channel, uroce_comp_channel>;
-using USrq = Wrap<ibv_srq, uroce_srq>;
 using UMw = Wrap<ibv_mw, uroce_mw>;
+using USrq = Wrap<ibv_srq, uroce_srq>;  // an XRC SRQ's number is liburoce's (ibv_get_srq_num)
+using UXrcd = Wrap<ibv_xrcd, uroce_xrcd>;
 
 /// A CQ is an ibv_cq_ex (ibv_create_cq_ex), whose start is laid out as
 /// ibv_cq: the ibv_cq handed out is that prefix (ibv_cq_ex_to_cq).
@@ -175,6 +177,7 @@ struct UQp {
 UCq* ucq(ibv_cq* c) { return reinterpret_cast<UCq*>(c); }
 UQp* uqp(ibv_qp* q) { return reinterpret_cast<UQp*>(q); }
 USrq* usrq(ibv_srq* q) { return USrq::of(q); }
+UXrcd* uxrcd(ibv_xrcd* x) { return UXrcd::of(x); }
 
 std::mutex g_mu;
 // Never destroyed (every device ever listed): an application may exit()
@@ -267,6 +270,7 @@ int vctx_query_device_ex(ibv_context* c, const ibv_query_device_ex_input* input,
         kRecv | IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_READ | IBV_ODP_SUPPORT_ATOMIC;
     full.odp_caps.per_transport_caps.uc_odp_caps = kRecv | IBV_ODP_SUPPORT_WRITE;
     full.odp_caps.per_transport_caps.ud_odp_caps = kRecv;
+    full.xrc_odp_caps = full.odp_caps.per_transport_caps.rc_odp_caps;  // XRC is RC underneath
   }
   if (uroce_completion_timestamps(ucontext(c)->u)) {
     // Completion timestamps: CLOCK_MONOTONIC in ns, a 64-bit count at 1 GHz.
@@ -613,7 +617,9 @@ void wr_local_inv(ibv_qp_ex* x, uint32_t rkey) {
 }
 // What uroce does not do: the batch fails at wr_complete with EOPNOTSUPP.
 void wr_send_tso(ibv_qp_ex* x, void*, uint16_t, uint16_t) { wr_refuse(x); }
-void wr_set_xrc_srqn(ibv_qp_ex* x, uint32_t) { wr_refuse(x); }
+void wr_set_xrc_srqn(ibv_qp_ex* x, uint32_t srqn) {
+  if (UQp::Slot* sl = wr_current(x)) sl->wr.qp_type.xrc.remote_srqn = srqn;
+}
 
 /// rdma-core 45's IBV_QP_EX_WITH_FLUSH.
 constexpr uint64_t kQpExWithFlush = 1u << 11;
@@ -625,24 +631,31 @@ constexpr uint64_t kSendOps = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WR
                               IBV_QP_EX_WITH_SEND_WITH_INV | IBV_QP_EX_WITH_ATOMIC_WRITE | IBV_QP_EX_WITH_BIND_MW |
                               IBV_QP_EX_WITH_LOCAL_INV | kQpExWithFlush;
 
-UQp* make_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
-  if (!pd || !attr || !attr->send_cq || !attr->recv_cq) return fail_null<UQp>(EINVAL);
+/// `xrcd`: an XRC target QP's domain (then pd is NULL).
+UQp* make_qp(ibv_pd* pd, ibv_qp_init_attr* attr, ibv_xrcd* xrcd = nullptr) {
+  if (!attr) return fail_null<UQp>(EINVAL);
   if (attr->qp_type != IBV_QPT_RC && attr->qp_type != IBV_QPT_UC && attr->qp_type != IBV_QPT_UD &&
-      attr->qp_type != IBV_QPT_RAW_PACKET)
-    return fail_null<UQp>(EOPNOTSUPP);  // XRC and driver QPs
+      attr->qp_type != IBV_QPT_RAW_PACKET && attr->qp_type != IBV_QPT_XRC_SEND && attr->qp_type != IBV_QPT_XRC_RECV)
+    return fail_null<UQp>(EOPNOTSUPP);  // driver QPs
+  // An XRC send QP has no receive CQ; an XRC target has no PD and no CQs.
+  if (attr->qp_type == IBV_QPT_XRC_RECV ? !xrcd
+                                        : !pd || !attr->send_cq || (!attr->recv_cq && attr->qp_type != IBV_QPT_XRC_SEND))
+    return fail_null<UQp>(EINVAL);
+  ibv_context* const context = pd ? pd->context : xrcd->context;
   uroce_qp_init_attr ia{};
-  ia.send_cq = ucq(attr->send_cq)->u;
-  ia.recv_cq = ucq(attr->recv_cq)->u;
+  ia.send_cq = attr->send_cq && attr->qp_type != IBV_QPT_XRC_RECV ? ucq(attr->send_cq)->u : nullptr;
+  ia.recv_cq = attr->recv_cq && attr->qp_type != IBV_QPT_XRC_RECV ? ucq(attr->recv_cq)->u : nullptr;
   ia.qp_type = attr->qp_type;
   ia.cap = attr->cap;
   ia.sq_sig_all = attr->sq_sig_all;
   ia.srq = attr->srq ? usrq(attr->srq)->u : nullptr;
-  uroce_qp* u = uroce_create_qp(UPd::of(pd)->u, &ia);
+  ia.xrcd = xrcd ? uxrcd(xrcd)->u : nullptr;
+  uroce_qp* u = uroce_create_qp(pd ? UPd::of(pd)->u : nullptr, &ia);
   if (!u) return fail_null<UQp>(errno ? errno : EINVAL);
   auto* q = new UQp();
   q->u = u;
   ibv_qp& qp = q->qp();
-  qp.context = pd->context;
+  qp.context = context;
   qp.qp_context = attr->qp_context;
   qp.pd = pd;
   qp.send_cq = attr->send_cq;
@@ -682,7 +695,7 @@ UQp* make_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
   x.wr_abort = wr_abort;
   x.wr_atomic_write = wr_atomic_write;
   q->wr_flush = wr_flush;
-  UContext* uc = ucontext(pd->context);
+  UContext* uc = ucontext(context);
   std::lock_guard<std::mutex> lk(uc->mu);
   uc->qps.emplace_back(u, &qp);
   return q;
@@ -690,9 +703,13 @@ UQp* make_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
 
 ibv_qp* vctx_create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* a) {
   if (!context || !a) return fail_null<ibv_qp>(EINVAL);
-  if (!(a->comp_mask & IBV_QP_INIT_ATTR_PD) || !a->pd) return fail_null<ibv_qp>(EINVAL);
-  // XRC domains, TSO, RSS and indirection tables: not uroce's.
-  const uint32_t known = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS | IBV_QP_INIT_ATTR_CREATE_FLAGS;
+  // An XRC target QP names its domain and no PD; every other QP a PD.
+  ibv_xrcd* xrcd = (a->comp_mask & IBV_QP_INIT_ATTR_XRCD) ? a->xrcd : nullptr;
+  if (a->qp_type == IBV_QPT_XRC_RECV ? !xrcd : (!(a->comp_mask & IBV_QP_INIT_ATTR_PD) || !a->pd || xrcd))
+    return fail_null<ibv_qp>(EINVAL);
+  // TSO, RSS and indirection tables: not uroce's.
+  const uint32_t known = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_XRCD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS |
+                         IBV_QP_INIT_ATTR_CREATE_FLAGS;
   if (a->comp_mask & ~known) return fail_null<ibv_qp>(EOPNOTSUPP);
   if ((a->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && a->create_flags) return fail_null<ibv_qp>(EOPNOTSUPP);
   if ((a->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) && (a->send_ops_flags & ~kSendOps))
@@ -700,8 +717,78 @@ ibv_qp* vctx_create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* a) {
   // ibv_qp_init_attr is the start of ibv_qp_init_attr_ex (rdma-core's own
   // ibv_create_qp_ex passes one as the other); make_qp writes the caps got.
   static_assert(offsetof(ibv_qp_init_attr_ex, sq_sig_all) == offsetof(ibv_qp_init_attr, sq_sig_all));
-  UQp* q = make_qp(a->pd, reinterpret_cast<ibv_qp_init_attr*>(a));
+  UQp* q = make_qp(a->qp_type == IBV_QPT_XRC_RECV ? nullptr : a->pd, reinterpret_cast<ibv_qp_init_attr*>(a), xrcd);
   return q ? &q->qp() : nullptr;
+}
+
+// ------------------------------------------------------------------- XRC
+
+ibv_xrcd* vctx_open_xrcd(ibv_context* context, ibv_xrcd_init_attr* a) {
+  if (!context || !a) return fail_null<ibv_xrcd>(EINVAL);
+  if (a->comp_mask & ~static_cast<uint32_t>(IBV_XRCD_INIT_ATTR_RESERVED - 1)) return fail_null<ibv_xrcd>(EOPNOTSUPP);
+  // As rdma-core's own ibv_cmd_open_xrcd: both the fd and the flags named.
+  if (!(a->comp_mask & IBV_XRCD_INIT_ATTR_FD) || !(a->comp_mask & IBV_XRCD_INIT_ATTR_OFLAGS))
+    return fail_null<ibv_xrcd>(EINVAL);
+  if (a->oflags & ~(O_CREAT | O_EXCL)) return fail_null<ibv_xrcd>(EINVAL);
+  uroce_xrcd* u = uroce_open_xrcd(ucontext(context)->u, a->fd, a->oflags);
+  if (!u) return fail_null<ibv_xrcd>(errno ? errno : EINVAL);
+  auto* x = new UXrcd();
+  x->u = u;
+  x->v.context = context;
+  return &x->v;
+}
+
+int vctx_close_xrcd(ibv_xrcd* xrcd) {
+  if (!xrcd) return fail(EINVAL);
+  UXrcd* x = uxrcd(xrcd);
+  if (const int rc = uroce_close_xrcd(x->u)) return fail(rc);
+  delete x;
+  return 0;
+}
+
+/// The SRQ handed out, over liburoce's.
+ibv_srq* wrap_srq(ibv_context* context, ibv_pd* pd, uroce_srq* u, void* srq_context) {
+  auto* q = new USrq();
+  q->u = u;
+  ibv_srq& s = q->v;
+  s.context = context;
+  s.srq_context = srq_context;
+  s.pd = pd;
+  pthread_mutex_init(&s.mutex, nullptr);
+  pthread_cond_init(&s.cond, nullptr);
+  return &s;
+}
+
+ibv_srq* vctx_create_srq_ex(ibv_context* context, ibv_srq_init_attr_ex* a) {
+  if (!context || !a) return fail_null<ibv_srq>(EINVAL);
+  const uint32_t known = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ;
+  if (a->comp_mask & ~known) return fail_null<ibv_srq>(EOPNOTSUPP);  // tag matching
+  if (!(a->comp_mask & IBV_SRQ_INIT_ATTR_PD) || !a->pd) return fail_null<ibv_srq>(EINVAL);
+  const ibv_srq_type type = (a->comp_mask & IBV_SRQ_INIT_ATTR_TYPE) ? a->srq_type : IBV_SRQT_BASIC;
+  if (type == IBV_SRQT_TM) return fail_null<ibv_srq>(EOPNOTSUPP);
+  if (type != IBV_SRQT_BASIC && type != IBV_SRQT_XRC) return fail_null<ibv_srq>(EINVAL);
+  ibv_xrcd* xrcd = nullptr;
+  ibv_cq* cq = nullptr;
+  if (type == IBV_SRQT_XRC) {
+    // XRC: its domain and the CQ its receives complete in, both required.
+    if (!(a->comp_mask & IBV_SRQ_INIT_ATTR_XRCD) || !(a->comp_mask & IBV_SRQ_INIT_ATTR_CQ) || !a->xrcd || !a->cq)
+      return fail_null<ibv_srq>(EINVAL);
+    xrcd = a->xrcd;
+    cq = a->cq;
+  }
+  ibv_srq_init_attr ia{a->srq_context, a->attr};
+  uroce_srq* u = uroce_create_xrc_srq(UPd::of(a->pd)->u, xrcd ? uxrcd(xrcd)->u : nullptr, cq ? ucq(cq)->u : nullptr, &ia);
+  if (!u) return fail_null<ibv_srq>(errno ? errno : EINVAL);
+  a->attr = ia.attr;
+  return wrap_srq(context, a->pd, u, a->srq_context);
+}
+
+int vctx_get_srq_num(ibv_srq* srq, uint32_t* num) {
+  if (!srq || !num) return EINVAL;
+  const std::uint32_t n = uroce_srq_num(usrq(srq)->u);
+  if (n == 0) return EINVAL;  // a basic SRQ has none
+  *num = n;
+  return 0;
 }
 
 // The GID table: the port's address, as a RoCE v2 GID (IPv4-mapped for
@@ -814,6 +901,10 @@ ibv_context* make_context(ibv_device* device, uroce_context* u, int cmd_fd) {
   v.query_device_ex = vctx_query_device_ex;
   v.query_rt_values = vctx_query_rt_values;
   v.create_qp_ex = vctx_create_qp_ex;
+  v.open_xrcd = vctx_open_xrcd;
+  v.close_xrcd = vctx_close_xrcd;
+  v.create_srq_ex = vctx_create_srq_ex;
+  v.get_srq_num = vctx_get_srq_num;
   v.create_cq_ex = vctx_create_cq_ex;
   v.alloc_dm = vctx_alloc_dm;
   v.free_dm = vctx_free_dm;
@@ -1581,14 +1672,7 @@ ibv_srq* uroce_impl_ibv_create_srq(ibv_pd* pd, ibv_srq_init_attr* attr) {
   if (!pd || !attr) return fail_null<ibv_srq>(EINVAL);
   uroce_srq* u = uroce_create_srq(UPd::of(pd)->u, attr);
   if (!u) return fail_null<ibv_srq>(errno ? errno : EINVAL);
-  auto* q = new USrq();
-  q->u = u;
-  q->v.context = pd->context;
-  q->v.srq_context = attr->srq_context;
-  q->v.pd = pd;
-  pthread_mutex_init(&q->v.mutex, nullptr);
-  pthread_cond_init(&q->v.cond, nullptr);
-  return &q->v;
+  return wrap_srq(pd->context, pd, u, attr->srq_context);
 }
 int uroce_impl_ibv_modify_srq(ibv_srq*, ibv_srq_attr*, int) { return fail(EOPNOTSUPP); }
 int uroce_impl_ibv_query_srq(ibv_srq*, ibv_srq_attr*) { return fail(EOPNOTSUPP); }

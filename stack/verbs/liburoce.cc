@@ -408,6 +408,12 @@ struct uroce_srq {
   void* map;
   std::size_t map_len;
   uroce::abi::Ring<uroce_recv_entry> ring;
+  std::uint32_t srq_num = 0;  // an XRC SRQ's
+};
+
+struct uroce_xrcd {
+  uroce_context* ctx;
+  std::uint32_t handle;
 };
 
 struct uroce_device {
@@ -1241,6 +1247,7 @@ int uroce_query_device(uroce_context* ctx, ibv_device_attr* attr) {
   // Memory windows (minor 8) share the MRs' key table and limit.
   attr->device_cap_flags |= IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B;
   attr->max_mw = attr->max_mr;
+  if (ctx->minor >= 17) attr->device_cap_flags |= IBV_DEVICE_XRC;  // XRC domains, SRQs and QPs
   attr->phys_port_cnt = 1;
   attr->max_pkeys = 1;
   // MRs and MWs take any byte range: every power-of-two page size from 4 KiB
@@ -1462,28 +1469,44 @@ void uroce_ack_cq_events(uroce_cq* cq, unsigned int nevents) {
 }
 
 uroce_qp* uroce_create_qp(uroce_pd* pd, uroce_qp_init_attr* a) {
-  if (!pd || !a || !a->send_cq || !a->recv_cq) return set_error(EINVAL, "PD and both CQs are required"), nullptr;
+  if (!a) return set_error(EINVAL, "no attributes"), nullptr;
+  const bool xrc = a->qp_type == IBV_QPT_XRC_SEND || a->qp_type == IBV_QPT_XRC_RECV;
+  uroce_context* const ctx = pd ? pd->ctx : a->xrcd ? a->xrcd->ctx : nullptr;
+  if (xrc && ctx && ctx->minor < 17) return set_error(EOPNOTSUPP, "this uroced has no XRC (ABI minor < 17)"), nullptr;
+  if (a->qp_type == IBV_QPT_XRC_RECV) {
+    // The target: a domain, and nothing else of its own.
+    if (!a->xrcd || a->srq) return set_error(EINVAL, "an XRC target QP needs an XRC domain, and no SRQ"), nullptr;
+  } else if (a->qp_type == IBV_QPT_XRC_SEND) {
+    if (!pd || !a->send_cq || a->srq || a->xrcd) return set_error(EINVAL, "an XRC send QP needs a PD and a send CQ"), nullptr;
+  } else if (!pd || !a->send_cq || !a->recv_cq || a->xrcd) {
+    return set_error(EINVAL, "PD and both CQs are required"), nullptr;
+  }
   if (a->cap.max_send_sge > UROCE_ABI_MAX_SGE || a->cap.max_recv_sge > UROCE_ABI_MAX_SGE)
     return set_error(EINVAL, "at most 4 SGEs"), nullptr;
   if (a->cap.max_inline_data > UROCE_ABI_MAX_INLINE) return set_error(EINVAL, "max_inline_data is at most 64"), nullptr;
-  if (a->qp_type == IBV_QPT_RAW_PACKET && pd->ctx->minor < 16)
+  if (a->qp_type == IBV_QPT_RAW_PACKET && ctx->minor < 16)
     return set_error(EOPNOTSUPP, "this uroced has no raw packet QPs (ABI minor < 16)"), nullptr;
   a->cap.max_inline_data = UROCE_ABI_MAX_INLINE;
-  uroce_create_qp_msg m{pd->handle,
-                        a->send_cq->handle,
-                        a->recv_cq->handle,
+  if (xrc) a->cap.max_recv_wr = a->cap.max_recv_sge = 0;  // no receive queue: XRC receives are the SRQs'
+  if (a->qp_type == IBV_QPT_XRC_RECV) a->cap = {};
+  uroce_create_qp_msg m{pd && a->qp_type != IBV_QPT_XRC_RECV ? pd->handle : 0,
+                        a->send_cq && a->qp_type != IBV_QPT_XRC_RECV ? a->send_cq->handle : 0,
+                        a->recv_cq && !xrc ? a->recv_cq->handle : 0,
                         static_cast<std::uint32_t>(a->qp_type),
                         a->cap.max_send_wr,
                         a->srq ? 1 : a->cap.max_recv_wr,
                         static_cast<std::uint32_t>(a->sq_sig_all),
-                        a->srq ? a->srq->handle : 0};
+                        a->srq ? a->srq->handle : 0,
+                        a->qp_type == IBV_QPT_XRC_RECV ? a->xrcd->handle : 0};
+  // A daemon before minor 17 reads 32 bytes (it has no XRC, refused above).
+  const std::uint32_t mlen = ctx->minor < 17 ? offsetof(uroce_create_qp_msg, xrcd) : sizeof m;
   uroce_create_qp_reply r{};
   int fd = -1;
-  if (call(pd->ctx, UROCE_MSG_CREATE_QP, &m, sizeof m, -1, &r, sizeof r, &fd) != 0) return nullptr;
+  if (call(ctx, UROCE_MSG_CREATE_QP, &m, mlen, -1, &r, sizeof r, &fd) != 0) return nullptr;
   void* map = nullptr;
   std::size_t len = 0;
   if (!map_fd(fd, map, len, "QP rings")) return nullptr;
-  auto qp = new uroce_qp{pd->ctx, r.handle, r.qpn, map, len, {}, {}, *a};
+  auto qp = new uroce_qp{ctx, r.handle, r.qpn, map, len, {}, {}, *a};
   using uroce::abi::AttachError;
   if (uroce::abi::Ring<uroce_send_entry>::attach(map, r.rq_offset, UROCE_RING_SEND, qp->sq) != AttachError::kOk ||
       uroce::abi::Ring<uroce_recv_entry>::attach(static_cast<std::uint8_t*>(map) + r.rq_offset,
@@ -1496,10 +1519,10 @@ uroce_qp* uroce_create_qp(uroce_pd* pd, uroce_qp_init_attr* a) {
   // The queues' real depths, as ibv_create_qp reports them (at least what
   // was asked: a power of two, and 1 for a queue asked with 0): a post past
   // them fails with ENOMEM exactly there.
-  a->cap.max_send_wr = qp->sq.capacity();
-  if (!a->srq) a->cap.max_recv_wr = qp->rq.capacity();
+  if (a->qp_type != IBV_QPT_XRC_RECV) a->cap.max_send_wr = qp->sq.capacity();
+  if (!a->srq && !xrc) a->cap.max_recv_wr = qp->rq.capacity();
   qp->init.cap = a->cap;
-  pd->ctx->qps[qp->handle] = qp;
+  ctx->qps[qp->handle] = qp;
   return qp;
 }
 
@@ -1629,6 +1652,10 @@ int uroce_destroy_qp(uroce_qp* qp) {
 }
 
 int uroce_post_send(uroce_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
+  if (qp->init.qp_type == IBV_QPT_XRC_RECV && wr) {
+    if (bad) *bad = wr;
+    return set_error(EINVAL, "an XRC target QP has no send queue");
+  }
   // The daemon publishes the QP's state; before RTS a send is refused here,
   // as rxe refuses it (in ERR it is taken, and flushed).
   if (const int st = qp->sq.qp_state(); st >= 0 && st < IBV_QPS_RTS && wr) {
@@ -1642,6 +1669,7 @@ int uroce_post_send(uroce_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
     }
     uroce_send_entry e{};
     e.wr_id = wr->wr_id;
+    if (qp->init.qp_type == IBV_QPT_XRC_SEND) e.xrc_srqn = wr->qp_type.xrc.remote_srqn;
     e.opcode = static_cast<std::uint8_t>(wr->opcode);
     e.num_sge = static_cast<std::uint8_t>(wr->num_sge);
     e.send_flags = static_cast<std::uint16_t>(wr->send_flags);
@@ -1726,6 +1754,10 @@ int uroce_post_send(uroce_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
 }
 
 int uroce_post_recv(uroce_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
+  if ((qp->init.qp_type == IBV_QPT_XRC_SEND || qp->init.qp_type == IBV_QPT_XRC_RECV) && wr) {
+    if (bad) *bad = wr;
+    return set_error(EINVAL, "an XRC QP has no receive queue (its receives are the XRC SRQs')");
+  }
   if (qp->init.srq) {
     if (bad) *bad = wr;
     return set_error(EINVAL, "this QP receives from an SRQ: use uroce_post_srq_recv");
@@ -1743,17 +1775,25 @@ int uroce_post_recv(uroce_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
   return rc;
 }
 
-uroce_srq* uroce_create_srq(uroce_pd* pd, ibv_srq_init_attr* a) {
+uroce_srq* uroce_create_srq(uroce_pd* pd, ibv_srq_init_attr* a) { return uroce_create_xrc_srq(pd, nullptr, nullptr, a); }
+
+uroce_srq* uroce_create_xrc_srq(uroce_pd* pd, uroce_xrcd* xrcd, uroce_cq* cq, ibv_srq_init_attr* a) {
   if (!pd || !a) return set_error(EINVAL, "no PD or attributes"), nullptr;
   if (a->attr.srq_limit != 0) return set_error(EINVAL, "srq_limit (the low-watermark event) is not supported"), nullptr;
-  uroce_create_srq_msg m{pd->handle, a->attr.max_wr, a->attr.max_sge};
-  uroce_handle_reply r{};
+  if ((xrcd == nullptr) != (cq == nullptr)) return set_error(EINVAL, "an XRC SRQ needs an XRC domain and a CQ"), nullptr;
+  if (xrcd && pd->ctx->minor < 17) return set_error(EOPNOTSUPP, "this uroced has no XRC (ABI minor < 17)"), nullptr;
+  uroce_create_srq_msg m{pd->handle, a->attr.max_wr, a->attr.max_sge, xrcd ? xrcd->handle : 0, cq ? cq->handle : 0};
+  // A daemon before minor 17 reads 12 bytes and answers the handle alone.
+  const bool old = pd->ctx->minor < 17;
+  uroce_create_srq_reply r{};
   int fd = -1;
-  if (call(pd->ctx, UROCE_MSG_CREATE_SRQ, &m, sizeof m, -1, &r, sizeof r, &fd) != 0) return nullptr;
+  if (call(pd->ctx, UROCE_MSG_CREATE_SRQ, &m, old ? offsetof(uroce_create_srq_msg, xrcd) : sizeof m, -1, &r,
+           old ? sizeof(uroce_handle_reply) : sizeof r, &fd) != 0)
+    return nullptr;
   void* map = nullptr;
   std::size_t len = 0;
   if (!map_fd(fd, map, len, "SRQ ring")) return nullptr;
-  auto srq = new uroce_srq{pd->ctx, r.handle, map, len, {}};
+  auto srq = new uroce_srq{pd->ctx, r.handle, map, len, {}, r.srq_num};
   if (uroce::abi::Ring<uroce_recv_entry>::attach(map, len, UROCE_RING_SRQ, srq->ring) !=
       uroce::abi::AttachError::kOk) {
     ::munmap(map, len);
@@ -1762,6 +1802,25 @@ uroce_srq* uroce_create_srq(uroce_pd* pd, ibv_srq_init_attr* a) {
   }
   a->attr.max_wr = srq->ring.capacity();
   return srq;
+}
+
+std::uint32_t uroce_srq_num(const uroce_srq* srq) { return srq ? srq->srq_num : 0; }
+
+uroce_xrcd* uroce_open_xrcd(uroce_context* ctx, int fd, int oflags) {
+  if (!ctx) return set_error(EINVAL, "no context"), nullptr;
+  if (ctx->minor < 17) return set_error(EOPNOTSUPP, "this uroced has no XRC (ABI minor < 17)"), nullptr;
+  uroce_open_xrcd_msg m{oflags, fd >= 0 ? 1u : 0u};
+  uroce_handle_reply r{};
+  if (call(ctx, UROCE_MSG_OPEN_XRCD, &m, sizeof m, fd, &r, sizeof r) != 0) return nullptr;
+  return new uroce_xrcd{ctx, r.handle};
+}
+
+int uroce_close_xrcd(uroce_xrcd* xrcd) {
+  if (!xrcd) return set_error(EINVAL, "no XRC domain");
+  uroce_destroy_msg d{UROCE_OBJ_XRCD, xrcd->handle};
+  const int rc = call(xrcd->ctx, UROCE_MSG_DESTROY, &d, sizeof d, -1, nullptr, 0);
+  if (rc == 0) delete xrcd;
+  return rc;
 }
 
 int uroce_destroy_srq(uroce_srq* srq) {

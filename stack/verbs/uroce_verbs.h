@@ -56,14 +56,19 @@ struct uroce_comp_channel;
 struct uroce_qp;
 struct uroce_srq;
 struct uroce_device;
+struct uroce_xrcd;
 
 struct uroce_qp_init_attr {
   struct uroce_cq* send_cq;
   struct uroce_cq* recv_cq;
-  enum ibv_qp_type qp_type; /* IBV_QPT_RC, IBV_QPT_UC or IBV_QPT_UD */
+  /* IBV_QPT_RC, IBV_QPT_UC, IBV_QPT_UD, IBV_QPT_RAW_PACKET; IBV_QPT_XRC_SEND
+   * (a PD and send_cq; no receive side) or IBV_QPT_XRC_RECV (xrcd alone:
+   * the PD may be NULL, no CQs, no posts) */
+  enum ibv_qp_type qp_type;
   struct ibv_qp_cap cap;    /* max_send_wr, max_recv_wr (max_send_sge/max_recv_sge <= 4) */
   int sq_sig_all;
   struct uroce_srq* srq; /* receives come from this SRQ; cap.max_recv_wr is then ignored */
+  struct uroce_xrcd* xrcd; /* IBV_QPT_XRC_RECV's domain */
 };
 
 /* The devices: every uroced application socket found in $UROCE_RUN_DIR
@@ -239,6 +244,20 @@ int uroce_exchange_tcp(const char* host, uint16_t port, int timeout_ms, const st
  * srq_limit is not supported and must be 0). EBUSY on destroy while a QP uses it. */
 struct uroce_srq* uroce_create_srq(struct uroce_pd* pd, struct ibv_srq_init_attr* attr);
 int uroce_destroy_srq(struct uroce_srq* srq);
+
+/* XRC (ABI minor 17), as ibv_open_xrcd: with fd -1 a domain of this
+ * context's own; else the domain of that file, shared with every process
+ * that opens it (oflags: O_CREAT makes it if the file has none; O_CREAT |
+ * O_EXCL fails, EINVAL, if it has one; without O_CREAT none is EINVAL).
+ * EBUSY on close while an XRC SRQ or target QP of this context is in it. */
+struct uroce_xrcd* uroce_open_xrcd(struct uroce_context* ctx, int fd, int oflags);
+int uroce_close_xrcd(struct uroce_xrcd* xrcd);
+/* An XRC SRQ: its receives complete in `cq`; XRC send QPs name it by
+ * uroce_srq_num (wr->qp_type.xrc.remote_srqn) through a target QP of the
+ * same domain. */
+struct uroce_srq* uroce_create_xrc_srq(struct uroce_pd* pd, struct uroce_xrcd* xrcd, struct uroce_cq* cq,
+                                       struct ibv_srq_init_attr* attr);
+uint32_t uroce_srq_num(const struct uroce_srq* srq); /* 0 for a basic SRQ */
 int uroce_post_srq_recv(struct uroce_srq* srq, struct ibv_recv_wr* wr, struct ibv_recv_wr** bad_wr);
 
 /* FLUSH (IBTA 1.5; rdma-core 44's ibv_send_wr has no fields for it): opcode

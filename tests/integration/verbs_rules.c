@@ -50,11 +50,20 @@
  *     holds 64 flow rules (the daemon's default), then EDQUOT. Mode "raw"
  *     checks only that ibv_create_qp(RAW_PACKET) is EPERM (run it as a
  *     uid without CAP_NET_RAW).
+ *   - XRC: the device says IBV_DEVICE_XRC; a file's XRC domain is made with
+ *     O_CREAT only (without it, or with O_EXCL once it exists: EINVAL) and
+ *     is shared by a second context (another session): a SEND from an XRC
+ *     send QP of the first, through its XRC target QP, lands in the XRC
+ *     SRQ the second made in the shared domain (ibv_get_srq_num), every
+ *     byte, and completes in that SRQ's CQ with the target's QP number;
+ *     an XRC QP takes no receives (EINVAL); a domain with a target QP in
+ *     it does not close (EBUSY).
  *
  *   verbs_rules [DEVICE] [odp|raw]      (default: the first device)
  * Prints "N passed, M failed"; exits 0 only when nothing failed. */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <infiniband/verbs.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -1020,6 +1029,109 @@ static void odp(void) {
   munmap(mem, len);
 }
 
+static void xrc(void) {
+  check((dev.device_cap_flags & IBV_DEVICE_XRC) != 0, "the device says IBV_DEVICE_XRC");
+  char path[] = "/tmp/verbs_rules_xrc.XXXXXX";
+  const int fd = mkstemp(path);
+  struct ibv_context* ctx2 = ibv_open_device(ctx->device);
+  struct ibv_pd* pd2 = ctx2 ? ibv_alloc_pd(ctx2) : NULL;
+  struct ibv_cq* cq2 = ctx2 ? ibv_create_cq(ctx2, 16, NULL, NULL, 0) : NULL;
+  check(fd >= 0 && pd2 && cq2, "a file for the XRC domain, and a second context (errno %d)", errno);
+  if (fd < 0 || !pd2 || !cq2) return;
+  struct ibv_xrcd_init_attr xa = {0};
+  xa.comp_mask = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS;
+  xa.fd = fd;
+  xa.oflags = 0;
+  errno = 0;
+  struct ibv_xrcd* none = ibv_open_xrcd(ctx, &xa);
+  check(none == NULL && errno == EINVAL, "a file with no XRC domain, without O_CREAT: EINVAL (errno %d)", errno);
+  xa.oflags = O_CREAT;
+  struct ibv_xrcd* x1 = ibv_open_xrcd(ctx, &xa);
+  struct ibv_xrcd* x2 = ibv_open_xrcd(ctx2, &xa);
+  check(x1 && x2, "the file's XRC domain, opened from two contexts (errno %d)", errno);
+  xa.oflags = O_CREAT | O_EXCL;
+  errno = 0;
+  struct ibv_xrcd* excl = ibv_open_xrcd(ctx2, &xa);
+  check(excl == NULL && errno == EINVAL, "O_CREAT | O_EXCL once it exists: EINVAL (errno %d)", errno);
+  if (!x1 || !x2) return;
+  // The second context's XRC SRQ, in the shared domain, over its own memory.
+  enum { kLen = 3000 };
+  char* buf = calloc(1, 2 * kLen);
+  struct ibv_mr* mr1 = ibv_reg_mr(pd, buf, kLen, IBV_ACCESS_LOCAL_WRITE);
+  struct ibv_mr* mr2 = ibv_reg_mr(pd2, buf + kLen, kLen, IBV_ACCESS_LOCAL_WRITE);
+  struct ibv_srq_init_attr_ex sa = {0};
+  sa.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ;
+  sa.srq_type = IBV_SRQT_XRC;
+  sa.pd = pd2;
+  sa.xrcd = x2;
+  sa.cq = cq2;
+  sa.attr.max_wr = 4;
+  sa.attr.max_sge = 1;
+  struct ibv_srq* srq = ibv_create_srq_ex(ctx2, &sa);
+  uint32_t srqn = 0;
+  check(srq && ibv_get_srq_num(srq, &srqn) == 0 && srqn != 0, "an XRC SRQ and its number (%u; errno %d)", srqn, errno);
+  // The first context's target (domain only) and send QP (PD and send CQ).
+  struct ibv_qp_init_attr_ex ta = {0};
+  ta.qp_type = IBV_QPT_XRC_RECV;
+  ta.comp_mask = IBV_QP_INIT_ATTR_XRCD;
+  ta.xrcd = x1;
+  struct ibv_qp* tgt = ibv_create_qp_ex(ctx, &ta);
+  struct ibv_qp_init_attr_ex ia = {0};
+  ia.qp_type = IBV_QPT_XRC_SEND;
+  ia.comp_mask = IBV_QP_INIT_ATTR_PD;
+  ia.pd = pd;
+  ia.send_cq = cq;
+  ia.cap.max_send_wr = 4;
+  ia.cap.max_send_sge = 1;
+  struct ibv_qp* ini = ibv_create_qp_ex(ctx, &ia);
+  check(tgt && ini, "an XRC target QP and an XRC send QP (errno %d)", errno);
+  if (!srq || !tgt || !ini || !mr1 || !mr2) return;
+  const int up = to_init(tgt, IBV_QPT_RC) == 0 && to_init(ini, IBV_QPT_RC) == 0 && to_rtr(tgt, ini->qp_num, 1) == 0 &&
+                 rc_up(ini, tgt->qp_num, 1) == 0;
+  check(up, "the target reaches RTR and the send QP RTS (errno %d)", errno);
+  struct ibv_sge rs = {(uintptr_t)(buf + kLen), kLen, mr2->lkey};
+  struct ibv_recv_wr rw = {.wr_id = 77, .sg_list = &rs, .num_sge = 1}, *rbad = NULL;
+  check(ibv_post_srq_recv(srq, &rw, &rbad) == 0, "a receive on the XRC SRQ");
+  check(ibv_post_recv(ini, &rw, &rbad) == EINVAL, "an XRC send QP takes no receives: EINVAL");
+  for (int i = 0; i < kLen; ++i) buf[i] = (char)(i * 13 + 5);
+  struct ibv_sge ss = {(uintptr_t)buf, kLen, mr1->lkey};
+  struct ibv_send_wr sw = {.wr_id = 5, .sg_list = &ss, .num_sge = 1, .opcode = IBV_WR_SEND,
+                           .send_flags = IBV_SEND_SIGNALED}, *sbad = NULL;
+  sw.qp_type.xrc.remote_srqn = srqn;
+  struct ibv_wc wc = {0}, rwc = {0};
+  const int posted = up && ibv_post_send(ini, &sw, &sbad) == 0;
+  check(posted && wait_wc(&wc) == 1 && wc.status == IBV_WC_SUCCESS && wc.wr_id == 5,
+        "the XRC SEND completes (status %d)", wc.status);
+  struct timespec t0, t;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  int got = 0;
+  do {
+    got = ibv_poll_cq(cq2, 1, &rwc);
+    clock_gettime(CLOCK_MONOTONIC, &t);
+  } while (posted && got == 0 && t.tv_sec - t0.tv_sec < 5);
+  check(got == 1 && rwc.status == IBV_WC_SUCCESS && rwc.wr_id == 77 && rwc.byte_len == kLen &&
+            rwc.qp_num == tgt->qp_num,
+        "it lands in the other context's XRC SRQ and completes in its CQ, for the target QP (status %d, qp %u)",
+        rwc.status, rwc.qp_num);
+  check(memcmp(buf, buf + kLen, kLen) == 0, "every byte of the XRC SEND arrived");
+  printf("XRC was checked across two contexts\n");
+  errno = 0;
+  check(ibv_close_xrcd(x1) == EBUSY, "a domain with a target QP in it does not close: EBUSY");
+  ibv_destroy_qp(ini);
+  ibv_destroy_qp(tgt);
+  check(ibv_close_xrcd(x1) == 0, "once the target QP is gone, it closes");
+  ibv_destroy_srq(srq);
+  check(ibv_close_xrcd(x2) == 0, "and so does the other context's hold, once its SRQ is gone");
+  ibv_dereg_mr(mr1);
+  ibv_dereg_mr(mr2);
+  free(buf);
+  ibv_destroy_cq(cq2);
+  ibv_dealloc_pd(pd2);
+  ibv_close_device(ctx2);
+  close(fd);
+  unlink(path);
+}
+
 int main(int argc, char** argv) {
   int n = 0;
   struct ibv_device** list = ibv_get_device_list(&n);
@@ -1065,6 +1177,7 @@ int main(int argc, char** argv) {
     unmapped_before_dereg();
     fork_private();
     raw_packet();
+    xrc();
     odp();
   }
   ibv_destroy_cq(cq);
