@@ -3,6 +3,7 @@
 #include "stack/abi/wc_status.h"
 
 #include <algorithm>
+#include <bit>
 #include <cerrno>
 #include <cstring>
 #include <optional>
@@ -173,7 +174,7 @@ int Engine::destroy_cq(Cq* cq) {
   for (const auto& q : qps_)
     if (q && !q->quarantine_until && (q->send_cq == cq || q->recv_cq == cq)) return EBUSY;
   for (const auto& s : srqs_)
-    if (s->cq() == cq) return EBUSY;  // an XRC SRQ's
+    if (s->cq() == cq) return EBUSY;  // an XRC SRQ's, or a work queue's
   auto it = std::find_if(cqs_.begin(), cqs_.end(), [cq](const auto& c) { return c.get() == cq; });
   if (it == cqs_.end()) return EINVAL;
   std::erase(cq_noted_, cq);
@@ -186,7 +187,7 @@ Srq* Engine::create_srq(Pd* pd, std::uint32_t max_wr, std::uint32_t max_sge,
                         const abi::Ring<uroce_recv_entry>* shared, Xrcd* xrcd, Cq* cq) {
   if (pd == nullptr || max_wr == 0 || max_wr > (1u << 16) || max_sge == 0 || max_sge > kMaxSge) return nullptr;
   if (shared && !shared->valid()) return nullptr;
-  if ((xrcd == nullptr) != (cq == nullptr)) return nullptr;  // an XRC SRQ has both
+  if (xrcd && cq == nullptr) return nullptr;  // an XRC SRQ has both; a work queue a CQ alone
   std::uint32_t num = 0;
   if (xrcd) {
     // The XRCETH's 24 bits: the next number nobody holds (never 0).
@@ -203,11 +204,14 @@ Srq* Engine::create_srq(Pd* pd, std::uint32_t max_wr, std::uint32_t max_sge,
     s->make_xrc(xrcd, cq, num);
     xrc_srqs_[num] = s;
     ++xrcd->refs;
+  } else if (cq) {
+    s->make_wq(cq);
   }
   return s;
 }
 
 int Engine::destroy_srq(Srq* srq) {
+  if (srq->rss_refs) return EBUSY;  // in an RSS QP's table
   for (const auto& q : qps_)
     if (q && !q->quarantine_until && q->srq == srq && q->xrc != Xrc::kRecv) return EBUSY;
   auto it = std::find_if(srqs_.begin(), srqs_.end(), [srq](const auto& s) { return s.get() == srq; });
@@ -275,9 +279,23 @@ Qp* Engine::create_qp(Pd* pd, const QpInitAttr& attr_in) {
   } else if (attr.xrcd) {
     return nullptr;
   }
-  if (xrc != Xrc::kRecv && (pd == nullptr || attr.send_cq == nullptr || attr.recv_cq == nullptr)) return nullptr;
+  const bool rss = attr.rss != nullptr;
+  if (rss) {
+    // Receive only, into its table's work queues: no CQs or queues of its own.
+    const std::size_t n = attr.rss->table.size();
+    if (attr.qp_type != IBV_QPT_RAW_PACKET || attr.srq || attr.gsi || attr.sq_ring || attr.rq_ring || pd == nullptr ||
+        n == 0 || n > RssConf::kMaxTable || !std::has_single_bit(n))
+      return nullptr;
+    for (const Srq* s : attr.rss->table)
+      if (s == nullptr || s->cq() == nullptr || s->xrcd()) return nullptr;
+    attr.send_cq = attr.recv_cq = nullptr;
+    attr.cap = QpCap{1, 0, 1, 0, 0};
+  }
+  // A work queue or an XRC SRQ serves no QP as its SRQ.
+  if (attr.srq && attr.srq->cq()) return nullptr;
+  if (xrc != Xrc::kRecv && !rss && (pd == nullptr || attr.send_cq == nullptr || attr.recv_cq == nullptr)) return nullptr;
   // An overflowed CQ has lost completions for good: no new QP reports into it.
-  if (xrc != Xrc::kRecv && (attr.send_cq->overflowed() || attr.recv_cq->overflowed())) return nullptr;
+  if (xrc != Xrc::kRecv && !rss && (attr.send_cq->overflowed() || attr.recv_cq->overflowed())) return nullptr;
   if (attr.qp_type != IBV_QPT_RC && attr.qp_type != IBV_QPT_UC && attr.qp_type != IBV_QPT_UD &&
       attr.qp_type != IBV_QPT_RAW_PACKET)
     return nullptr;
@@ -286,7 +304,7 @@ Qp* Engine::create_qp(Pd* pd, const QpInitAttr& attr_in) {
   if (c.max_send_wr == 0 || c.max_send_wr > (1u << 15) || c.max_recv_wr > (1u << 15) || c.max_send_sge > kMaxSge ||
       c.max_recv_sge > kMaxSge || c.max_inline_data > kMaxInline)
     return nullptr;
-  if (attr.srq == nullptr && c.max_recv_wr == 0 && xrc == Xrc::kNone) return nullptr;
+  if (attr.srq == nullptr && c.max_recv_wr == 0 && xrc == Xrc::kNone && !rss) return nullptr;
   if (attr.gsi && (attr.qp_type != IBV_QPT_UD || gsi_)) return nullptr;
   auto slot = std::find(qps_.begin(), qps_.end(), nullptr);
   if (!attr.gsi && slot == qps_.end()) {
@@ -324,7 +342,7 @@ Qp* Engine::create_qp(Pd* pd, const QpInitAttr& attr_in) {
   qp->sq_ring.publish_qp_state(IBV_QPS_RESET);
   // The shadow has a slot for every ring slot, so taking an entry never waits for room.
   qp->sq = Fifo<SendWqe>(qp->sq_ring.capacity());
-  if (!attr.srq && xrc == Xrc::kNone) {
+  if (!attr.srq && xrc == Xrc::kNone && !rss) {
     if (attr.rq_ring && !attr.rq_ring->valid()) return nullptr;
     qp->rq = RecvQueue(c.max_recv_wr, c.max_recv_sge, UROCE_RING_RECV, attr.rq_ring);
   }
@@ -332,6 +350,10 @@ Qp* Engine::create_qp(Pd* pd, const QpInitAttr& attr_in) {
   qp->window = cfg_.send_window;
   if (pd) ++pd->refs;
   if (qp->xrcd) ++qp->xrcd->refs;
+  if (rss) {
+    qp->rss = std::make_unique<RssConf>(*attr.rss);
+    for (Srq* s : qp->rss->table) ++s->rss_refs;
+  }
   if (attr.gsi) {  // not counted in qp_count(): it belongs to the port, not to an application
     qp->qkey = kGsiQkey;
     gsi_ = std::move(qp);
@@ -365,6 +387,12 @@ int Engine::destroy_qp(Qp* qp) {
   mrs_.unbind_qp(qp->handle);  // its type 2 windows serve nobody now
   std::erase_if(mcast_, [qp](const McastAttach& m) { return m.qp == qp; });  // it leaves its groups
   std::erase_if(flows_, [qp](const RawFlow& f) { return f.qp == qp; });     // and its flow rules go
+  if (qp->rss) {
+    for (Srq* s : qp->rss->table) --s->rss_refs;
+    qp->rss.reset();
+    qp->srq = nullptr;
+    qp->recv_cq = nullptr;
+  }
   if (qp->xrc == Xrc::kRecv) {
     --qp->xrcd->refs;  // its pd is its last XRC SRQ's, not its own
     qp->xrcd = nullptr;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -325,11 +326,15 @@ class Srq {
     cq_ = cq;
     srq_num_ = num;
   }
+  /// A receive work queue (ibv_create_wq: an RSS table's entry) is a basic
+  /// SRQ with a CQ of its own.
+  void make_wq(Cq* cq) { cq_ = cq; }
   [[nodiscard]] std::uint32_t max_sge() const { return rq_.max_sge(); }
   [[nodiscard]] std::uint32_t depth() const { return rq_.depth(); }
   RecvQueue& queue() { return rq_; }  // where the responder takes receives (take_recv)
   std::uint32_t handle = 0;
   void* owner = nullptr;  // the control plane's tag
+  std::uint32_t rss_refs = 0;  // entries of RSS QPs' indirection tables naming it
 
  private:
   Pd* pd_;
@@ -338,6 +343,32 @@ class Srq {
   Cq* cq_ = nullptr;
   std::uint32_t srq_num_ = 0;
 };
+
+/// Receive-side scaling (a raw packet QP made with an RX hash and an
+/// indirection table): the Toeplitz hash of the fields chosen, over a
+/// frame's addresses and ports, picks the receive work queue it goes to.
+struct RssConf {
+  static constexpr std::size_t kKeyLen = 40;      // Toeplitz over up to 36 bytes (IPv6 and ports)
+  static constexpr std::uint32_t kMaxTable = 64;  // entries (2^6)
+  std::array<std::uint8_t, kKeyLen> key{};
+  std::uint64_t fields = 0;  // IBV_RX_HASH_{SRC,DST}_{IPV4,IPV6} and _{SRC,DST}_PORT_{TCP,UDP}
+  std::vector<Srq*> table;   // a power of two of work queues
+};
+
+/// The Toeplitz hash (Microsoft's RSS hash) of `in` under `key`, which has
+/// at least in.size() + 4 bytes.
+inline std::uint32_t toeplitz(std::span<const std::uint8_t> key, std::span<const std::uint8_t> in) {
+  std::uint32_t h = 0;
+  std::uint32_t window = std::uint32_t{key[0]} << 24 | std::uint32_t{key[1]} << 16 | std::uint32_t{key[2]} << 8 | key[3];
+  for (std::size_t i = 0; i < in.size(); ++i) {
+    const std::uint8_t next = i + 4 < key.size() ? key[i + 4] : 0;
+    for (int b = 7; b >= 0; --b) {
+      if ((in[i] >> b) & 1) h ^= window;
+      window = (window << 1) | ((next >> b) & 1u);
+    }
+  }
+  return h;
+}
 
 // On every SEND packet: inline, where the responder can see through them.
 inline bool to_recv_wqe(const uroce_recv_entry& e, std::uint32_t max_sge, RecvWqe& out) {

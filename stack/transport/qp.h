@@ -197,6 +197,9 @@ class Qp {
   Cq* send_cq = nullptr;
   Cq* recv_cq = nullptr;
   Srq* srq = nullptr;
+  /// An RSS QP's hash and table; its srq, recv_cq and pd are those of the
+  /// work queue the frame in hand hashed to, set as each arrives.
+  std::unique_ptr<RssConf> rss;
   void* owner = nullptr;  // the control plane's tag (its record of the QP), handed back in async events
   /// Nonzero once destroyed: until then (ns) the QPN is held back, and a
   /// retry of a message it already took is ACKed again (QPN quarantine).

@@ -51,6 +51,29 @@ uroce_flow_key key_of(wire::ConstBytes f) {
   return k;
 }
 
+/// The RSS hash of a frame (its match key): the Toeplitz hash over the
+/// fields asked that the frame has, in Microsoft's order (source address,
+/// destination address, source port, destination port).
+std::uint32_t rss_hash(const RssConf& c, const uroce_flow_key& k) {
+  std::uint8_t in[36];
+  std::size_t n = 0;
+  const auto put = [&](const std::uint8_t* p, std::size_t len) {
+    std::memcpy(in + n, p, len);
+    n += len;
+  };
+  const std::uint64_t f = c.fields;
+  const bool v4 = k.ethertype[0] == 0x08 && k.ethertype[1] == 0x00;
+  const bool v6 = k.ethertype[0] == 0x86 && k.ethertype[1] == 0xdd;
+  if (v4 && (f & IBV_RX_HASH_SRC_IPV4)) put(k.src_ip + 12, 4);
+  if (v4 && (f & IBV_RX_HASH_DST_IPV4)) put(k.dst_ip + 12, 4);
+  if (v6 && (f & IBV_RX_HASH_SRC_IPV6)) put(k.src_ip, 16);
+  if (v6 && (f & IBV_RX_HASH_DST_IPV6)) put(k.dst_ip, 16);
+  const bool tcp = (v4 || v6) && k.ip_proto == 6, udp = (v4 || v6) && k.ip_proto == 17;
+  if ((tcp && (f & IBV_RX_HASH_SRC_PORT_TCP)) || (udp && (f & IBV_RX_HASH_SRC_PORT_UDP))) put(k.sport, 2);
+  if ((tcp && (f & IBV_RX_HASH_DST_PORT_TCP)) || (udp && (f & IBV_RX_HASH_DST_PORT_UDP))) put(k.dport, 2);
+  return toeplitz(c.key, std::span<const std::uint8_t>(in, n));
+}
+
 bool matches(const uroce_flow_key& k, const uroce_flow_key& value, const uroce_flow_key& mask) {
   const auto* a = reinterpret_cast<const std::uint8_t*>(&k);
   const auto* v = reinterpret_cast<const std::uint8_t*>(&value);
@@ -86,10 +109,23 @@ bool Engine::rx_raw(wire::ConstBytes frame) {
     if ((best == nullptr || f.priority < best->priority) && matches(k, f.value, f.mask)) best = &f;
   if (best == nullptr) return false;
   Qp& qp = *best->qp;
+  Pd* pd = qp.pd;
+  bool receives = qp.state == IBV_QPS_RTR || qp.state == IBV_QPS_RTS || qp.state == IBV_QPS_SQD;
+  if (qp.rss) {
+    // RSS: the hash picks the work queue, whose receive, PD and CQ it
+    // takes. The QP has no state of its own to receive in (ConnectX's RSS
+    // QP receives from its creation; its work queues hold the receives).
+    const RssConf& c = *qp.rss;
+    Srq* s = c.table[rss_hash(c, k) & (c.table.size() - 1)];
+    qp.srq = s;
+    qp.recv_cq = s->cq();
+    pd = s->pd();
+    receives = qp.state != IBV_QPS_ERR;
+  }
   // A raw packet QP receives from RTR on (IBTA's receive states); before,
   // or without a receive posted, the frame is dropped, as datagrams are.
   RecvWqe w;
-  if ((qp.state != IBV_QPS_RTR && qp.state != IBV_QPS_RTS && qp.state != IBV_QPS_SQD) || !take_recv(qp, w)) {
+  if (!receives || !take_recv(qp, w)) {
     port_ctr_.inc(PortCounter::rx_raw_no_recv);
     return true;
   }
@@ -97,7 +133,7 @@ bool Engine::rx_raw(wire::ConstBytes frame) {
   qp.ctr.inc(QpCounter::rcvd_pkts);
   if (frame.size() > w.length) {
     complete_recv(qp, w, IBV_WC_LOC_LEN_ERR, IBV_WC_RECV, 0);
-  } else if (!scatter_recv(mrs_, qp.pd, w, 0, frame)) {
+  } else if (!scatter_recv(mrs_, pd, w, 0, frame)) {
     complete_recv(qp, w, IBV_WC_LOC_PROT_ERR, IBV_WC_RECV, 0);
   } else {
     complete_recv(qp, w, IBV_WC_SUCCESS, IBV_WC_RECV, static_cast<std::uint32_t>(frame.size()));

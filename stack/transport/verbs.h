@@ -81,6 +81,7 @@ class Cq;
 class Srq;
 struct Pd;
 struct Xrcd;
+struct RssConf;
 
 struct QpInitAttr {
   /// RC, UC, UD, RAW_PACKET, or XRC: IBV_QPT_XRC_SEND (a PD and a send CQ;
@@ -90,6 +91,9 @@ struct QpInitAttr {
   Cq* recv_cq = nullptr;
   Srq* srq = nullptr;
   Xrcd* xrcd = nullptr;  // IBV_QPT_XRC_RECV
+  /// RAW_PACKET with receive-side scaling: receive only (no CQs, no
+  /// queues); its frames go to the table's work queues (copied).
+  const RssConf* rss = nullptr;
   QpCap cap{};
   bool sq_sig_all = false;
   /// The General Services Interface QP: UD, QP number 1, Q_Key 0x80010000

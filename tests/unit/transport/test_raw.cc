@@ -1,9 +1,13 @@
 // Raw packet QPs and flow rules: a SEND is a whole Ethernet frame, sent as
 // written; a frame reaches a raw packet QP only through a flow rule that
 // matches it, from the wire or looped back from this port (to a group, or
-// to the port's own MAC, which never leaves it).
+// to the port's own MAC, which never leaves it). RSS: the Toeplitz hash
+// against Microsoft's published values, and an RSS QP's frames spread over
+// its work queues as the hash says.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <array>
 #include <cstring>
 
 #include "tests/support/pair.h"
@@ -217,6 +221,123 @@ TEST(Raw, ShortFramesWrongOpcodesAndRulesForOtherQpsAreRefused) {
   const std::uint32_t h = flow(t.p.A(), tx2, kGroupMac, 2);
   EXPECT_EQ(t.p.A().destroy_flow(h), 0);
   EXPECT_EQ(t.p.A().destroy_flow(h), EINVAL);
+}
+
+// Microsoft's RSS key and its verification suite ("Verifying the RSS Hash
+// Calculation"): IPv4 source, destination, then the TCP ports.
+constexpr std::array<std::uint8_t, 40> kMsKey = {
+    0x6d, 0x5a, 0x56, 0xda, 0x25, 0x5b, 0x0e, 0xc2, 0x41, 0x67, 0x25, 0x3d, 0x43, 0xa3,
+    0x8f, 0xb0, 0xd0, 0xca, 0x2b, 0xcb, 0xae, 0x7b, 0x30, 0xb4, 0x77, 0xcb, 0x2d, 0xa3,
+    0x80, 0x30, 0xf2, 0x0c, 0x6a, 0x42, 0xb7, 0x3b, 0xbe, 0xac, 0x01, 0xfa};
+
+TEST(Rss, ToeplitzGivesMicrosoftsPublishedHashes) {
+  struct V {
+    std::uint8_t in[12];  // source, destination, source port, destination port
+    std::uint32_t ip, ip_ports;
+  };
+  const V v[] = {
+      {{66, 9, 149, 187, 161, 142, 100, 80, 2794 >> 8, 2794 & 255, 1766 >> 8, 1766 & 255}, 0x323e8fc2, 0x51ccc178},
+      {{199, 92, 111, 2, 65, 69, 140, 83, 14230 >> 8, 14230 & 255, 4739 >> 8, 4739 & 255}, 0xd718262a, 0xc626b0ea},
+      {{24, 19, 198, 95, 12, 22, 207, 184, 12898 >> 8, 12898 & 255, 38024 >> 8, 38024 & 255}, 0xd2d0a5de, 0x5c2b394a},
+      {{38, 27, 205, 30, 209, 142, 163, 6, 48228 >> 8, 48228 & 255, 2217 >> 8, 2217 & 255}, 0x82989176, 0xafc7327f},
+      {{153, 39, 163, 191, 202, 188, 127, 2, 44251 >> 8, 44251 & 255, 1303 >> 8, 1303 & 255}, 0x5d1809c5, 0x10e828a2},
+  };
+  for (const V& x : v) {
+    EXPECT_EQ(transport::toeplitz(kMsKey, std::span<const std::uint8_t>(x.in, 8)), x.ip);
+    EXPECT_EQ(transport::toeplitz(kMsKey, std::span<const std::uint8_t>(x.in, 12)), x.ip_ports);
+  }
+}
+
+TEST(Rss, FramesSpreadOverTheWorkQueuesAsTheHashSays) {
+  Raw t;
+  Qp* tx = raw_qp(t.p, 0);
+  ASSERT_NE(tx, nullptr);
+  Engine& b = t.p.B();
+  // Four work queues, each with a CQ of its own, and an RSS QP over them
+  // hashing the IPv4 addresses; it stays in RESET, as an RSS QP may.
+  constexpr int kWqs = 4;
+  Cq* cq[kWqs];
+  transport::RssConf conf;
+  conf.key = kMsKey;
+  conf.fields = IBV_RX_HASH_SRC_IPV4 | IBV_RX_HASH_DST_IPV4;
+  for (int i = 0; i < kWqs; ++i) {
+    cq[i] = b.create_cq(64);
+    Srq* wq = b.create_srq(t.p.node[1].pd, 32, 1, nullptr, nullptr, cq[i]);
+    ASSERT_NE(wq, nullptr);
+    conf.table.push_back(wq);
+    for (int k = 0; k < 16; ++k) {
+      Sge s = t.p.sge(1, static_cast<std::uint64_t>(i * 16 + k) * 256, 256);
+      ASSERT_EQ(b.post_srq_recv(wq, RecvWr{static_cast<std::uint64_t>(i * 16 + k), {&s, 1}}), 0);
+    }
+  }
+  QpInitAttr ia;
+  ia.qp_type = IBV_QPT_RAW_PACKET;
+  ia.rss = &conf;
+  Qp* rss = b.create_qp(t.p.node[1].pd, ia);
+  ASSERT_NE(rss, nullptr);
+  ASSERT_NE(flow(b, rss, kGroupMac, 5678), 0u);
+  // 24 frames from 24 sources: each completes in the CQ of the work queue
+  // its hash names, and more than one queue is used.
+  int used[kWqs] = {};
+  for (std::uint8_t src = 1; src <= 24; ++src) {
+    auto f = udp_frame(kGroupMac, 5678, 100);
+    f[14 + 12] = 10;
+    f[14 + 15] = src;
+    const std::uint8_t in[8] = {f[26], f[27], f[28], f[29], f[30], f[31], f[32], f[33]};
+    const std::uint32_t want = transport::toeplitz(kMsKey, in) & (kWqs - 1);
+    ASSERT_EQ(t.send(0, tx, f), IBV_WC_SUCCESS);
+    for (int i = 0; i < kWqs; ++i) {
+      ibv_wc wc[4];
+      const int n = b.poll_cq(cq[i], std::span<ibv_wc>(wc, 4));
+      EXPECT_EQ(n, i == static_cast<int>(want) ? 1 : 0) << "source " << int{src} << ", queue " << i;
+      if (n == 1) {
+        EXPECT_EQ(wc[0].status, IBV_WC_SUCCESS);
+        EXPECT_EQ(wc[0].byte_len, 100u);
+        EXPECT_EQ(wc[0].qp_num, rss->qpn);
+        EXPECT_EQ(wc[0].wr_id / 16, static_cast<std::uint64_t>(i)) << "a receive of that queue";
+        EXPECT_EQ(std::memcmp(t.p.node[1].mem.data() + wc[0].wr_id * 256, f.data(), f.size()), 0);
+        ++used[i];
+      }
+    }
+  }
+  EXPECT_GT(std::count_if(used, used + kWqs, [](int n) { return n > 0; }), 1);
+  EXPECT_TRUE(t.wb.empty()) << "nothing in the node's own CQ";
+  // A work queue in a table is not destroyed, nor its CQ; with the QP gone, both are.
+  EXPECT_EQ(b.destroy_srq(conf.table[0]), EBUSY);
+  EXPECT_EQ(b.destroy_cq(cq[0]), EBUSY);
+  EXPECT_EQ(b.destroy_qp(rss), 0);
+  EXPECT_EQ(b.destroy_srq(conf.table[0]), 0);
+  EXPECT_EQ(b.destroy_cq(cq[0]), 0);
+}
+
+TEST(Rss, WhatIsNotAnRssQpIsRefused) {
+  Raw t;
+  Engine& b = t.p.B();
+  Cq* cq = b.create_cq(16);
+  Srq* wq = b.create_srq(t.p.node[1].pd, 8, 1, nullptr, nullptr, cq);
+  Srq* plain = b.create_srq(t.p.node[1].pd, 8, 1);
+  ASSERT_TRUE(wq && plain);
+  transport::RssConf conf;
+  conf.key = kMsKey;
+  conf.table = {wq, wq, wq};
+  QpInitAttr ia;
+  ia.qp_type = IBV_QPT_RAW_PACKET;
+  ia.rss = &conf;
+  EXPECT_EQ(b.create_qp(t.p.node[1].pd, ia), nullptr) << "a table of 3";
+  conf.table = {wq, plain};
+  EXPECT_EQ(b.create_qp(t.p.node[1].pd, ia), nullptr) << "an SRQ that is no work queue";
+  conf.table = {wq, wq};
+  ia.qp_type = IBV_QPT_UD;
+  EXPECT_EQ(b.create_qp(t.p.node[1].pd, ia), nullptr) << "RSS on a UD QP";
+  // A work queue is no QP's SRQ.
+  QpInitAttr q;
+  q.qp_type = IBV_QPT_RC;
+  q.send_cq = q.recv_cq = t.p.node[1].cq;
+  q.srq = wq;
+  q.cap.max_send_wr = 4;
+  EXPECT_EQ(b.create_qp(t.p.node[1].pd, q), nullptr);
+  q.srq = plain;
+  EXPECT_NE(b.create_qp(t.p.node[1].pd, q), nullptr);
 }
 
 }  // namespace
