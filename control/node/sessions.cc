@@ -30,6 +30,8 @@ using namespace transport;
 
 namespace {
 
+constexpr std::uint32_t kMaxSrqWr = 4096;  // an SRQ's (and work queue's) deepest ring
+
 struct Mapping {
   void* addr = nullptr;
   std::size_t len = 0;
@@ -728,13 +730,17 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
       Xrcd* xrcd = nullptr;
       Cq* xcq = nullptr;
       if (m.xrcd != 0 || m.cq != 0) {
-        auto x = s.xrcds.find(m.xrcd);
+        // An XRC SRQ (a domain and a CQ), or a receive work queue (a CQ alone, minor 18).
         auto c = s.cqs.find(m.cq);
-        if (x == s.xrcds.end() || c == s.cqs.end()) return fail(EINVAL, "an XRC SRQ needs an XRC domain and a CQ of this session");
-        xrcd = x->second;
+        if (c == s.cqs.end()) return fail(EINVAL, "an XRC SRQ or a work queue needs a CQ of this session");
         xcq = c->second.cq;
+        if (m.xrcd != 0) {
+          auto x = s.xrcds.find(m.xrcd);
+          if (x == s.xrcds.end()) return fail(EINVAL, "no such XRC domain in this session");
+          xrcd = x->second;
+        }
       }
-      if (m.max_wr == 0 || m.max_wr > 4096 || m.max_sge == 0 || m.max_sge > UROCE_ABI_MAX_SGE)
+      if (m.max_wr == 0 || m.max_wr > kMaxSrqWr || m.max_sge == 0 || m.max_sge > UROCE_ABI_MAX_SGE)
         return fail(EINVAL, "SRQ max_wr must be 1..4096 and max_sge 1..4");
       const std::uint32_t entries = std::bit_ceil(m.max_wr);
       Mapping map;
@@ -778,9 +784,30 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
       } else if (m.xrcd != 0) {
         return fail(EINVAL, "only an XRC target QP names an XRC domain");
       }
+      // RSS (minor 18): a receive-only raw packet QP over work queues.
+      transport::RssConf rss;
+      const bool is_rss = m.rss_log_size != 0;
+      if (is_rss) {
+        if (m.qp_type != IBV_QPT_RAW_PACKET || m.srq != 0)
+          return fail(EINVAL, "RSS is for a raw packet QP without an SRQ");
+        if (m.rss_log_size > UROCE_RSS_MAX_LOG) return fail(EINVAL, "an RSS table has at most 64 work queues");
+        constexpr std::uint32_t kFields = IBV_RX_HASH_SRC_IPV4 | IBV_RX_HASH_DST_IPV4 | IBV_RX_HASH_SRC_IPV6 |
+                                          IBV_RX_HASH_DST_IPV6 | IBV_RX_HASH_SRC_PORT_TCP | IBV_RX_HASH_DST_PORT_TCP |
+                                          IBV_RX_HASH_SRC_PORT_UDP | IBV_RX_HASH_DST_PORT_UDP;
+        if (m.rss_fields & ~kFields) return fail(EOPNOTSUPP, "RSS hashes IPv4, IPv6, TCP and UDP fields only");
+        std::memcpy(rss.key.data(), m.rss_key, rss.key.size());
+        rss.fields = m.rss_fields;
+        for (std::uint32_t i = 0; i < (1u << m.rss_log_size); ++i) {
+          auto w = s.srqs.find(m.rss_wq[i]);
+          if (w == s.srqs.end() || w->second.srq->cq() == nullptr || w->second.srq->xrcd())
+            return fail(EINVAL, "an RSS table names work queues of this session");
+          rss.table.push_back(w->second.srq);
+        }
+      }
       auto pd = s.pds.find(m.pd);
       auto scq = s.cqs.find(m.send_cq), rcq = s.cqs.find(m.recv_cq);
-      if (!xrcd && (pd == s.pds.end() || scq == s.cqs.end() || rcq == s.cqs.end()))
+      if (is_rss && pd == s.pds.end()) return fail(EINVAL, "no such PD in this session");
+      if (!xrcd && !is_rss && (pd == s.pds.end() || scq == s.cqs.end() || rcq == s.cqs.end()))
         return fail(EINVAL, "no such PD or CQ in this session");
       if (m.qp_type != IBV_QPT_RC && m.qp_type != IBV_QPT_UC && m.qp_type != IBV_QPT_UD &&
           m.qp_type != IBV_QPT_RAW_PACKET && m.qp_type != IBV_QPT_XRC_SEND && m.qp_type != IBV_QPT_XRC_RECV)
@@ -813,15 +840,16 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
                                                           UROCE_RING_RECV, handle);
       QpInitAttr ia;
       ia.qp_type = static_cast<ibv_qp_type>(m.qp_type);
-      ia.send_cq = xrcd ? nullptr : scq->second.cq;
-      ia.recv_cq = xrcd ? nullptr : rcq->second.cq;
+      ia.send_cq = xrcd || is_rss ? nullptr : scq->second.cq;
+      ia.recv_cq = xrcd || is_rss ? nullptr : rcq->second.cq;
       ia.cap.max_send_wr = sqn;
       ia.cap.max_recv_wr = rqn;
       ia.sq_sig_all = m.sq_sig_all != 0;
       ia.srq = srq;
       ia.xrcd = xrcd;
-      ia.sq_ring = xrcd ? nullptr : &sq;  // an XRC target sends nothing: the engine gives it no ring
-      ia.rq_ring = srq || m.qp_type == IBV_QPT_XRC_SEND || xrcd ? nullptr : &rq;
+      ia.sq_ring = xrcd || is_rss ? nullptr : &sq;  // an XRC target or RSS QP sends nothing: the engine gives it no ring
+      ia.rq_ring = srq || m.qp_type == IBV_QPT_XRC_SEND || xrcd || is_rss ? nullptr : &rq;
+      ia.rss = is_rss ? &rss : nullptr;
       Qp* qp = eng_.create_qp(xrcd ? nullptr : pd->second, ia);
       if (!qp) {
         map.unmap();
@@ -1143,6 +1171,8 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
         r.max_mr_size = limits_.max_mr_bytes;
         std::memcpy(r.mac, eng_.config().mac.data(), 6);
         r.flags = limits_.odp ? UROCE_DEVICE_ODP : 0;
+        r.max_srq = limits_.max_srqs;  // SRQs, XRC SRQs and work queues
+        r.max_srq_wr = kMaxSrqWr;
         return send_reply(sock, h, 0, "", &r, sizeof r);
       }
       if (m.object == UROCE_OBJ_QP) {

@@ -205,13 +205,25 @@ struct uroce_create_qp_msg {
    * 0: the QP takes those of the XRC SRQ each request names). An
    * IBV_QPT_XRC_SEND QP has a PD and a send CQ only (recv_cq 0). */
   uint32_t xrcd;
+  /* Minor 18: receive-side scaling. rss_log_size != 0 makes a RAW_PACKET
+   * QP that receives only, into the 2^rss_log_size work queues of
+   * rss_wq (SRQ handles made with a CQ and no domain): each frame a flow
+   * rule gives it goes to rss_wq[toeplitz(rss_key, fields) & (size - 1)].
+   * The QP has a PD and no CQs or queues of its own. A library sends the
+   * whole message only for such a QP (36 bytes otherwise). */
+  uint32_t rss_log_size;               /* 0, or 1..UROCE_RSS_MAX_LOG */
+  uint32_t rss_fields;                 /* IBV_RX_HASH_{SRC,DST}_{IPV4,IPV6}, _{SRC,DST}_PORT_{TCP,UDP} */
+  uint8_t rss_key[40];                 /* Toeplitz */
+  uint32_t rss_wq[1u << 6];            /* UROCE_RSS_MAX_LOG */
 };
+#define UROCE_RSS_MAX_LOG 6u
 struct uroce_create_srq_msg {
   uint32_t pd;
   uint32_t max_wr;  /* ring size, rounded up to a power of two */
   uint32_t max_sge; /* <= UROCE_ABI_MAX_SGE */
   /* Minor 17: an XRC SRQ (IBV_SRQT_XRC): its domain and the CQ its
-   * receives complete in; both 0 for a basic SRQ. */
+   * receives complete in; both 0 for a basic SRQ. Minor 18: a CQ and no
+   * domain make a receive work queue (ibv_create_wq), an RSS table's entry. */
   uint32_t xrcd, cq;
 };
 struct uroce_create_srq_reply {
@@ -358,6 +370,7 @@ struct uroce_device_attr {
   uint64_t max_mr_size;
   uint8_t mac[6];
   uint16_t flags; /* minor 16: UROCE_DEVICE_* (0 from an older daemon) */
+  uint32_t max_srq, max_srq_wr; /* minor 18: CREATE_SRQ's bounds (an older daemon sends 48 bytes) */
 };
 #define UROCE_DEVICE_ODP 1u /* ODP MRs (UROCE_MSG_REG_MR_ODP) are allowed */
 
@@ -368,7 +381,7 @@ struct uroce_port_attr {
   uint32_t mtu;        /* the Ethernet MTU; 0: the driver does not say */
 };
 
-UROCE_STATIC_ASSERT(sizeof(struct uroce_device_attr) == 48, "device_attr is 48 bytes");
+UROCE_STATIC_ASSERT(sizeof(struct uroce_device_attr) == 56, "device_attr is 56 bytes (48 before minor 18)");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_port_attr) == 12, "port_attr is 12 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_msg_hdr) == 16, "message header is 16 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_reply_status) == 128, "reply status is 128 bytes");
@@ -380,7 +393,7 @@ UROCE_STATIC_ASSERT(sizeof(struct uroce_reg_mr_odp_msg) == 32, "reg_mr_odp is 32
 UROCE_STATIC_ASSERT(sizeof(struct uroce_flow_key) == 56, "flow_key is 56 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_flow_msg) == 120, "flow is 120 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_reg_mr_pieces_msg) == 40 + 16 * UROCE_MR_MAX_PIECES, "reg_mr_pieces layout");
-UROCE_STATIC_ASSERT(sizeof(struct uroce_create_qp_msg) == 36, "create_qp is 36 bytes (28 before minor 2, 32 before 17)");
+UROCE_STATIC_ASSERT(sizeof(struct uroce_create_qp_msg) == 340, "create_qp is 340 bytes (28 before minor 2, 32 before 17, 36 before 18)");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_cm_msg) == 92, "cm is 92 bytes (88 before minor 9)");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_cm_event_msg) == 116, "cm_event is 116 bytes (96 before minor 9)");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_create_srq_msg) == 20, "create_srq is 20 bytes (12 before minor 17)");

@@ -43,7 +43,7 @@ extern "C" {
 
 #define UROCE_ABI_MAGIC 0x45524f55u /* "UORE" read little-endian */
 #define UROCE_ABI_MAJOR 1
-#define UROCE_ABI_MINOR 17 /* 1: CQ notification words (arm, notified); 2: SRQs; 3: RDMA CM; 4: session page and doorbell;
+#define UROCE_ABI_MINOR 18 /* 1: CQ notification words (arm, notified); 2: SRQs; 3: RDMA CM; 4: session page and doorbell;
                             5: one queue per verbs queue (the daemon consumes a send entry when it completes), inline
                             data, the UD address vector, the posts word, async events; 6: UD QPs for applications,
                             address resolution (UROCE_MSG_RESOLVE); 7: CM event channel (UROCE_MSG_CM_CHANNEL);
@@ -58,7 +58,8 @@ extern "C" {
                             15: MRs changed in place (UROCE_MSG_REREG_MR), MRs of 0 bytes, multicast (UROCE_MSG_MCAST);
                             16: ODP MRs (UROCE_MSG_REG_MR_ODP, UROCE_DEVICE_ODP); raw packet QPs and flow
                             rules (UROCE_MSG_CREATE_FLOW); 17: XRC (UROCE_MSG_OPEN_XRCD, XRC SRQs and QPs,
-                            uroce_send_entry.xrc_srqn) */
+                            uroce_send_entry.xrc_srqn); 18: receive work queues (SRQs with a CQ and no
+                            domain) and RSS QPs over them (uroce_create_qp_msg.rss_*) */
 #define UROCE_ABI_CACHELINE 64
 #define UROCE_ABI_MAX_SGE 4
 #define UROCE_ABI_MAX_INLINE 64 /* inline bytes a send entry carries, in place of its SGEs */

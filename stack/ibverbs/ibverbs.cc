@@ -69,6 +69,8 @@
 #undef ibv_reg_mr_iova
 
 #include <algorithm>
+#include <atomic>
+#include <bit>
 #include <cstdint>
 #include <cstring>
 #include <map>
@@ -138,6 +140,21 @@ using UMw = Wrap<ibv_mw, uroce_mw>;
 using USrq = Wrap<ibv_srq, uroce_srq>;  // an XRC SRQ's number is liburoce's (ibv_get_srq_num)
 using UXrcd = Wrap<ibv_xrcd, uroce_xrcd>;
 
+/// A receive work queue (ibv_create_wq) is liburoce's (an SRQ with a CQ of
+/// its own); an indirection table is its work queues, in the library alone
+/// (the daemon gets the list with each RSS QP). The counts (under g_mu)
+/// keep a work queue while a table names it, and a table while a QP does.
+struct UWq {
+  ibv_wq v{};
+  uroce_srq* u = nullptr;
+  int tables = 0;
+};
+struct UIndTable {
+  ibv_rwq_ind_table v{};
+  std::vector<UWq*> wqs;
+  int qps = 0;
+};
+
 /// A CQ is an ibv_cq_ex (ibv_create_cq_ex), whose start is laid out as
 /// ibv_cq: the ibv_cq handed out is that prefix (ibv_cq_ex_to_cq).
 struct UCq {
@@ -171,6 +188,7 @@ struct UQp {
   std::vector<Slot> slots;
   std::size_t built = 0;
   int err = 0;  // the first builder error since wr_start, returned by wr_complete
+  UIndTable* rss = nullptr;  // an RSS QP's indirection table
   ibv_qp& qp() { return x.qp_base; }
 };
 
@@ -261,6 +279,18 @@ int vctx_query_device_ex(ibv_context* c, const ibv_query_device_ex_input* input,
   full.device_cap_flags_ex = full.orig_attr.device_cap_flags | (1ull << 38);
   full.phys_port_cnt_ex = full.orig_attr.phys_port_cnt;
   full.max_dm_size = kMaxDm;
+  if (uroce_abi_minor(ucontext(c)->u) >= 18) {
+    // RSS over receive work queues (raw packet QPs): Toeplitz over IPv4,
+    // IPv6, TCP and UDP fields, tables of up to 64 queues.
+    full.rss_caps.supported_qpts = 1u << IBV_QPT_RAW_PACKET;
+    full.rss_caps.max_rwq_indirection_tables = static_cast<uint32_t>(full.orig_attr.max_qp);
+    full.rss_caps.max_rwq_indirection_table_size = 1u << UROCE_RSS_MAX_LOG;
+    full.rss_caps.rx_hash_fields_mask = IBV_RX_HASH_SRC_IPV4 | IBV_RX_HASH_DST_IPV4 | IBV_RX_HASH_SRC_IPV6 |
+                                        IBV_RX_HASH_DST_IPV6 | IBV_RX_HASH_SRC_PORT_TCP | IBV_RX_HASH_DST_PORT_TCP |
+                                        IBV_RX_HASH_SRC_PORT_UDP | IBV_RX_HASH_DST_PORT_UDP;
+    full.rss_caps.rx_hash_function = IBV_RX_HASH_FUNC_TOEPLITZ;
+    full.max_wq_type_rq = static_cast<uint32_t>(full.orig_attr.max_srq);
+  }
   if (uroce_odp(ucontext(c)->u)) {
     // ODP (the daemon's --odp, or embedded mode): every access is made when
     // it happens, through the process's memory file; implicit MRs too.
@@ -632,14 +662,18 @@ constexpr uint64_t kSendOps = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WR
                               IBV_QP_EX_WITH_LOCAL_INV | kQpExWithFlush;
 
 /// `xrcd`: an XRC target QP's domain (then pd is NULL).
-UQp* make_qp(ibv_pd* pd, ibv_qp_init_attr* attr, ibv_xrcd* xrcd = nullptr) {
+UQp* make_qp(ibv_pd* pd, ibv_qp_init_attr* attr, ibv_xrcd* xrcd = nullptr, UIndTable* tbl = nullptr,
+             const ibv_rx_hash_conf* hash = nullptr) {
   if (!attr) return fail_null<UQp>(EINVAL);
   if (attr->qp_type != IBV_QPT_RC && attr->qp_type != IBV_QPT_UC && attr->qp_type != IBV_QPT_UD &&
       attr->qp_type != IBV_QPT_RAW_PACKET && attr->qp_type != IBV_QPT_XRC_SEND && attr->qp_type != IBV_QPT_XRC_RECV)
     return fail_null<UQp>(EOPNOTSUPP);  // driver QPs
-  // An XRC send QP has no receive CQ; an XRC target has no PD and no CQs.
-  if (attr->qp_type == IBV_QPT_XRC_RECV ? !xrcd
-                                        : !pd || !attr->send_cq || (!attr->recv_cq && attr->qp_type != IBV_QPT_XRC_SEND))
+  // An XRC send QP has no receive CQ; an XRC target has no PD and no CQs;
+  // an RSS QP a PD and its table alone.
+  if (tbl ? !pd
+          : attr->qp_type == IBV_QPT_XRC_RECV
+              ? !xrcd
+              : !pd || !attr->send_cq || (!attr->recv_cq && attr->qp_type != IBV_QPT_XRC_SEND))
     return fail_null<UQp>(EINVAL);
   ibv_context* const context = pd ? pd->context : xrcd->context;
   uroce_qp_init_attr ia{};
@@ -650,10 +684,24 @@ UQp* make_qp(ibv_pd* pd, ibv_qp_init_attr* attr, ibv_xrcd* xrcd = nullptr) {
   ia.sq_sig_all = attr->sq_sig_all;
   ia.srq = attr->srq ? usrq(attr->srq)->u : nullptr;
   ia.xrcd = xrcd ? uxrcd(xrcd)->u : nullptr;
+  std::vector<uroce_srq*> wqs;
+  if (tbl) {
+    ia.send_cq = ia.recv_cq = nullptr;
+    for (UWq* w : tbl->wqs) wqs.push_back(w->u);
+    ia.rss_log_size = static_cast<uint32_t>(std::countr_zero(wqs.size()));
+    ia.rss_wqs = wqs.data();
+    ia.rss_fields = hash->rx_hash_fields_mask;
+    ia.rss_key = hash->rx_hash_key;
+  }
   uroce_qp* u = uroce_create_qp(pd ? UPd::of(pd)->u : nullptr, &ia);
   if (!u) return fail_null<UQp>(errno ? errno : EINVAL);
   auto* q = new UQp();
   q->u = u;
+  if (tbl) {
+    std::lock_guard<std::mutex> lock(g_mu);
+    ++tbl->qps;
+    q->rss = tbl;
+  }
   ibv_qp& qp = q->qp();
   qp.context = context;
   qp.qp_context = attr->qp_context;
@@ -707,17 +755,34 @@ ibv_qp* vctx_create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* a) {
   ibv_xrcd* xrcd = (a->comp_mask & IBV_QP_INIT_ATTR_XRCD) ? a->xrcd : nullptr;
   if (a->qp_type == IBV_QPT_XRC_RECV ? !xrcd : (!(a->comp_mask & IBV_QP_INIT_ATTR_PD) || !a->pd || xrcd))
     return fail_null<ibv_qp>(EINVAL);
-  // TSO, RSS and indirection tables: not uroce's.
+  // TSO and the rest: not uroce's.
   const uint32_t known = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_XRCD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS |
-                         IBV_QP_INIT_ATTR_CREATE_FLAGS;
+                         IBV_QP_INIT_ATTR_CREATE_FLAGS | IBV_QP_INIT_ATTR_IND_TABLE | IBV_QP_INIT_ATTR_RX_HASH;
   if (a->comp_mask & ~known) return fail_null<ibv_qp>(EOPNOTSUPP);
+  UIndTable* tbl = nullptr;
+  if (a->comp_mask & (IBV_QP_INIT_ATTR_IND_TABLE | IBV_QP_INIT_ATTR_RX_HASH)) {
+    // RSS: a raw packet QP with both, a Toeplitz key of 40 bytes, and
+    // fields of IPv4, IPv6, TCP and UDP (IPsec's SPI and inner headers: none).
+    constexpr uint64_t kFields = IBV_RX_HASH_SRC_IPV4 | IBV_RX_HASH_DST_IPV4 | IBV_RX_HASH_SRC_IPV6 |
+                                 IBV_RX_HASH_DST_IPV6 | IBV_RX_HASH_SRC_PORT_TCP | IBV_RX_HASH_DST_PORT_TCP |
+                                 IBV_RX_HASH_SRC_PORT_UDP | IBV_RX_HASH_DST_PORT_UDP;
+    const ibv_rx_hash_conf& h = a->rx_hash_conf;
+    if (!(a->comp_mask & IBV_QP_INIT_ATTR_IND_TABLE) || !(a->comp_mask & IBV_QP_INIT_ATTR_RX_HASH) ||
+        !a->rwq_ind_tbl || a->qp_type != IBV_QPT_RAW_PACKET || a->srq)
+      return fail_null<ibv_qp>(EINVAL);
+    if (h.rx_hash_function != IBV_RX_HASH_FUNC_TOEPLITZ || (h.rx_hash_fields_mask & ~kFields))
+      return fail_null<ibv_qp>(EOPNOTSUPP);
+    if (h.rx_hash_key_len != 40 || !h.rx_hash_key) return fail_null<ibv_qp>(EINVAL);
+    tbl = reinterpret_cast<UIndTable*>(a->rwq_ind_tbl);
+  }
   if ((a->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && a->create_flags) return fail_null<ibv_qp>(EOPNOTSUPP);
   if ((a->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) && (a->send_ops_flags & ~kSendOps))
     return fail_null<ibv_qp>(EOPNOTSUPP);  // TSO
   // ibv_qp_init_attr is the start of ibv_qp_init_attr_ex (rdma-core's own
   // ibv_create_qp_ex passes one as the other); make_qp writes the caps got.
   static_assert(offsetof(ibv_qp_init_attr_ex, sq_sig_all) == offsetof(ibv_qp_init_attr, sq_sig_all));
-  UQp* q = make_qp(a->qp_type == IBV_QPT_XRC_RECV ? nullptr : a->pd, reinterpret_cast<ibv_qp_init_attr*>(a), xrcd);
+  UQp* q = make_qp(a->qp_type == IBV_QPT_XRC_RECV ? nullptr : a->pd, reinterpret_cast<ibv_qp_init_attr*>(a), xrcd, tbl,
+                   tbl ? &a->rx_hash_conf : nullptr);
   return q ? &q->qp() : nullptr;
 }
 
@@ -781,6 +846,104 @@ ibv_srq* vctx_create_srq_ex(ibv_context* context, ibv_srq_init_attr_ex* a) {
   if (!u) return fail_null<ibv_srq>(errno ? errno : EINVAL);
   a->attr = ia.attr;
   return wrap_srq(context, a->pd, u, a->srq_context);
+}
+
+// ------------------------------------------------------ work queues and RSS
+
+int wq_post_recv(ibv_wq* wq, ibv_recv_wr* wr, ibv_recv_wr** bad) {
+  return uroce_post_srq_recv(reinterpret_cast<UWq*>(wq)->u, wr, bad);
+}
+
+ibv_wq* vctx_create_wq(ibv_context* context, ibv_wq_init_attr* a) {
+  if (!context || !a) return fail_null<ibv_wq>(EINVAL);
+  if (a->wq_type != IBV_WQT_RQ) return fail_null<ibv_wq>(EOPNOTSUPP);
+  if ((a->comp_mask & ~static_cast<uint32_t>(IBV_WQ_INIT_ATTR_FLAGS)) ||
+      ((a->comp_mask & IBV_WQ_INIT_ATTR_FLAGS) && a->create_flags))
+    return fail_null<ibv_wq>(EOPNOTSUPP);  // scatter FCS, VLAN stripping, delay drop, padding
+  if (!a->pd || !a->cq || a->max_wr == 0) return fail_null<ibv_wq>(EINVAL);
+  ibv_srq_init_attr ia{};
+  ia.attr.max_wr = a->max_wr;
+  ia.attr.max_sge = std::max<uint32_t>(a->max_sge, 1);
+  uroce_srq* u = uroce_create_wq(UPd::of(a->pd)->u, ucq(a->cq)->u, &ia);
+  if (!u) return fail_null<ibv_wq>(errno ? errno : EINVAL);
+  auto* w = new UWq();
+  w->u = u;
+  ibv_wq& q = w->v;
+  q.context = context;
+  q.wq_context = a->wq_context;
+  q.pd = a->pd;
+  q.cq = a->cq;
+  q.wq_num = uroce_srq_handle(u);
+  q.handle = q.wq_num;
+  q.state = IBV_WQS_RESET;
+  q.wq_type = IBV_WQT_RQ;
+  q.post_recv = wq_post_recv;
+  a->max_wr = ia.attr.max_wr;  // the queue's real depth
+  return &q;
+}
+
+int vctx_modify_wq(ibv_wq* wq, ibv_wq_attr* a) {
+  if (!wq || !a) return EINVAL;
+  if (a->attr_mask & ~static_cast<uint32_t>(IBV_WQ_ATTR_STATE | IBV_WQ_ATTR_CURR_STATE | IBV_WQ_ATTR_FLAGS))
+    return EINVAL;
+  if ((a->attr_mask & IBV_WQ_ATTR_FLAGS) && a->flags_mask) return EOPNOTSUPP;
+  if ((a->attr_mask & IBV_WQ_ATTR_CURR_STATE) && a->curr_wq_state != wq->state) return EINVAL;
+  if (a->attr_mask & IBV_WQ_ATTR_STATE) {
+    // RESET and RDY. The queue takes frames from its creation (the state
+    // is kept and reported, not enforced); ERR, which would flush, is refused.
+    if (a->wq_state == IBV_WQS_ERR) return EOPNOTSUPP;
+    if (a->wq_state != IBV_WQS_RESET && a->wq_state != IBV_WQS_RDY) return EINVAL;
+    wq->state = a->wq_state;
+  }
+  return 0;
+}
+
+int vctx_destroy_wq(ibv_wq* wq) {
+  if (!wq) return EINVAL;
+  auto* w = reinterpret_cast<UWq*>(wq);
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    if (w->tables) return EBUSY;
+  }
+  if (const int rc = uroce_destroy_srq(w->u)) return rc;
+  pthread_cond_destroy(&wq->cond);
+  pthread_mutex_destroy(&wq->mutex);
+  delete w;
+  return 0;
+}
+
+ibv_rwq_ind_table* vctx_create_rwq_ind_table(ibv_context* context, ibv_rwq_ind_table_init_attr* a) {
+  if (!context || !a || !a->ind_tbl) return fail_null<ibv_rwq_ind_table>(EINVAL);
+  if (a->comp_mask) return fail_null<ibv_rwq_ind_table>(EOPNOTSUPP);
+  if (a->log_ind_tbl_size > UROCE_RSS_MAX_LOG) return fail_null<ibv_rwq_ind_table>(EINVAL);
+  auto* t = new UIndTable();
+  for (uint32_t i = 0; i < (1u << a->log_ind_tbl_size); ++i) {
+    if (!a->ind_tbl[i] || a->ind_tbl[i]->context != context) {
+      delete t;
+      return fail_null<ibv_rwq_ind_table>(EINVAL);
+    }
+    t->wqs.push_back(reinterpret_cast<UWq*>(a->ind_tbl[i]));
+  }
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    for (UWq* w : t->wqs) ++w->tables;
+  }
+  t->v.context = context;
+  static std::atomic<uint32_t> next{1};
+  t->v.ind_tbl_handle = t->v.ind_tbl_num = next++;
+  return &t->v;
+}
+
+int vctx_destroy_rwq_ind_table(ibv_rwq_ind_table* table) {
+  if (!table) return EINVAL;
+  auto* t = reinterpret_cast<UIndTable*>(table);
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    if (t->qps) return EBUSY;
+    for (UWq* w : t->wqs) --w->tables;
+  }
+  delete t;
+  return 0;
 }
 
 int vctx_get_srq_num(ibv_srq* srq, uint32_t* num) {
@@ -905,6 +1068,11 @@ ibv_context* make_context(ibv_device* device, uroce_context* u, int cmd_fd) {
   v.close_xrcd = vctx_close_xrcd;
   v.create_srq_ex = vctx_create_srq_ex;
   v.get_srq_num = vctx_get_srq_num;
+  v.create_wq = vctx_create_wq;
+  v.modify_wq = vctx_modify_wq;
+  v.destroy_wq = vctx_destroy_wq;
+  v.create_rwq_ind_table = vctx_create_rwq_ind_table;
+  v.destroy_rwq_ind_table = vctx_destroy_rwq_ind_table;
   v.create_cq_ex = vctx_create_cq_ex;
   v.alloc_dm = vctx_alloc_dm;
   v.free_dm = vctx_free_dm;
@@ -1716,6 +1884,10 @@ int uroce_impl_ibv_destroy_qp(ibv_qp* qp) {
   if (!qp) return fail(EINVAL);
   UQp* q = uqp(qp);
   if (const int rc = uroce_destroy_qp(q->u)) return fail(rc);
+  if (q->rss) {
+    std::lock_guard<std::mutex> lock(g_mu);
+    --q->rss->qps;
+  }
   UContext* uc = ucontext(qp->context);
   {
     std::lock_guard<std::mutex> lk(uc->mu);

@@ -1225,7 +1225,9 @@ int uroce_query_device(uroce_context* ctx, ibv_device_attr* attr) {
   if (!ctx || !attr) return set_error(EINVAL, "no context or attr");
   uroce_query_msg q{UROCE_OBJ_DEVICE, 0};
   uroce_device_attr r{};
-  if (int rc = call(ctx, UROCE_MSG_QUERY, &q, sizeof q, -1, &r, sizeof r)) return rc;
+  // A daemon before minor 18 answers 48 bytes (no SRQ bounds: 0).
+  const std::size_t rlen = ctx->minor >= 18 ? sizeof r : offsetof(uroce_device_attr, max_srq);
+  if (int rc = call(ctx, UROCE_MSG_QUERY, &q, sizeof q, -1, &r, rlen)) return rc;
   ctx->dev_flags = ctx->minor >= 16 ? r.flags : 0;
   *attr = ibv_device_attr{};
   std::snprintf(attr->fw_ver, sizeof attr->fw_ver, "uroce abi %u.%u", UROCE_ABI_MAJOR, UROCE_ABI_MINOR);
@@ -1243,6 +1245,9 @@ int uroce_query_device(uroce_context* ctx, ibv_device_attr* attr) {
   attr->max_mr = static_cast<int>(r.max_mr);
   attr->max_pd = static_cast<int>(r.max_pd);
   attr->max_qp_rd_atom = attr->max_qp_init_rd_atom = static_cast<int>(r.max_qp_rd_atom);
+  attr->max_srq = static_cast<int>(r.max_srq);
+  attr->max_srq_wr = static_cast<int>(r.max_srq_wr);
+  attr->max_srq_sge = r.max_srq ? UROCE_ABI_MAX_SGE : 0;
   attr->atomic_cap = IBV_ATOMIC_HCA;
   // Memory windows (minor 8) share the MRs' key table and limit.
   attr->device_cap_flags |= IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B;
@@ -1473,7 +1478,16 @@ uroce_qp* uroce_create_qp(uroce_pd* pd, uroce_qp_init_attr* a) {
   const bool xrc = a->qp_type == IBV_QPT_XRC_SEND || a->qp_type == IBV_QPT_XRC_RECV;
   uroce_context* const ctx = pd ? pd->ctx : a->xrcd ? a->xrcd->ctx : nullptr;
   if (xrc && ctx && ctx->minor < 17) return set_error(EOPNOTSUPP, "this uroced has no XRC (ABI minor < 17)"), nullptr;
-  if (a->qp_type == IBV_QPT_XRC_RECV) {
+  const bool rss = a->rss_log_size != 0;
+  if (rss) {
+    // Receive-side scaling: a PD and a table of work queues; nothing else.
+    if (!pd || a->qp_type != IBV_QPT_RAW_PACKET || a->srq || a->xrcd || !a->rss_wqs || !a->rss_key ||
+        a->rss_log_size > UROCE_RSS_MAX_LOG)
+      return set_error(EINVAL, "an RSS QP is a raw packet QP with a PD, a key and 2 to 64 work queues"), nullptr;
+    for (std::uint32_t i = 0; i < (1u << a->rss_log_size); ++i)
+      if (!a->rss_wqs[i]) return set_error(EINVAL, "an RSS table names a work queue in every entry"), nullptr;
+    if (ctx->minor < 18) return set_error(EOPNOTSUPP, "this uroced has no RSS (ABI minor < 18)"), nullptr;
+  } else if (a->qp_type == IBV_QPT_XRC_RECV) {
     // The target: a domain, and nothing else of its own.
     if (!a->xrcd || a->srq) return set_error(EINVAL, "an XRC target QP needs an XRC domain, and no SRQ"), nullptr;
   } else if (a->qp_type == IBV_QPT_XRC_SEND) {
@@ -1488,7 +1502,7 @@ uroce_qp* uroce_create_qp(uroce_pd* pd, uroce_qp_init_attr* a) {
     return set_error(EOPNOTSUPP, "this uroced has no raw packet QPs (ABI minor < 16)"), nullptr;
   a->cap.max_inline_data = UROCE_ABI_MAX_INLINE;
   if (xrc) a->cap.max_recv_wr = a->cap.max_recv_sge = 0;  // no receive queue: XRC receives are the SRQs'
-  if (a->qp_type == IBV_QPT_XRC_RECV) a->cap = {};
+  if (a->qp_type == IBV_QPT_XRC_RECV || rss) a->cap = {};
   uroce_create_qp_msg m{pd && a->qp_type != IBV_QPT_XRC_RECV ? pd->handle : 0,
                         a->send_cq && a->qp_type != IBV_QPT_XRC_RECV ? a->send_cq->handle : 0,
                         a->recv_cq && !xrc ? a->recv_cq->handle : 0,
@@ -1498,8 +1512,18 @@ uroce_qp* uroce_create_qp(uroce_pd* pd, uroce_qp_init_attr* a) {
                         static_cast<std::uint32_t>(a->sq_sig_all),
                         a->srq ? a->srq->handle : 0,
                         a->qp_type == IBV_QPT_XRC_RECV ? a->xrcd->handle : 0};
-  // A daemon before minor 17 reads 32 bytes (it has no XRC, refused above).
-  const std::uint32_t mlen = ctx->minor < 17 ? offsetof(uroce_create_qp_msg, xrcd) : sizeof m;
+  if (rss) {
+    m.rss_log_size = a->rss_log_size;
+    m.rss_fields = static_cast<std::uint32_t>(a->rss_fields);
+    if (m.rss_fields != a->rss_fields) return set_error(EOPNOTSUPP, "RSS hashes IPv4, IPv6, TCP and UDP fields only"), nullptr;
+    std::memcpy(m.rss_key, a->rss_key, sizeof m.rss_key);
+    for (std::uint32_t i = 0; i < (1u << a->rss_log_size); ++i) m.rss_wq[i] = a->rss_wqs[i]->handle;
+  }
+  // A daemon before minor 17 reads 32 bytes (it has no XRC, refused above);
+  // the RSS fields go only for an RSS QP.
+  const std::uint32_t mlen = ctx->minor < 17 ? offsetof(uroce_create_qp_msg, xrcd)
+                             : rss           ? sizeof m
+                                             : offsetof(uroce_create_qp_msg, rss_log_size);
   uroce_create_qp_reply r{};
   int fd = -1;
   if (call(ctx, UROCE_MSG_CREATE_QP, &m, mlen, -1, &r, sizeof r, &fd) != 0) return nullptr;
@@ -1519,9 +1543,11 @@ uroce_qp* uroce_create_qp(uroce_pd* pd, uroce_qp_init_attr* a) {
   // The queues' real depths, as ibv_create_qp reports them (at least what
   // was asked: a power of two, and 1 for a queue asked with 0): a post past
   // them fails with ENOMEM exactly there.
-  if (a->qp_type != IBV_QPT_XRC_RECV) a->cap.max_send_wr = qp->sq.capacity();
-  if (!a->srq && !xrc) a->cap.max_recv_wr = qp->rq.capacity();
+  if (a->qp_type != IBV_QPT_XRC_RECV && !rss) a->cap.max_send_wr = qp->sq.capacity();
+  if (!a->srq && !xrc && !rss) a->cap.max_recv_wr = qp->rq.capacity();
   qp->init.cap = a->cap;
+  qp->init.rss_wqs = nullptr;  // the caller's: kept only for this call
+  qp->init.rss_key = nullptr;
   ctx->qps[qp->handle] = qp;
   return qp;
 }
@@ -1652,9 +1678,9 @@ int uroce_destroy_qp(uroce_qp* qp) {
 }
 
 int uroce_post_send(uroce_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
-  if (qp->init.qp_type == IBV_QPT_XRC_RECV && wr) {
+  if ((qp->init.qp_type == IBV_QPT_XRC_RECV || qp->init.rss_log_size) && wr) {
     if (bad) *bad = wr;
-    return set_error(EINVAL, "an XRC target QP has no send queue");
+    return set_error(EINVAL, "an XRC target QP or an RSS QP has no send queue");
   }
   // The daemon publishes the QP's state; before RTS a send is refused here,
   // as rxe refuses it (in ERR it is taken, and flushed).
@@ -1762,6 +1788,10 @@ int uroce_post_recv(uroce_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
     if (bad) *bad = wr;
     return set_error(EINVAL, "this QP receives from an SRQ: use uroce_post_srq_recv");
   }
+  if (qp->init.rss_log_size && wr) {
+    if (bad) *bad = wr;
+    return set_error(EINVAL, "an RSS QP receives into its work queues: post to them");
+  }
   if (qp->sq.qp_state() == IBV_QPS_RESET && wr) {
     if (bad) *bad = wr;
     return set_error(EINVAL, "the QP is in RESET: receives are taken from INIT on");
@@ -1780,8 +1810,10 @@ uroce_srq* uroce_create_srq(uroce_pd* pd, ibv_srq_init_attr* a) { return uroce_c
 uroce_srq* uroce_create_xrc_srq(uroce_pd* pd, uroce_xrcd* xrcd, uroce_cq* cq, ibv_srq_init_attr* a) {
   if (!pd || !a) return set_error(EINVAL, "no PD or attributes"), nullptr;
   if (a->attr.srq_limit != 0) return set_error(EINVAL, "srq_limit (the low-watermark event) is not supported"), nullptr;
-  if ((xrcd == nullptr) != (cq == nullptr)) return set_error(EINVAL, "an XRC SRQ needs an XRC domain and a CQ"), nullptr;
+  if (xrcd && !cq) return set_error(EINVAL, "an XRC SRQ needs an XRC domain and a CQ"), nullptr;
   if (xrcd && pd->ctx->minor < 17) return set_error(EOPNOTSUPP, "this uroced has no XRC (ABI minor < 17)"), nullptr;
+  if (cq && !xrcd && pd->ctx->minor < 18)
+    return set_error(EOPNOTSUPP, "this uroced has no work queues (ABI minor < 18)"), nullptr;
   uroce_create_srq_msg m{pd->handle, a->attr.max_wr, a->attr.max_sge, xrcd ? xrcd->handle : 0, cq ? cq->handle : 0};
   // A daemon before minor 17 reads 12 bytes and answers the handle alone.
   const bool old = pd->ctx->minor < 17;
@@ -1805,6 +1837,12 @@ uroce_srq* uroce_create_xrc_srq(uroce_pd* pd, uroce_xrcd* xrcd, uroce_cq* cq, ib
 }
 
 std::uint32_t uroce_srq_num(const uroce_srq* srq) { return srq ? srq->srq_num : 0; }
+std::uint32_t uroce_srq_handle(const uroce_srq* srq) { return srq ? srq->handle : 0; }
+
+uroce_srq* uroce_create_wq(uroce_pd* pd, uroce_cq* cq, ibv_srq_init_attr* a) {
+  if (!cq) return set_error(EINVAL, "a work queue needs a CQ"), nullptr;
+  return uroce_create_xrc_srq(pd, nullptr, cq, a);
+}
 
 uroce_xrcd* uroce_open_xrcd(uroce_context* ctx, int fd, int oflags) {
   if (!ctx) return set_error(EINVAL, "no context"), nullptr;
@@ -1933,6 +1971,7 @@ int uroce_poll_cq_ts(uroce_cq* cq, int num, ibv_wc* wc, std::uint64_t* ts) { ret
 int uroce_completion_timestamps(const uroce_context* ctx) { return ctx && ctx->minor >= 13 ? 1 : 0; }
 
 int uroce_odp(const uroce_context* ctx) { return ctx && (ctx->dev_flags & UROCE_DEVICE_ODP) ? 1 : 0; }
+int uroce_abi_minor(const uroce_context* ctx) { return ctx ? ctx->minor : 0; }
 
 int uroce_poll_cq(uroce_cq* cq, int num, ibv_wc* wc) { return poll_entries<false>(cq, num, wc, nullptr); }
 

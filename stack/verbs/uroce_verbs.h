@@ -69,6 +69,15 @@ struct uroce_qp_init_attr {
   int sq_sig_all;
   struct uroce_srq* srq; /* receives come from this SRQ; cap.max_recv_wr is then ignored */
   struct uroce_xrcd* xrcd; /* IBV_QPT_XRC_RECV's domain */
+  /* Receive-side scaling (ABI minor 18): an IBV_QPT_RAW_PACKET QP that
+   * receives only, into the 2^rss_log_size (1..64) work queues of rss_wqs
+   * (uroce_create_wq), each frame by the Toeplitz hash of rss_fields
+   * (IBV_RX_HASH_*: IPv4, IPv6, TCP and UDP fields) under the 40-byte
+   * rss_key; no CQs, no SRQ, no posts. 0: not RSS. */
+  uint32_t rss_log_size;
+  struct uroce_srq** rss_wqs;
+  uint64_t rss_fields;
+  const uint8_t* rss_key;
 };
 
 /* The devices: every uroced application socket found in $UROCE_RUN_DIR
@@ -258,6 +267,11 @@ int uroce_close_xrcd(struct uroce_xrcd* xrcd);
 struct uroce_srq* uroce_create_xrc_srq(struct uroce_pd* pd, struct uroce_xrcd* xrcd, struct uroce_cq* cq,
                                        struct ibv_srq_init_attr* attr);
 uint32_t uroce_srq_num(const struct uroce_srq* srq); /* 0 for a basic SRQ */
+/* A receive work queue (ABI minor 18; ibv_create_wq's IBV_WQT_RQ): an SRQ
+ * whose receives complete in `cq`, an entry of RSS QPs' tables. Posted to
+ * with uroce_post_srq_recv; EBUSY on destroy while an RSS QP names it. */
+struct uroce_srq* uroce_create_wq(struct uroce_pd* pd, struct uroce_cq* cq, struct ibv_srq_init_attr* attr);
+uint32_t uroce_srq_handle(const struct uroce_srq* srq); /* its number in the session (a work queue's wq_num) */
 int uroce_post_srq_recv(struct uroce_srq* srq, struct ibv_recv_wr* wr, struct ibv_recv_wr** bad_wr);
 
 /* FLUSH (IBTA 1.5; rdma-core 44's ibv_send_wr has no fields for it): opcode
@@ -277,6 +291,8 @@ int uroce_completion_timestamps(const struct uroce_context* ctx);
 /* Whether ODP MRs (IBV_ACCESS_ON_DEMAND) can be registered, as the last
  * uroce_query_device found (the daemon's --odp; always in embedded mode). */
 int uroce_odp(const struct uroce_context* ctx);
+/* The ABI minor version of the daemon (or embedded node) behind the context. */
+int uroce_abi_minor(const struct uroce_context* ctx);
 /* A flow rule steering the frames that match `value` under `mask` to the
  * raw packet QP `qp` (ABI minor 16); its handle in *handle. 0 or an errno. */
 struct uroce_flow_key;

@@ -354,6 +354,8 @@ check "verbs_rules without CAP_NET_RAW: a raw packet QP is EPERM" \
   "[ $rc -eq 0 ] && grep -qE '^1 passed, 0 failed' '$TMP/rules-raw.out'"
 check "verbs_rules with it: raw packet QPs, flow rules and their per-uid bound were checked" \
   "grep -q 'comes back to the matching rule' '$TMP/rules.out'"
+check "verbs_rules: RSS spread frames over 4 work queues as the Toeplitz hash says" \
+  "grep -q 'spread over [2-4] work queues as the Toeplitz hash says' '$TMP/rules.out'"
 
 echo "== negative control: without uroce-run the same programs find no uroce device"
 UROCE_RUN_DIR="$TMP/run" timeout 20 ibv_devices > "$TMP/neg.out" 2>&1

@@ -58,6 +58,13 @@
  *     byte, and completes in that SRQ's CQ with the target's QP number;
  *     an XRC QP takes no receives (EINVAL); a domain with a target QP in
  *     it does not close (EBUSY).
+ *   - RSS: rss_caps; four work queues (ibv_create_wq, each with its own
+ *     CQ, made RDY), an indirection table of them, and a raw packet QP
+ *     over it hashing the IPv4 addresses with Microsoft's Toeplitz key: 16
+ *     frames from 16 sources each land, every byte, in the work queue the
+ *     hash names (computed here), over more than one queue; a receive on
+ *     the RSS QP itself, another hash function or a short key are refused; a work
+ *     queue in a table and a table a QP uses do not go (EBUSY).
  *
  *   verbs_rules [DEVICE] [odp|raw]      (default: the first device)
  * Prints "N passed, M failed"; exits 0 only when nothing failed. */
@@ -328,8 +335,27 @@ static void cqs_and_attrs(void) {
   check(dev.page_size_cap >= (uint64_t)sysconf(_SC_PAGESIZE) && (dev.page_size_cap & (uint64_t)sysconf(_SC_PAGESIZE)),
         "page_size_cap 0x%llx holds the page size", (unsigned long long)dev.page_size_cap);
   struct ibv_device_attr_ex ex;
-  check(ibv_query_device_ex(ctx, NULL, &ex) == 0 && ex.phys_port_cnt_ex == dev.phys_port_cnt,
-        "phys_port_cnt_ex %u is phys_port_cnt %u", ex.phys_port_cnt_ex, dev.phys_port_cnt);
+  memset(&ex, 0, sizeof ex);
+  const int qrc = ibv_query_device_ex(ctx, NULL, &ex);
+  check(qrc == 0 && ex.phys_port_cnt_ex == dev.phys_port_cnt, "phys_port_cnt_ex %u is phys_port_cnt %u",
+        ex.phys_port_cnt_ex, dev.phys_port_cnt);
+  /* The SRQ bounds are what ibv_create_srq enforces. */
+  check(dev.max_srq > 0 && dev.max_srq_wr > 0 && dev.max_srq_sge > 0, "max_srq %d, max_srq_wr %d, max_srq_sge %d",
+        dev.max_srq, dev.max_srq_wr, dev.max_srq_sge);
+  struct ibv_srq_init_attr sa = {0};
+  sa.attr.max_wr = (uint32_t)dev.max_srq_wr;
+  sa.attr.max_sge = (uint32_t)dev.max_srq_sge;
+  struct ibv_srq* s = ibv_create_srq(pd, &sa);
+  check(s != NULL, "an SRQ of max_srq_wr and max_srq_sge: accepted (errno %d)", errno);
+  if (s) ibv_destroy_srq(s);
+  for (int k = 0; k < 2; ++k) {
+    sa.attr.max_wr = (uint32_t)dev.max_srq_wr + (k == 0);
+    sa.attr.max_sge = (uint32_t)dev.max_srq_sge + (k == 1);
+    errno = 0;
+    s = ibv_create_srq(pd, &sa);
+    check(s == NULL && errno == EINVAL, "an SRQ over max_srq_%s: EINVAL (errno %d)", k == 0 ? "wr" : "sge", errno);
+    if (s) ibv_destroy_srq(s);
+  }
 }
 
 static void gids(void) {
@@ -882,13 +908,8 @@ static struct ibv_flow* eth_flow(struct ibv_qp* qp, uint16_t ethertype, uint32_t
   return ibv_create_flow(qp, &f.attr);
 }
 
-static void raw_packet(void) {
-  uint8_t* buf = calloc(1, 8192);
-  struct ibv_mr* mr = buf ? ibv_reg_mr(pd, buf, 8192, IBV_ACCESS_LOCAL_WRITE) : NULL;
-  struct ibv_qp* qp = make_qp(IBV_QPT_RAW_PACKET, NULL, 4, 4, 1, 1, NULL);
-  struct ibv_qp* rc = make_qp(IBV_QPT_RC, NULL, 1, 1, 1, 1, NULL);
-  check(mr && qp && rc, "a raw packet QP (errno %d), an RC QP, an MR", errno);
-  if (!mr || !qp || !rc) goto out;
+/* A raw packet QP to INIT (the port), RTR and RTS. */
+static void raw_up(struct ibv_qp* qp) {
   struct ibv_qp_attr a = {0};
   a.qp_state = IBV_QPS_INIT;
   a.port_num = 1;
@@ -897,7 +918,17 @@ static void raw_packet(void) {
   int rc2 = ibv_modify_qp(qp, &a, IBV_QP_STATE);
   a.qp_state = IBV_QPS_RTS;
   int rc3 = ibv_modify_qp(qp, &a, IBV_QP_STATE);
-  check(!rc1 && !rc2 && !rc3, "INIT (the port), RTR, RTS: %d %d %d", rc1, rc2, rc3);
+  check(!rc1 && !rc2 && !rc3, "a raw packet QP: INIT (the port), RTR, RTS: %d %d %d", rc1, rc2, rc3);
+}
+
+static void raw_packet(void) {
+  uint8_t* buf = calloc(1, 8192);
+  struct ibv_mr* mr = buf ? ibv_reg_mr(pd, buf, 8192, IBV_ACCESS_LOCAL_WRITE) : NULL;
+  struct ibv_qp* qp = make_qp(IBV_QPT_RAW_PACKET, NULL, 4, 4, 1, 1, NULL);
+  struct ibv_qp* rc = make_qp(IBV_QPT_RC, NULL, 1, 1, 1, 1, NULL);
+  check(mr && qp && rc, "a raw packet QP (errno %d), an RC QP, an MR", errno);
+  if (!mr || !qp || !rc) goto out;
+  raw_up(qp);
   errno = 0;
   check(eth_flow(rc, 0x88b5, 0) == NULL && errno == EINVAL, "a flow rule on an RC QP: EINVAL (%d)", errno);
   struct ibv_flow* flow = eth_flow(qp, 0x88b5, 0);
@@ -947,6 +978,163 @@ static void raw_packet(void) {
 out:
   if (qp) ibv_destroy_qp(qp);
   if (rc) ibv_destroy_qp(rc);
+  if (mr) ibv_dereg_mr(mr);
+  free(buf);
+}
+
+/* The Toeplitz hash, written here from Microsoft's description (the test's
+ * own, not uroce's). */
+static uint32_t toeplitz(const uint8_t* key, const uint8_t* in, size_t n) {
+  uint32_t h = 0, window = (uint32_t)key[0] << 24 | (uint32_t)key[1] << 16 | (uint32_t)key[2] << 8 | key[3];
+  for (size_t i = 0; i < n; ++i)
+    for (int b = 7; b >= 0; --b) {
+      if (in[i] & (1u << b)) h ^= window;
+      window = window << 1 | ((key[i + 4] >> b) & 1u);
+    }
+  return h;
+}
+
+/* RSS: work queues, an indirection table and an RSS QP over them. */
+static void rss(void) {
+  static const uint8_t key[40] = {0x6d, 0x5a, 0x56, 0xda, 0x25, 0x5b, 0x0e, 0xc2, 0x41, 0x67, 0x25, 0x3d, 0x43, 0xa3,
+                                  0x8f, 0xb0, 0xd0, 0xca, 0x2b, 0xcb, 0xae, 0x7b, 0x30, 0xb4, 0x77, 0xcb, 0x2d, 0xa3,
+                                  0x80, 0x30, 0xf2, 0x0c, 0x6a, 0x42, 0xb7, 0x3b, 0xbe, 0xac, 0x01, 0xfa};
+  enum { kWqs = 4, kFrames = 16, kLen = 200 };
+  struct ibv_device_attr_ex ax;
+  memset(&ax, 0, sizeof ax);
+  const int qrc = ibv_query_device_ex(ctx, NULL, &ax);
+  check(qrc == 0 && (ax.rss_caps.supported_qpts & (1u << IBV_QPT_RAW_PACKET)) &&
+            ax.rss_caps.max_rwq_indirection_table_size >= kWqs &&
+            (ax.rss_caps.rx_hash_function & IBV_RX_HASH_FUNC_TOEPLITZ) &&
+            (ax.rss_caps.rx_hash_fields_mask & (IBV_RX_HASH_SRC_IPV4 | IBV_RX_HASH_DST_IPV4)) && ax.max_wq_type_rq > 0,
+        "rss_caps: raw packet QPs, Toeplitz, IPv4 fields, tables of %u", ax.rss_caps.max_rwq_indirection_table_size);
+  uint8_t* buf = calloc(1, 65536);
+  struct ibv_mr* mr = buf ? ibv_reg_mr(pd, buf, 65536, IBV_ACCESS_LOCAL_WRITE) : NULL;
+  struct ibv_cq* cqs[kWqs] = {0};
+  struct ibv_wq* wqs[kWqs] = {0};
+  struct ibv_rwq_ind_table* tbl = NULL;
+  struct ibv_qp* qp = NULL;
+  struct ibv_flow* flow = NULL;
+  struct ibv_qp* tx = make_qp(IBV_QPT_RAW_PACKET, NULL, 4, 1, 1, 1, NULL);
+  int ok = mr && tx;
+  for (int i = 0; ok && i < kWqs; ++i) {
+    cqs[i] = ibv_create_cq(ctx, 64, NULL, NULL, 0);
+    struct ibv_wq_init_attr wa = {0};
+    wa.wq_type = IBV_WQT_RQ;
+    wa.max_wr = 32;
+    wa.max_sge = 1;
+    wa.pd = pd;
+    wa.cq = cqs[i];
+    wqs[i] = cqs[i] ? ibv_create_wq(ctx, &wa) : NULL;
+    struct ibv_wq_attr m = {0};
+    m.attr_mask = IBV_WQ_ATTR_STATE;
+    m.wq_state = IBV_WQS_RDY;
+    ok = wqs[i] && ibv_modify_wq(wqs[i], &m) == 0 && wqs[i]->state == IBV_WQS_RDY && wa.max_wr >= 32;
+  }
+  check(ok, "4 work queues, each with a CQ of its own, made RDY (errno %d)", errno);
+  if (!ok) goto out;
+  struct ibv_rwq_ind_table_init_attr ta = {0};
+  ta.log_ind_tbl_size = 2;
+  ta.ind_tbl = wqs;
+  tbl = ibv_create_rwq_ind_table(ctx, &ta);
+  check(tbl != NULL, "an indirection table of the 4 (errno %d)", errno);
+  if (!tbl) goto out;
+  struct ibv_qp_init_attr_ex qa = {0};
+  qa.qp_type = IBV_QPT_RAW_PACKET;
+  qa.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_IND_TABLE | IBV_QP_INIT_ATTR_RX_HASH;
+  qa.pd = pd;
+  qa.rwq_ind_tbl = tbl;
+  qa.rx_hash_conf.rx_hash_function = 1u << 1; /* a function other than Toeplitz */
+  qa.rx_hash_conf.rx_hash_key_len = 40;
+  qa.rx_hash_conf.rx_hash_key = (uint8_t*)key;
+  qa.rx_hash_conf.rx_hash_fields_mask = IBV_RX_HASH_SRC_IPV4 | IBV_RX_HASH_DST_IPV4;
+  errno = 0;
+  check(ibv_create_qp_ex(ctx, &qa) == NULL && errno == EOPNOTSUPP, "a hash function other than Toeplitz: EOPNOTSUPP (%d)", errno);
+  qa.rx_hash_conf.rx_hash_function = IBV_RX_HASH_FUNC_TOEPLITZ;
+  qa.rx_hash_conf.rx_hash_key_len = 20;
+  errno = 0;
+  check(ibv_create_qp_ex(ctx, &qa) == NULL && errno == EINVAL, "a 20-byte Toeplitz key: EINVAL (%d)", errno);
+  qa.rx_hash_conf.rx_hash_key_len = 40;
+  qp = ibv_create_qp_ex(ctx, &qa);
+  check(qp != NULL, "an RSS QP over the table, hashing the IPv4 addresses (errno %d)", errno);
+  if (!qp) goto out;
+  struct ibv_sge sge = {(uintptr_t)buf, 64, mr->lkey};
+  struct ibv_recv_wr r = {0}, *rbad = NULL;
+  r.sg_list = &sge;
+  r.num_sge = 1;
+  check(ibv_post_recv(qp, &r, &rbad) == EINVAL, "a receive on the RSS QP itself: EINVAL");
+  errno = 0;
+  flow = eth_flow(qp, 0x0800, 0);
+  check(flow != NULL, "a flow rule on the RSS QP (errno %d)", errno);
+  if (!flow) goto out;
+  /* Every queue gets receives, each of its own 1 KiB in buf. */
+  for (int i = 0; i < kWqs; ++i)
+    for (int k = 0; k < kFrames; ++k) {
+      struct ibv_sge s = {(uintptr_t)(buf + 4096 + (i * kFrames + k) * 1024), 1024, mr->lkey};
+      struct ibv_recv_wr w = {0}, *bad = NULL;
+      w.wr_id = (uint64_t)(i * kFrames + k);
+      w.sg_list = &s;
+      w.num_sge = 1;
+      if (ibv_post_wq_recv(wqs[i], &w, &bad)) ok = 0;
+    }
+  check(ok, "receives posted to each work queue (ibv_post_wq_recv)");
+  raw_up(tx);
+  int right = 0, used = 0, seen[kWqs] = {0};
+  for (int f = 0; f < kFrames; ++f) {
+    /* Eth to the group MAC | IPv4 10.0.0.f+1 -> 10.0.0.200 | UDP 4000 -> 9999. */
+    uint8_t* frame = buf;
+    memset(frame, 0, kLen);
+    const uint8_t head[14] = {0x01, 0x00, 0x5e, 0x7f, 0x00, 0x09, 0x02, 0, 0, 0, 0, 0x42, 0x08, 0x00};
+    memcpy(frame, head, 14);
+    uint8_t* ip = frame + 14;
+    ip[0] = 0x45;
+    ip[2] = 0;
+    ip[3] = kLen - 14;
+    ip[8] = 64;
+    ip[9] = 17;
+    const uint8_t addrs[8] = {10, 0, 0, (uint8_t)(f + 1), 10, 0, 0, 200};
+    memcpy(ip + 12, addrs, 8);
+    ip[20] = 4000 >> 8, ip[21] = 4000 & 255, ip[22] = 9999 >> 8, ip[23] = 9999 & 255;
+    for (int i = 42; i < kLen; ++i) frame[i] = (uint8_t)(i + f);
+    const int want = (int)(toeplitz(key, addrs, 8) & (kWqs - 1));
+    struct ibv_sge ss = {(uintptr_t)frame, kLen, mr->lkey};
+    struct ibv_send_wr w = {0}, *sbad = NULL;
+    w.wr_id = 1000 + f;
+    w.sg_list = &ss;
+    w.num_sge = 1;
+    w.opcode = IBV_WR_SEND;
+    w.send_flags = IBV_SEND_SIGNALED;
+    if (ibv_post_send(tx, &w, &sbad)) break;
+    int got = -1, sent = 0;
+    struct ibv_wc wc;
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    do {
+      if (ibv_poll_cq(cq, 1, &wc) == 1 && wc.wr_id == 1000u + f) sent = 1;
+      for (int i = 0; i < kWqs && got < 0; ++i)
+        if (ibv_poll_cq(cqs[i], 1, &wc) == 1 && wc.status == IBV_WC_SUCCESS && wc.byte_len == kLen &&
+            wc.qp_num == qp->qp_num && wc.wr_id / kFrames == (uint64_t)i &&
+            memcmp(buf + 4096 + wc.wr_id * 1024, frame, kLen) == 0)
+          got = i;
+      clock_gettime(CLOCK_MONOTONIC, &t);
+    } while ((t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000 < 1000 && !(sent && got >= 0));
+    if (got == want) ++right;
+    if (got >= 0 && !seen[got]++) ++used;
+  }
+  check(right == kFrames && used > 1, "%d of %d frames in the work queue the hash names, every byte (%d queues used)",
+        right, kFrames, used);
+  if (right == kFrames && used > 1) printf("rss: %d frames spread over %d work queues as the Toeplitz hash says\n", right, used);
+  check(ibv_destroy_wq(wqs[0]) == EBUSY, "a work queue in a table: EBUSY");
+  check(ibv_destroy_rwq_ind_table(tbl) == EBUSY, "a table an RSS QP uses: EBUSY");
+out:
+  if (flow) ibv_destroy_flow(flow);
+  if (qp) check(ibv_destroy_qp(qp) == 0, "the RSS QP is destroyed");
+  if (tbl) check(ibv_destroy_rwq_ind_table(tbl) == 0, "then its table");
+  for (int i = 0; i < kWqs; ++i) {
+    if (wqs[i]) check(ibv_destroy_wq(wqs[i]) == 0, "then work queue %d", i);
+    if (cqs[i]) ibv_destroy_cq(cqs[i]);
+  }
+  if (tx) ibv_destroy_qp(tx);
   if (mr) ibv_dereg_mr(mr);
   free(buf);
 }
@@ -1177,6 +1365,7 @@ int main(int argc, char** argv) {
     unmapped_before_dereg();
     fork_private();
     raw_packet();
+    rss();
     xrc();
     odp();
   }
