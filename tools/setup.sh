@@ -18,7 +18,7 @@ asan_build=${UROCE_ASAN_BUILD:-build-asan}
 
 packages=(
   dpdk-dev libdpdk-dev libibverbs-dev librdmacm-dev libgtest-dev googletest libgmock-dev libbenchmark-dev
-  libboost-dev libboost-program-options-dev libpcap-dev nlohmann-json3-dev meson ninja-build python3-scapy tshark zlib1g-dev libisal-dev pkg-config
+  libboost-dev libboost-program-options-dev libpcap-dev nlohmann-json3-dev meson ninja-build python3-scapy tshark zlib1g-dev libisal-dev pkg-config libsystemd-dev
   g++ clang libclang-rt-14-dev valgrind nftables iproute2 gnuplot-nox bc
   busybox-static cpio zstd qemu-system-x86
   ibverbs-utils perftest rdmacm-utils ucx-utils libucx-dev openmpi-bin libopenmpi-dev python3-pyverbs libfabric-bin qperf

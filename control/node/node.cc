@@ -19,6 +19,7 @@
 #include "control/node/accept_guard.h"
 #include "control/node/sessions.h"
 #include "control/node/sigbus_guard.h"
+#include "control/node/systemd.h"
 #include "drivers/dpdk/dpdk_port.h"
 #include "drivers/host/host_tap.h"
 #include "drivers/pcap/pcap_io.h"
@@ -136,6 +137,10 @@ struct Node::Pipeline {
   std::unique_ptr<pipeline::Dataplane> dp;
   std::unique_ptr<pcapio::Writer> capture;
   const std::atomic<bool>* stop = nullptr;  // worker lcores: the node's stop flag
+  /// Passes of its loop so far (written by the pipeline's own thread only):
+  /// the systemd watchdog is fed while every pipeline's count moves.
+  std::atomic<std::uint64_t> passes{0};
+  void passed() { passes.store(passes.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed); }
 };
 
 namespace {
@@ -171,6 +176,7 @@ int run_pipeline(Node::Pipeline& p) {
     std::size_t work = 0;
     if (p.shards > 1 && p.shard == 0) work += p.port->dispatch(frame_owner);
     work += p.dp->iterate(now);
+    p.passed();
     p.dp->idle(work);
   }
   return 0;
@@ -819,21 +825,33 @@ int Node::run(const volatile sig_atomic_t& stop) {
   std::uint64_t last_ctl = 0, stop_at = 0;
   int rc = 0;
   MainWait waiter(io_);
+  // systemd (Type=notify): ready now that the ports are started and the
+  // sockets listen; the watchdog is fed while every pipeline turns.
+  SystemdNotify sd;
+  sd.ready(std::to_string(pipes_.size()) + " pipeline(s) up" +
+           (opts_.app_socket.empty() ? std::string() : "; applications on " + opts_.app_socket));
+  std::vector<std::uint64_t> passes(pipes_.size());
   dpdk::Port* rx_port = main_pipe.dp->rx_wakes() ? main_pipe.port : nullptr;
   if (rx_port) waiter.watch_rx(rx_port->rx_interrupt_fd(), &rx_wakes_);
   if (host_) waiter.watch_host(host_->fd(), &host_wakes_);
   for (;;) {
     std::uint64_t now = now_ns();
     std::size_t work = one_pass(now);
+    main_pipe.passed();
     if (now - last_ctl > 1'000'000) {  // while busy, the control plane about every ms
       io_.poll();
       last_ctl = now;
+    }
+    if (sd.watchdog().enabled()) {
+      for (std::size_t k = 0; k < pipes_.size(); ++k) passes[k] = pipes_[k]->passes.load(std::memory_order_relaxed);
+      sd.tick(now, passes);
     }
     if (opts_.duration > 0 && now - start > static_cast<std::uint64_t>(opts_.duration * 1e9)) stop_requested_ = true;
     const bool stopping = stop || stop_requested_;
     if (stopping && stop_at == 0) {
       // Graceful stop: QPs to ERR, completions delivered, then exit.
       log(1, "stopping: flushing QPs");
+      sd.stopping();
       stop_at = now;
       if (stage_) stage_->request_shutdown();
     }
