@@ -49,6 +49,11 @@ inline constexpr const char* kDpCounterNames[] = {
     UROCE_DP_COUNTERS(UROCE_X)
 #undef UROCE_X
 };
+inline constexpr const char* kDpCounterHelp[] = {
+#define UROCE_X(n, h) h,
+    UROCE_DP_COUNTERS(UROCE_X)
+#undef UROCE_X
+};
 
 /// How the loop waits when there is nothing to do. After spin_us without
 /// work it sleeps tick_us at a time, polling between sleeps: on a PMD

@@ -89,6 +89,17 @@ inline constexpr std::array<std::string_view, static_cast<std::size_t>(PortCount
     UROCE_PORT_COUNTERS(UROCE_X)
 #undef UROCE_X
 };
+// What each counts (the metrics' HELP lines).
+inline constexpr std::array<std::string_view, static_cast<std::size_t>(QpCounter::kCount)> kQpCounterHelp = {
+#define UROCE_X(name, help) help,
+    UROCE_QP_COUNTERS(UROCE_X)
+#undef UROCE_X
+};
+inline constexpr std::array<std::string_view, static_cast<std::size_t>(PortCounter::kCount)> kPortCounterHelp = {
+#define UROCE_X(name, help) help,
+    UROCE_PORT_COUNTERS(UROCE_X)
+#undef UROCE_X
+};
 
 template <typename E>
 struct CounterSet {
