@@ -22,6 +22,7 @@ packages=(
   g++ clang libclang-rt-14-dev valgrind nftables iproute2 gnuplot-nox bc
   busybox-static cpio zstd qemu-system-x86
   ibverbs-utils perftest rdmacm-utils ucx-utils libucx-dev openmpi-bin libopenmpi-dev python3-pyverbs libfabric-bin qperf
+  prometheus python3-prometheus-client
 )
 
 log() { printf '== %s\n' "$*"; }

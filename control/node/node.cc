@@ -18,6 +18,8 @@
 
 #include "control/node/accept_guard.h"
 #include "control/node/sessions.h"
+#include "control/node/metrics.h"
+#include "control/node/metrics_server.h"
 #include "control/node/sigbus_guard.h"
 #include "control/node/systemd.h"
 #include "drivers/dpdk/dpdk_port.h"
@@ -780,6 +782,24 @@ std::unique_ptr<Node> Node::start(const NodeOptions& o, bool embedded, std::stri
       return nullptr;
     }
   }
+  if (!o.metrics.empty()) {
+    // Prometheus: each scrape renders the status, on this lcore's io_context.
+    boost::asio::ip::tcp::endpoint ep;
+    std::string why;
+    if (!MetricsServer::parse(o.metrics, ep, why)) {
+      err = "--metrics: " + why;
+      return nullptr;
+    }
+    try {
+      Node* self = n.get();
+      n->metrics_ = std::make_unique<MetricsServer>(
+          n->io_, ep, [self] { return render_metrics(self->status(), MetricsOptions{self->opts_.metrics_qps}); });
+    } catch (const std::exception& e) {
+      err = "--metrics " + o.metrics + ": " + e.what();
+      return nullptr;
+    }
+    log(1, "metrics", "url=http://" + o.metrics + "/metrics");
+  }
   // Pipelines after the first run on their own lcores; the main lcore (the
   // daemon's, or the embedding application's thread) runs the first, the
   // control socket and the lifecycle.
@@ -805,6 +825,7 @@ Node::~Node() {
   for (auto& p : pipes_)
     if (p->capture) p->capture->close();
   ctl_.reset();
+  metrics_.reset();
   stage_.reset();
   sessions_.reset();
   pipes_.clear();

@@ -48,6 +48,8 @@ class Engine;
 
 namespace uroce::control {
 
+class MetricsServer;
+
 class SessionServer;
 
 /// A host program's own stage on one pipeline, run in that pipeline's loop
@@ -156,6 +158,7 @@ class Node {
   std::unique_ptr<Stage> stage_;
   std::unique_ptr<SessionServer> sessions_;
   std::unique_ptr<ControlServer> ctl_;
+  std::unique_ptr<MetricsServer> metrics_;  // --metrics
   bool workers_launched_ = false;
   std::atomic<bool> workers_stop_{false};
   std::atomic<bool> stop_requested_{false};

@@ -1,5 +1,7 @@
 #include "control/node/options.h"
 
+#include "control/node/metrics_server.h"
+
 #include "stack/cc/cc.h"
 
 #include <grp.h>
@@ -70,7 +72,8 @@ ParseResult parse_options(int argc, const char* const* argv, NodeOptions& out, s
   std::string lcores_text, app_socket;
   std::string app_socket_mode_text = "0660", app_socket_group;
   unsigned shards = 1;
-  std::string config, capture_path, ctl_path, fault_rx, fault_tx, eal_extra, file_prefix, log_level;
+  std::string config, capture_path, ctl_path, fault_rx, fault_tx, eal_extra, file_prefix, log_level, metrics;
+  std::uint32_t metrics_qps = 0;
   std::vector<std::string> vdevs, neighbors;
   bool no_huge = out.no_huge, tx_copy = out.tx_copy, no_rx_intr = !out.rx_interrupts;
   pipeline::IdleConfig idle_cfg = out.idle;
@@ -122,6 +125,10 @@ ParseResult parse_options(int argc, const char* const* argv, NodeOptions& out, s
        "the rate congestion control starts from, in Mb/s (default: the link's speed, or 10000 if it reports none)")
       ("capture", po::value(&capture_path), "write all RoCE traffic, both directions, to this pcap file")
       ("ctl-socket", po::value(&ctl_path), "Unix socket for status and control (status, fault, stop)")
+      ("metrics", po::value(&metrics),
+       "serve Prometheus metrics at http://ADDR:PORT/metrics (ADDR:PORT, an IPv6 address in brackets; default: none)")
+      ("metrics-qps", po::value(&metrics_qps),
+       "per-QP series (counters, congestion control) for at most this many QPs a pipeline, 0..10000 (default 0: none)")
       ("fault-rx", po::value(&fault_rx), "RX fault injection, e.g. drop=0.01,dup=0.01,reorder=0.02")
       ("fault-tx", po::value(&fault_tx), "TX fault injection, same syntax")
       ("tx-copy", po::bool_switch(&tx_copy), "always copy payloads into mbufs (no external-buffer zero-copy)")
@@ -319,6 +326,12 @@ ParseResult parse_options(int argc, const char* const* argv, NodeOptions& out, s
                                     {"--max-pending-rtr-total", lim.max_pending_rtr_total, 1u << 20}})
     if (v < 1 || v > hi) return bad(std::string(name) + " must be 1.." + std::to_string(hi));
   if (max_mr_mb < 1 || max_mr_mb > (1ull << 30)) return bad("--max-mr-mb must be 1..1073741824");
+  if (!metrics.empty()) {
+    boost::asio::ip::tcp::endpoint ep;
+    std::string why;
+    if (!MetricsServer::parse(metrics, ep, why)) return bad("--metrics: " + why);
+  }
+  if (metrics_qps > 10000) return bad("--metrics-qps must be 0..10000");
   lim.max_mr_bytes = max_mr_mb << 20;
   pipeline::FaultConfig frx, ftx;
   std::string err;
@@ -358,6 +371,8 @@ ParseResult parse_options(int argc, const char* const* argv, NodeOptions& out, s
   out.line_rate_mbps = line_rate_mbps;
   out.capture = capture_path;
   out.ctl_socket = ctl_path;
+  out.metrics = metrics;
+  out.metrics_qps = metrics_qps;
   out.fault_rx = frx;
   out.fault_tx = ftx;
   out.tx_copy = tx_copy;

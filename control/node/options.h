@@ -68,6 +68,8 @@ struct NodeOptions {
   std::string cc = "none";       // every new RC/UC QP's congestion control (cc::registry)
   std::uint64_t line_rate_mbps = 0;  // the rate congestion control starts from; 0: the link's speed
   std::string capture, ctl_socket;
+  std::string metrics;            // --metrics ADDR:PORT: the Prometheus endpoint (empty: none)
+  std::uint32_t metrics_qps = 0;  // --metrics-qps: per-QP series for at most this many QPs a pipeline
   pipeline::FaultConfig fault_rx, fault_tx;
   bool tx_copy = false;
   std::uint32_t mtu = 0;  // the ports' Ethernet MTU (--link-mtu); 0: as the driver has it
