@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <iostream>
 #include <optional>
 #include <cerrno>
 #include <cstdio>
@@ -20,6 +21,7 @@
 #include "control/node/sessions.h"
 #include "control/node/metrics.h"
 #include "control/node/metrics_server.h"
+#include "control/node/preflight.h"
 #include "control/node/sigbus_guard.h"
 #include "control/node/systemd.h"
 #include "drivers/dpdk/dpdk_port.h"
@@ -101,6 +103,7 @@ int host_main(const char* name, int argc, char** argv, const ExtraOptions& extra
     case ParseResult::kOk:
       break;
   }
+  if (o.check) return preflight(o, o.check_root, std::cout) == 0 ? 0 : 1;  // the host, not started
   std::string err;
   auto node = Node::start(o, /*embedded=*/false, err, stage ? stage() : StageSpec{});
   if (!node) {
@@ -584,16 +587,8 @@ Node::Node() = default;
 
 /// The host netdev (drivers/host) of pipeline 0, as the options ask.
 bool Node::open_host_netdev(Node& n, const NodeOptions& o, bool embedded, std::string& err) {
-  std::string name = o.host_netdev;
-  if (name == "auto") {
-    // A daemon that serves applications gets one, named as its device.
-    name.clear();
-    if (!embedded && !o.app_socket.empty() && o.ports[0].rfind("net_af_packet", 0) != 0 && n.pipes_.size() == 1) {
-      name = o.app_socket.substr(o.app_socket.rfind('/') + 1);
-      if (name.size() > 5 && name.compare(name.size() - 5, 5, ".sock") == 0) name.resize(name.size() - 5);
-      if (name.empty() || name.size() > 15) name = "uroce%d";
-    }
-  }
+  // "auto": a daemon that serves applications gets one, named as its device.
+  const std::string name = host_netdev_name(o, embedded, n.pipes_.size());
   if (name.empty()) return true;
   if (n.pipes_.size() != 1) {
     err = "--host-netdev needs a single pipeline (one port, --shards 1)";

@@ -74,6 +74,8 @@ ParseResult parse_options(int argc, const char* const* argv, NodeOptions& out, s
   unsigned shards = 1;
   std::string config, capture_path, ctl_path, fault_rx, fault_tx, eal_extra, file_prefix, log_level, metrics;
   std::uint32_t metrics_qps = 0;
+  bool check = false;
+  std::string check_root;
   std::vector<std::string> vdevs, neighbors;
   bool no_huge = out.no_huge, tx_copy = out.tx_copy, no_rx_intr = !out.rx_interrupts;
   pipeline::IdleConfig idle_cfg = out.idle;
@@ -125,6 +127,10 @@ ParseResult parse_options(int argc, const char* const* argv, NodeOptions& out, s
        "the rate congestion control starts from, in Mb/s (default: the link's speed, or 10000 if it reports none)")
       ("capture", po::value(&capture_path), "write all RoCE traffic, both directions, to this pcap file")
       ("ctl-socket", po::value(&ctl_path), "Unix socket for status and control (status, fault, stop)")
+      ("check", po::bool_switch(&check),
+       "check the host against the configuration (hugepages, ports and their drivers, lcores, socket paths, the host "
+       "netdev, another daemon), one line a check with a fix for each failure, and exit: 0 if uroced would start")
+      ("check-root", po::value(&check_root), "--check reads /sys, /proc and /dev under this folder (for tests)")
       ("metrics", po::value(&metrics),
        "serve Prometheus metrics at http://ADDR:PORT/metrics (ADDR:PORT, an IPv6 address in brackets; default: none)")
       ("metrics-qps", po::value(&metrics_qps),
@@ -372,6 +378,8 @@ ParseResult parse_options(int argc, const char* const* argv, NodeOptions& out, s
   out.capture = capture_path;
   out.ctl_socket = ctl_path;
   out.metrics = metrics;
+  out.check = check;
+  out.check_root = check_root;
   out.metrics_qps = metrics_qps;
   out.fault_rx = frx;
   out.fault_tx = ftx;

@@ -68,6 +68,8 @@ struct NodeOptions {
   std::string cc = "none";       // every new RC/UC QP's congestion control (cc::registry)
   std::uint64_t line_rate_mbps = 0;  // the rate congestion control starts from; 0: the link's speed
   std::string capture, ctl_socket;
+  bool check = false;        // --check: the preflight (preflight.h), then exit
+  std::string check_root;    // --check-root: where the preflight reads /sys, /proc and /dev (tests)
   std::string metrics;            // --metrics ADDR:PORT: the Prometheus endpoint (empty: none)
   std::uint32_t metrics_qps = 0;  // --metrics-qps: per-QP series for at most this many QPs a pipeline
   pipeline::FaultConfig fault_rx, fault_tx;
