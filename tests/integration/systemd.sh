@@ -19,8 +19,9 @@ UNITS=${UROCED_UNITS:?the folder of the built units}
 echo "== the units"
 for u in uroced.service uroced@.service; do
   # ExecStart names the installed uroced: here, the one just built.
-  sed "s|^ExecStart=[^ ]*/uroced |ExecStart=$UROCED |" "$UNITS/$u" > "$TMP/$u"
-  check "$u names uroced with its config file" "grep -q '^ExecStart=$UROCED --config /etc/uroce/' '$TMP/$u'"
+  sed -E "s|^(ExecStart(Pre)?)=[^ ]*/uroced |\1=$UROCED |" "$UNITS/$u" > "$TMP/$u"
+  check "$u names uroced with its config file, its preflight first" \
+    "grep -q '^ExecStartPre=$UROCED --check --config /etc/uroce/' '$TMP/$u' && grep -q '^ExecStart=$UROCED --config /etc/uroce/' '$TMP/$u'"
 done
 check "both are Type=notify with a watchdog" "[ \$(grep -c -e '^Type=notify' -e '^WatchdogSec=' '$TMP/uroced.service' '$TMP/uroced@.service' | awk -F: '{ s += \$2 } END { print s }') -eq 4 ]"
 cp "$TMP/uroced@.service" "$TMP/uroced@port0.service"
