@@ -15,10 +15,12 @@
 #include <sstream>
 
 #include <rte_launch.h>
+#include <rte_log.h>
 #include <rte_lcore.h>
 
 #include "control/node/accept_guard.h"
 #include "control/node/sessions.h"
+#include "control/node/log.h"
 #include "control/node/metrics.h"
 #include "control/node/metrics_server.h"
 #include "control/node/preflight.h"
@@ -116,19 +118,6 @@ int host_main(const char* name, int argc, char** argv, const ExtraOptions& extra
   return rc;
 }
 
-void log(int level, const std::string& msg, const std::string& kv) {
-  if (level < g_log_level) return;
-  static const char* kNames[] = {"debug", "info", "warn", "error"};
-  timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  char tbuf[32];
-  tm t;
-  gmtime_r(&ts.tv_sec, &t);
-  strftime(tbuf, sizeof tbuf, "%Y-%m-%dT%H:%M:%S", &t);
-  std::fprintf(stderr, "ts=%s.%06ldZ level=%s msg=\"%s\"%s%s\n", tbuf, ts.tv_nsec / 1000, kNames[level], msg.c_str(),
-               kv.empty() ? "" : " ", kv.c_str());
-}
-
 /// One poll-mode pipeline: an engine with its dataplane, on one lcore, over
 /// one port (or one shard of a port).
 struct Node::Pipeline {
@@ -197,10 +186,44 @@ void capture_cb(void* ctx, wire::ConstBytes frame, bool /*tx*/, std::uint64_t /*
 std::size_t stage_cb(void* ctx, std::uint64_t now) { return static_cast<Stage*>(ctx)->step(now); }
 std::size_t sessions_cb(void* ctx, std::uint64_t) { return static_cast<SessionServer*>(ctx)->step(); }
 
+/// With --log-format json, DPDK's own lines (the EAL's, the drivers') are
+/// the node's JSON lines too: DPDK writes to a stream whose lines end in
+/// log(), with source=dpdk, at the level DPDK gave the message. Once a
+/// process, before the EAL starts.
+void route_dpdk_log() {
+  static bool done = false;
+  if (done) return;
+  done = true;
+  cookie_io_functions_t io{};
+  io.write = [](void*, const char* buf, size_t n) -> ssize_t {
+    thread_local std::string pending;
+    pending.append(buf, n);
+    for (std::size_t nl; (nl = pending.find('\n')) != std::string::npos; pending.erase(0, nl + 1)) {
+      if (nl == 0) continue;
+      const int l = rte_log_cur_msg_loglevel();
+      log(l <= static_cast<int>(RTE_LOG_ERR) ? 3 : l == static_cast<int>(RTE_LOG_WARNING) ? 2
+          : l == static_cast<int>(RTE_LOG_DEBUG)                                        ? 0
+                                                                                          : 1,
+          pending.substr(0, nl), "source=dpdk");
+    }
+    return static_cast<ssize_t>(n);
+  };
+  if (FILE* f = fopencookie(nullptr, "w", io)) {
+    std::setvbuf(f, nullptr, _IONBF, 0);
+    rte_openlog_stream(f);
+  }
+}
+
 void learn_cb(void*, const wire::IpAddr& ip, const wire::MacAddr& mac) {
   char m[24];
   std::snprintf(m, sizeof m, "%02x:%02x:%02x:%02x:%02x:%02x", mac[0], mac[1], mac[2], mac[3], mac[4], mac[5]);
-  log(1, "neighbour learned", "ip=" + ip.to_string() + " mac=" + m);
+  // A peer decides how often this happens (ARP, ND, any source address):
+  // a few lines a second at most, each pipeline's thread its own limit.
+  thread_local LogLimit limit(5, 20);
+  std::uint64_t held = 0;
+  if (!limit.allow(now_ns(), &held)) return;
+  log(1, "neighbour learned",
+      "ip=" + ip.to_string() + " mac=" + m + (held ? " suppressed=" + std::to_string(held) : std::string()));
 }
 
 }  // namespace
@@ -389,7 +412,7 @@ class Node::ControlServer {
         if (d.pipes_.size() != 1)
           return error("live fault changes need a single pipeline; use --fault-rx/--fault-tx at start");
         (dir == "rx" ? d.pipes_[0]->dp->rx_faults() : d.pipes_[0]->dp->tx_faults()).configure(c);
-        log(1, "fault injection changed", "dir=" + dir + " config=\"" + c.to_string() + "\"");
+        log(1, "fault injection changed", "dir=" + dir + " config=" + log_value(c.to_string()));
         return ok();
       }
       if (cmd == "cc") {
@@ -615,6 +638,7 @@ bool Node::open_host_netdev(Node& n, const NodeOptions& o, bool embedded, std::s
 
 std::unique_ptr<Node> Node::start(const NodeOptions& o, bool embedded, std::string& err, const StageSpec& stage) {
   g_log_level = o.log_level;
+  set_log(o.log_level, o.log_json ? LogFormat::kJson : LogFormat::kText);
   std::unique_ptr<Node> n(new Node());
   n->embedded_ = embedded;
   n->opts_ = o;
@@ -649,6 +673,7 @@ std::unique_ptr<Node> Node::start(const NodeOptions& o, bool embedded, std::stri
     std::string a;
     while (es >> a) eal.push_back(a);
   }
+  if (o.log_json) route_dpdk_log();
   if (!dpdk::eal_init(eal, err)) return nullptr;
 
   const std::uint64_t seed = now_ns();

@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "control/node/log.h"
 #include "control/node/options.h"
 
 namespace uroce::dpdk {
@@ -69,9 +70,6 @@ class Stage {
   [[nodiscard]] virtual std::string summary() const = 0;
 };
 
-/// Structured log line on stderr: ts=... level=... msg="..." key=value...
-/// Lines below the node's --log-level are not written.
-void log(int level, const std::string& msg, const std::string& kv = "");
 
 std::uint64_t now_ns();
 

@@ -72,7 +72,7 @@ ParseResult parse_options(int argc, const char* const* argv, NodeOptions& out, s
   std::string lcores_text, app_socket;
   std::string app_socket_mode_text = "0660", app_socket_group;
   unsigned shards = 1;
-  std::string config, capture_path, ctl_path, fault_rx, fault_tx, eal_extra, file_prefix, log_level, metrics;
+  std::string config, capture_path, ctl_path, fault_rx, fault_tx, eal_extra, file_prefix, log_level, metrics, log_format;
   std::uint32_t metrics_qps = 0;
   bool check = false;
   std::string check_root;
@@ -166,7 +166,9 @@ ParseResult parse_options(int argc, const char* const* argv, NodeOptions& out, s
       ("idle-max-us", po::value(&idle_cfg.max_sleep_us), "longest idle sleep in us; 0 = always busy-poll (default 20000)")
       ("busy-poll", po::bool_switch(&busy_poll), "never sleep: poll all the time (for dedicated, pinned cores)")
       ("duration", po::value(&duration), "stop after this many seconds (0 = run until stopped)")
-      ("log-level", po::value(&log_level), "debug, info, warn or error (default info)");
+      ("log-level", po::value(&log_level), "debug, info, warn or error (default info)")
+      ("log-format", po::value(&log_format), "text (logfmt: ts=... level=... msg=\"...\" key=value) or json (one object a line, "
+                                            "for journald and log shippers); default text");
   if (extra.desc) opts.add(*extra.desc);
   po::variables_map vm;
   for (int i = 1; i < argc; ++i)
@@ -235,6 +237,10 @@ ParseResult parse_options(int argc, const char* const* argv, NodeOptions& out, s
     for (int i = 0; i < 4; ++i)
       if (log_level == names[i]) out.log_level = i;
     if (out.log_level < 0) return bad("--log-level must be debug, info, warn or error");
+  }
+  if (!log_format.empty()) {
+    if (log_format != "text" && log_format != "json") return bad("--log-format must be text or json");
+    out.log_json = log_format == "json";
   }
   if (port_names.empty()) return bad("--port is required (the ethdev to use)");
   if (ip_texts.size() != port_names.size())

@@ -79,6 +79,7 @@ struct NodeOptions {
   pipeline::IdleConfig idle;
   double duration = 0;  // seconds; 0 = until stopped
   int log_level = 1;    // 0 debug, 1 info, 2 warn, 3 error
+  bool log_json = false;  // --log-format json: one JSON object a line (log.h)
   SessionLimits limits;
 };
 

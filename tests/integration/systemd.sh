@@ -7,7 +7,8 @@
 #     its application and control sockets exist; then feeds the watchdog
 #     (WATCHDOG=1, at half its timeout, while its pipeline turns); and on
 #     SIGTERM says STOPPING=1, then exits 0;
-# (3) without $WATCHDOG_USEC it still says READY=1, and feeds nothing.
+# (3) without $WATCHDOG_USEC it still says READY=1, and feeds nothing;
+#     with --log-format json every line of its log is a JSON object.
 # When the watchdog goes unfed (a pipeline that stops turning) is
 # tests/unit/node/test_watchdog.cc's.
 . "$(dirname "$0")/lib.sh"
@@ -60,7 +61,7 @@ daemon() {
   mkdir -p "$TMP/run"
   env NOTIFY_SOCKET="$TMP/notify.sock" "$@" "$UROCED" --no-huge --mem-mb 256 --file-prefix "$name-$$" --no-host-netdev \
     --port net_memif0 --vdev "net_memif0,role=server,socket=$TMP/$name.memif" --ip 10.96.0.1 --lcore 0 \
-    --app-socket "$TMP/run/uroce0.sock" --ctl-socket "$TMP/d.ctl" > "$TMP/$name.out" 2> "$TMP/$name.err" &
+    --app-socket "$TMP/run/uroce0.sock" --ctl-socket "$TMP/d.ctl" ${LOGFMT:+--log-format $LOGFMT} > "$TMP/$name.out" 2> "$TMP/$name.err" &
   DPID=$!
 }
 # finish_daemon: SIGTERM, its exit code in DRC; the listener ends.
@@ -84,13 +85,29 @@ check "the daemon exited 0 on SIGTERM ($DRC)" "[ $DRC -eq 0 ]"
 check "its log names the watchdog and its timeout" "grep -q 'systemd watchdog: fed while every pipeline turns.*timeout_ms=400' '$TMP/wd.err'"
 check "no pipeline was found stalled" "! grep -q 'made no pass' '$TMP/wd.err'"
 
-echo "== without a watchdog"
+echo "== without a watchdog, logging JSON (--log-format json)"
 listen "$TMP/nowd.log"
-daemon nowd
+LOGFMT=json daemon nowd
 probe 200 grep -q '^READY=1' "$TMP/nowd.log" || bad "READY=1 came (gave up after $PROBES looks)"
 # The control socket answers: the daemon has run its loop since READY.
 ctl "$TMP/d.ctl" status > /dev/null; ctl "$TMP/d.ctl" status > /dev/null
 finish_daemon
 check "READY=1, then STOPPING=1, and no WATCHDOG=1" "grep -q '^READY=1 sockets=1' '$TMP/nowd.log' && grep -q '^STOPPING=1' '$TMP/nowd.log' && ! grep -q WATCHDOG '$TMP/nowd.log'"
 check "the daemon exited 0 ($DRC)" "[ $DRC -eq 0 ]"
+# Every line of its log is one JSON object with ts, level and msg; DPDK's
+# own lines too (source dpdk), as journald and log shippers take them.
+/usr/bin/python3 - "$TMP/nowd.err" > "$TMP/json.out" 2>&1 <<'PY'
+import json, sys
+lines = open(sys.argv[1]).read().splitlines()
+objs = [json.loads(l) for l in lines]
+assert all({"ts", "level", "msg"} <= set(o) for o in objs), "a line without ts, level or msg"
+assert all(o["level"] in ("debug", "info", "warn", "error") for o in objs)
+started = [o for o in objs if o["msg"] == "uroced started"]
+assert started and started[0]["port"] == "net_memif0" and started[0]["lcore"] == "0", started
+assert any(o.get("source") == "dpdk" for o in objs), "no DPDK line"
+print("json lines", len(objs))
+PY
+jrc=$?
+sed 's/^/  /' "$TMP/json.out" | tail -2
+check "every log line is a JSON object (ts, level, msg, the fields; DPDK's lines too)" "[ $jrc -eq 0 ]"
 finish
