@@ -40,6 +40,19 @@ class AcceptGuard {
   }
   /// How long to wait after a failure before the next accept.
   static constexpr std::chrono::milliseconds pause() { return std::chrono::milliseconds(10); }
+  /// Every server's handling of an accept's error `ec` (an Asio
+  /// error_code): false when there is none; else, shed at EMFILE, arm
+  /// `timer` to call `again` after pause() (never a spin), and true.
+  template <class Ec, class Timer, class Again>
+  bool retry_on_failure(const Ec& ec, int listen_fd, Timer& timer, Again again) {
+    if (!ec) return false;
+    failed(listen_fd, ec.value());
+    timer.expires_after(pause());
+    timer.async_wait([again](const Ec& e) {
+      if (!e) again();
+    });
+    return true;
+  }
   [[nodiscard]] std::uint64_t errors() const { return errors_; }
   [[nodiscard]] std::uint64_t dropped() const { return dropped_; }
 

@@ -444,14 +444,8 @@ class Node::ControlServer {
   void accept() {
     acceptor_.async_accept([this](boost::system::error_code ec, asio::local::stream_protocol::socket s) {
       if (ec == asio::error::operation_aborted) return;
-      if (ec) {  // out of descriptors or worse: shed, pause, accept again (no spin)
-        guard_.failed(acceptor_.native_handle(), ec.value());
-        pause_.expires_after(AcceptGuard::pause());
-        pause_.async_wait([this](boost::system::error_code e) {
-          if (!e) accept();
-        });
-        return;
-      }
+      // Out of descriptors or worse: shed, pause, accept again (no spin).
+      if (guard_.retry_on_failure(ec, acceptor_.native_handle(), pause_, [this] { accept(); })) return;
       if (*open_ >= kMaxControlConns) {  // a flood of clients: this one is closed at once
         boost::system::error_code ignored;
         s.close(ignored);

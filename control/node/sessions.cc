@@ -202,16 +202,9 @@ SessionServer::~SessionServer() {
 void SessionServer::accept() {
   acceptor_.async_accept([this](boost::system::error_code ec, asio::local::stream_protocol::socket sock) {
     if (ec == asio::error::operation_aborted) return;  // the server is going away
-    if (ec) {
-      // Out of descriptors, or any other failure: shed what waits, pause,
-      // accept again; never a spin (accept_guard.h).
-      guard_.failed(acceptor_.native_handle(), ec.value());
-      accept_pause_.expires_after(AcceptGuard::pause());
-      accept_pause_.async_wait([this](boost::system::error_code e) {
-        if (!e) accept();
-      });
-      return;
-    }
+    // Out of descriptors, or any other failure: shed what waits, pause,
+    // accept again; never a spin (accept_guard.h).
+    if (guard_.retry_on_failure(ec, acceptor_.native_handle(), accept_pause_, [this] { accept(); })) return;
     std::size_t unhelloed = 0;
     for (const auto& [id, o] : sessions_) unhelloed += o->hello ? 0 : 1;
     if (unhelloed >= limits_.max_unhelloed) {
