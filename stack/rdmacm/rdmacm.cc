@@ -193,8 +193,11 @@ bool is_any(const sockaddr* a) {
   return std::all_of(g.raw, g.raw + 16, [](std::uint8_t b) { return b == 0; });
 }
 
-/// 127.0.0.0/8 or ::1: the kernel's rdma_cm binds such an address to the
-/// first active device, and resolves it to that device's own address.
+/// 127.0.0.0/8 or ::1. The kernel's rdma_cm (rxe, Linux 6.1) resolves such
+/// a destination to the first active device, and binds such a source to no
+/// device at all (the bind succeeds and id->verbs stays NULL), as it does
+/// the any address: libfabric's verbs provider counts on that to list the
+/// devices' own addresses for a listener.
 bool is_loopback(const sockaddr* a) {
   if (a->sa_family == AF_INET) return (ntohl(reinterpret_cast<const sockaddr_in*>(a)->sin_addr.s_addr) >> 24) == 127;
   if (a->sa_family == AF_INET6) {
@@ -205,7 +208,6 @@ bool is_loopback(const sockaddr* a) {
 }
 
 Dev* dev_with_ip(const sockaddr* a) {
-  if (is_loopback(a)) return g_devs.empty() ? nullptr : g_devs.front();
   ibv_gid g;
   if (!gid_of(a, g)) return nullptr;
   for (Dev* d : g_devs)
@@ -784,7 +786,7 @@ int rdma_bind_addr(rdma_cm_id* cm_id, sockaddr* addr) {
   if (addr->sa_family != AF_INET && addr->sa_family != AF_INET6) return fail(EAFNOSUPPORT);
   Id* id = as_id(cm_id);
   std::lock_guard<std::mutex> lock(g_mu);
-  if (!is_any(addr)) {
+  if (!is_any(addr) && !is_loopback(addr)) {
     Dev* d = dev_with_ip(addr);
     if (!d) return fail(ENODEV);  // no uroce device has that address
     attach(id, d);
@@ -806,7 +808,7 @@ int rdma_resolve_addr(rdma_cm_id* cm_id, sockaddr* src, sockaddr* dst, int timeo
   Dev* d = nullptr;
   {
     std::lock_guard<std::mutex> lock(g_mu);
-    if (src && src->sa_family != AF_UNSPEC && !is_any(src)) {
+    if (src && src->sa_family != AF_UNSPEC && !is_any(src) && !is_loopback(src)) {
       d = dev_with_ip(src);
       if (!d) return fail(ENODEV);
     }

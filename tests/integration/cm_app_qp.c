@@ -138,6 +138,20 @@ static uint8_t pattern(size_t i) { return (uint8_t)(i * 131 + (i >> 9) + 7); }
 static int server(const char* port) {
   struct rdma_cm_id *listen, *id;
   if (rdma_create_id(ch, &listen, NULL, RDMA_PS_TCP)) DIE("rdma_create_id");
+  /* A loopback address names no RDMA device: the kernel's rdma_cm binds it
+   * to none (id->verbs stays NULL, as for the any address), and libfabric's
+   * verbs provider counts on that to list the devices' own addresses for
+   * its listener. */
+  {
+    struct rdma_cm_id* lo_id;
+    struct sockaddr_in lo = {0};
+    lo.sin_family = AF_INET;
+    lo.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (rdma_create_id(ch, &lo_id, NULL, RDMA_PS_TCP)) DIE("rdma_create_id");
+    const int lo_rc = rdma_bind_addr(lo_id, (struct sockaddr*)&lo);
+    check(lo_rc == 0 && lo_id->verbs == NULL, "rdma_bind_addr(127.0.0.1) binds no device, as on the kernel");
+    rdma_destroy_id(lo_id);
+  }
   struct sockaddr_in sin = {0};
   sin.sin_family = AF_INET;
   sin.sin_port = htons((uint16_t)atoi(port));
