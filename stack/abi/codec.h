@@ -18,7 +18,12 @@ inline ibv_wc to_wc(const uroce_cq_entry& e) {
   w.byte_len = e.byte_len;
   w.imm_data = e.imm_or_inv;
   w.qp_num = e.qp_num;
-  w.src_qp = e.src_qp;
+  // A tag-matching completion carries its tag in src_qp and tag_hi and the
+  // TMH's app_ctx in vendor_err (uroce_abi.h); an ibv_wc has no room for
+  // them (ibv_wc_read_tm_info reads them), and shows neither.
+  const bool tm = e.opcode >= IBV_WC_TM_ADD && e.opcode <= IBV_WC_TM_NO_TAG && e.status == IBV_WC_SUCCESS;
+  w.src_qp = tm ? 0 : e.src_qp;
+  if (tm) w.vendor_err = 0;
   w.wc_flags = e.wc_flags;
   w.pkey_index = e.pkey_index;
   return w;

@@ -225,6 +225,11 @@ struct uroce_create_srq_msg {
    * receives complete in; both 0 for a basic SRQ. Minor 18: a CQ and no
    * domain make a receive work queue (ibv_create_wq), an RSS table's entry. */
   uint32_t xrcd, cq;
+  /* Minor 19: a tag-matching SRQ (IBV_SRQT_TM) when tm_max_tags > 0: up to
+   * UROCE_TM_MAX_TAGS tags, an operations ring of tm_max_ops (rounded up to
+   * a power of two, at most UROCE_TM_MAX_OPS), and `cq` is where its
+   * operations complete (uroce_abi.h: the mapping's layout). */
+  uint32_t tm_max_tags, tm_max_ops;
 };
 struct uroce_create_srq_reply {
   uint32_t handle;
@@ -396,7 +401,7 @@ UROCE_STATIC_ASSERT(sizeof(struct uroce_reg_mr_pieces_msg) == 40 + 16 * UROCE_MR
 UROCE_STATIC_ASSERT(sizeof(struct uroce_create_qp_msg) == 340, "create_qp is 340 bytes (28 before minor 2, 32 before 17, 36 before 18)");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_cm_msg) == 92, "cm is 92 bytes (88 before minor 9)");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_cm_event_msg) == 116, "cm_event is 116 bytes (96 before minor 9)");
-UROCE_STATIC_ASSERT(sizeof(struct uroce_create_srq_msg) == 20, "create_srq is 20 bytes (12 before minor 17)");
+UROCE_STATIC_ASSERT(sizeof(struct uroce_create_srq_msg) == 28, "create_srq is 28 bytes (12 before minor 17, 20 before 19)");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_create_srq_reply) == 8 && sizeof(struct uroce_open_xrcd_msg) == 8,
                     "create_srq reply and open_xrcd are 8 bytes");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_alloc_mw_msg) == 8 && sizeof(struct uroce_alloc_mw_reply) == 8, "alloc_mw is 8 bytes");

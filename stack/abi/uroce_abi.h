@@ -43,7 +43,7 @@ extern "C" {
 
 #define UROCE_ABI_MAGIC 0x45524f55u /* "UORE" read little-endian */
 #define UROCE_ABI_MAJOR 1
-#define UROCE_ABI_MINOR 18 /* 1: CQ notification words (arm, notified); 2: SRQs; 3: RDMA CM; 4: session page and doorbell;
+#define UROCE_ABI_MINOR 19 /* 1: CQ notification words (arm, notified); 2: SRQs; 3: RDMA CM; 4: session page and doorbell;
                             5: one queue per verbs queue (the daemon consumes a send entry when it completes), inline
                             data, the UD address vector, the posts word, async events; 6: UD QPs for applications,
                             address resolution (UROCE_MSG_RESOLVE); 7: CM event channel (UROCE_MSG_CM_CHANNEL);
@@ -59,12 +59,14 @@ extern "C" {
                             16: ODP MRs (UROCE_MSG_REG_MR_ODP, UROCE_DEVICE_ODP); raw packet QPs and flow
                             rules (UROCE_MSG_CREATE_FLOW); 17: XRC (UROCE_MSG_OPEN_XRCD, XRC SRQs and QPs,
                             uroce_send_entry.xrc_srqn); 18: receive work queues (SRQs with a CQ and no
-                            domain) and RSS QPs over them (uroce_create_qp_msg.rss_*) */
+                            domain) and RSS QPs over them (uroce_create_qp_msg.rss_*); 19: tag matching
+                            (tag-matching SRQs: uroce_create_srq_msg.tm_*, the operations ring, the
+                            tag of a completion in src_qp and tag_hi) */
 #define UROCE_ABI_CACHELINE 64
 #define UROCE_ABI_MAX_SGE 4
 #define UROCE_ABI_MAX_INLINE 64 /* inline bytes a send entry carries, in place of its SGEs */
 
-enum uroce_ring_kind { UROCE_RING_SEND = 1, UROCE_RING_RECV = 2, UROCE_RING_SRQ = 3, UROCE_RING_CQ = 4 };
+enum uroce_ring_kind { UROCE_RING_SEND = 1, UROCE_RING_RECV = 2, UROCE_RING_SRQ = 3, UROCE_RING_CQ = 4, UROCE_RING_TM_OPS = 5 };
 
 /* Three cache lines: what the ring is, the producer index, the consumer index. */
 struct uroce_ring_header {
@@ -161,6 +163,11 @@ static inline void uroce_send_entry_set_av(struct uroce_send_entry* e, const uin
   b[UROCE_UD_TCLASS_OFFSET] = traffic_class;
 }
 
+/* Bytes of shared memory a ring of `entries` entries of `entry_size` needs. */
+static inline size_t uroce_ring_bytes(uint32_t entries, uint32_t entry_size) {
+  return sizeof(struct uroce_ring_header) + (size_t)entries * entry_size;
+}
+
 /* A receive work request: 80 bytes. */
 struct uroce_recv_entry {
   uint64_t wr_id;
@@ -186,11 +193,73 @@ struct uroce_cq_entry {
    * CLOCK_MONOTONIC (the device's free-running clock: hca_core_clock
    * 1 GHz); 0 from an older daemon. */
   uint64_t timestamp;
-  uint8_t reserved2[4];
+  /* minor 19: a tag-matching completion (IBV_WC_TM_*) of a matched message
+   * has its tag's high 32 bits here and the low 32 in src_qp, and the TMH's
+   * app_ctx in vendor_err (which is an error's only otherwise). */
+  uint32_t tag_hi;
   uint32_t seq; /* valid flag, written last */
 };
 
+/*
+ * Tag matching (minor 19), as ConnectX offers it through ibv_post_srq_ops.
+ * A tag-matching SRQ (uroce_create_srq_msg.tm_max_tags > 0) keeps a list of
+ * tagged buffers besides its receives. Its mapping holds, after the receive
+ * ring, at uroce_tm_ops_offset(): the operations ring (uroce_tm_op entries,
+ * application -> daemon, the same protocol as every ring; the daemon takes
+ * each at once, in order), then one uint32_t per tag, `released`.
+ *   A tag's handle is its index, 0..tm_max_tags-1. The application counts
+ *   its ADDs of each index (gen) and may ADD index i again only when
+ *   released[i] == its count: the daemon writes the ADD's gen there when
+ *   the tag leaves the list (its message completed, or a DEL took it).
+ *   A message that reaches the SRQ starts with a TMH (16 bytes, struct
+ *   ibv_tmh: opcode, app_ctx, tag, big-endian). EAGER and RNDV look for the
+ *   oldest tag t with (tag & t.mask) == (t.tag & t.mask); an EAGER one puts
+ *   what follows the TMH into the tag's buffer; an RNDV one (an RVH after
+ *   the TMH: va, rkey, len) has the daemon READ len bytes from the sender
+ *   into it, then SEND the sender a FIN (a TMH with IBV_TMH_FIN). A message
+ *   that matches nothing, or any while the list is out of sync, is
+ *   unexpected: it takes a receive, whole. An unexpected EAGER or RNDV stops
+ *   matching until the application says, by a SYNC (or an ADD with
+ *   IBV_OPS_TM_SYNC), that it has seen that many unexpected messages.
+ */
+#define UROCE_TM_MAX_TAGS 64       /* tm_caps.max_num_tags */
+#define UROCE_TM_MAX_OPS 64        /* tm_caps.max_ops: the operations ring's depth at most */
+#define UROCE_TM_MAX_SGE 1         /* tm_caps.max_sge */
+#define UROCE_TM_MAX_RNDV_HDR 64   /* tm_caps.max_rndv_hdr_size */
+#define UROCE_TMH_BYTES 16
+#define UROCE_RVH_BYTES 16
+struct uroce_tm_op {
+  uint64_t wr_id;
+  uint8_t opcode;  /* enum ibv_ops_wr_opcode: IBV_WR_TAG_ADD, IBV_WR_TAG_DEL, IBV_WR_TAG_SYNC */
+  uint8_t flags;   /* enum ibv_ops_flags: IBV_OPS_SIGNALED, IBV_OPS_TM_SYNC */
+  uint8_t num_sge; /* ADD: 0..UROCE_TM_MAX_SGE */
+  uint8_t reserved0;
+  uint32_t seq; /* valid flag, written last */
+  uint64_t tag, mask, recv_wr_id; /* ADD */
+  uint32_t handle;                /* ADD, DEL: the tag's index */
+  uint32_t gen;                   /* ADD, DEL: the application's count of ADDs of that index */
+  uint32_t unexpected_cnt;        /* SYNC, and ADD with IBV_OPS_TM_SYNC */
+  uint32_t reserved1;
+  struct uroce_sge sge; /* ADD */
+  uint8_t reserved2[8];
+};
+/* Where a tag-matching SRQ's operations ring starts in its mapping, and
+ * where the released words start. */
+static inline size_t uroce_tm_ops_offset(uint32_t srq_entries) {
+  return (uroce_ring_bytes(srq_entries, sizeof(struct uroce_recv_entry)) + UROCE_ABI_CACHELINE - 1) &
+         ~(size_t)(UROCE_ABI_CACHELINE - 1);
+}
+static inline size_t uroce_tm_released_offset(uint32_t srq_entries, uint32_t ops_entries) {
+  return uroce_tm_ops_offset(srq_entries) + uroce_ring_bytes(ops_entries, sizeof(struct uroce_tm_op));
+}
+static inline size_t uroce_tm_srq_bytes(uint32_t srq_entries, uint32_t ops_entries, uint32_t tags) {
+  return uroce_tm_released_offset(srq_entries, ops_entries) + (size_t)tags * sizeof(uint32_t);
+}
+
 UROCE_STATIC_ASSERT(sizeof(struct uroce_ring_header) == 3 * UROCE_ABI_CACHELINE, "ring header is 3 cache lines");
+UROCE_STATIC_ASSERT(sizeof(struct uroce_tm_op) == 80 && offsetof(struct uroce_tm_op, seq) == 12,
+                    "tm op is 80 bytes, its seq at 12");
+UROCE_STATIC_ASSERT(offsetof(struct uroce_cq_entry, tag_hi) == 56, "cq entry tag_hi at 56");
 UROCE_STATIC_ASSERT(offsetof(struct uroce_ring_header, prod) == UROCE_ABI_CACHELINE, "prod on its own line");
 UROCE_STATIC_ASSERT(offsetof(struct uroce_ring_header, cons) == 2 * UROCE_ABI_CACHELINE, "cons on its own line");
 UROCE_STATIC_ASSERT(offsetof(struct uroce_ring_header, notified) == UROCE_ABI_CACHELINE + 4, "notified beside prod");
@@ -259,10 +328,6 @@ UROCE_STATIC_ASSERT(offsetof(struct uroce_session_page, posts) == 2 * UROCE_ABI_
 UROCE_STATIC_ASSERT(offsetof(struct uroce_session_page, daemon_sleeping) == UROCE_ABI_CACHELINE,
                     "daemon_sleeping on its own line");
 
-/* Bytes of shared memory a ring of `entries` entries of `entry_size` needs. */
-static inline size_t uroce_ring_bytes(uint32_t entries, uint32_t entry_size) {
-  return sizeof(struct uroce_ring_header) + (size_t)entries * entry_size;
-}
 
 /* Whether a peer speaking (major, minor) can attach to us. */
 static inline int uroce_abi_compatible(uint16_t major, uint16_t minor) {

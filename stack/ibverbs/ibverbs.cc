@@ -161,8 +161,7 @@ struct UCq {
   ibv_cq_ex x{};
   uroce_cq* u = nullptr;
   ibv_wc cur{};  // the completion start_poll/next_poll hold
-  std::uint64_t ts = 0;  // its timestamp (ns of CLOCK_MONOTONIC), when asked for
-  bool want_ts = false;
+  uroce_wc_extra ex{};  // its timestamp (ns of CLOCK_MONOTONIC) and tag-matching info
   ibv_cq& cq() { return *reinterpret_cast<ibv_cq*>(&x); }
 };
 static_assert(offsetof(ibv_cq_ex, cqe) == offsetof(ibv_cq, cqe) &&
@@ -291,6 +290,14 @@ int vctx_query_device_ex(ibv_context* c, const ibv_query_device_ex_input* input,
     full.rss_caps.rx_hash_function = IBV_RX_HASH_FUNC_TOEPLITZ;
     full.max_wq_type_rq = static_cast<uint32_t>(full.orig_attr.max_srq);
   }
+  if (uroce_abi_minor(ucontext(c)->u) >= 19) {
+    // Tag matching on RC (uroce_abi.h): EAGER and rendezvous, as ConnectX.
+    full.tm_caps.max_rndv_hdr_size = UROCE_TM_MAX_RNDV_HDR;
+    full.tm_caps.max_num_tags = UROCE_TM_MAX_TAGS;
+    full.tm_caps.flags = IBV_TM_CAP_RC;
+    full.tm_caps.max_ops = UROCE_TM_MAX_OPS;
+    full.tm_caps.max_sge = UROCE_TM_MAX_SGE;
+  }
   if (uroce_odp(ucontext(c)->u)) {
     // ODP (the daemon's --odp, or embedded mode): every access is made when
     // it happens, through the process's memory file; implicit MRs too.
@@ -380,7 +387,7 @@ int op_req_notify_cq(ibv_cq* cq, int solicited_only) { return uroce_req_notify_c
 UCq* ucq_ex(ibv_cq_ex* x) { return reinterpret_cast<UCq*>(x); }
 int cq_take(ibv_cq_ex* x) {
   UCq* c = ucq_ex(x);
-  const int n = c->want_ts ? uroce_poll_cq_ts(c->u, 1, &c->cur, &c->ts) : uroce_poll_cq(c->u, 1, &c->cur);
+  const int n = uroce_poll_cq_ex(c->u, 1, &c->cur, &c->ex);
   if (n < 0) return errno ? errno : EIO;
   if (n == 0) return ENOENT;
   x->status = c->cur.status;
@@ -407,14 +414,18 @@ std::uint64_t clock_ns(clockid_t id) {
   clock_gettime(id, &t);
   return static_cast<std::uint64_t>(t.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(t.tv_nsec);
 }
-uint64_t cq_read_completion_ts(ibv_cq_ex* x) { return ucq_ex(x)->ts; }
+uint64_t cq_read_completion_ts(ibv_cq_ex* x) { return ucq_ex(x)->ex.timestamp; }
 uint64_t cq_read_completion_wallclock_ns(ibv_cq_ex* x) {
-  return ucq_ex(x)->ts + (clock_ns(CLOCK_REALTIME) - clock_ns(CLOCK_MONOTONIC));
+  return ucq_ex(x)->ex.timestamp + (clock_ns(CLOCK_REALTIME) - clock_ns(CLOCK_MONOTONIC));
 }
 // What no uroce completion carries: 0.
 uint16_t cq_read_zero16(ibv_cq_ex*) { return 0; }
 uint32_t cq_read_zero32(ibv_cq_ex*) { return 0; }
-void cq_read_tm_info(ibv_cq_ex*, ibv_wc_tm_info* tm) { *tm = ibv_wc_tm_info{}; }
+// A matched message's tag and the TMH's app_ctx; 0 for other completions.
+void cq_read_tm_info(ibv_cq_ex* x, ibv_wc_tm_info* tm) {
+  tm->tag = ucq_ex(x)->ex.tag;
+  tm->priv = ucq_ex(x)->ex.tm_priv;
+}
 
 /// The wc_flags create_cq_ex can serve: what an ibv_wc carries; and the
 /// fields of what uroce never makes (a stripped CVLAN, a flow tag, tag
@@ -482,7 +493,6 @@ ibv_cq_ex* vctx_create_cq_ex(ibv_context* context, ibv_cq_init_attr_ex* a) {
   if ((a->comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS) && (a->flags & ~uint32_t{IBV_CREATE_CQ_ATTR_SINGLE_THREADED}))
     return fail_null<ibv_cq_ex>(EOPNOTSUPP);
   UCq* c = make_cq(context, static_cast<int>(a->cqe), a->cq_context, a->channel, static_cast<int>(a->comp_vector));
-  if (c) c->want_ts = (a->wc_flags & kTs) != 0;
   return c ? &c->x : nullptr;
 }
 
@@ -826,11 +836,21 @@ ibv_srq* wrap_srq(ibv_context* context, ibv_pd* pd, uroce_srq* u, void* srq_cont
 
 ibv_srq* vctx_create_srq_ex(ibv_context* context, ibv_srq_init_attr_ex* a) {
   if (!context || !a) return fail_null<ibv_srq>(EINVAL);
-  const uint32_t known = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ;
-  if (a->comp_mask & ~known) return fail_null<ibv_srq>(EOPNOTSUPP);  // tag matching
+  const uint32_t known = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_XRCD |
+                         IBV_SRQ_INIT_ATTR_CQ | IBV_SRQ_INIT_ATTR_TM;
+  if (a->comp_mask & ~known) return fail_null<ibv_srq>(EOPNOTSUPP);
   if (!(a->comp_mask & IBV_SRQ_INIT_ATTR_PD) || !a->pd) return fail_null<ibv_srq>(EINVAL);
   const ibv_srq_type type = (a->comp_mask & IBV_SRQ_INIT_ATTR_TYPE) ? a->srq_type : IBV_SRQT_BASIC;
-  if (type == IBV_SRQT_TM) return fail_null<ibv_srq>(EOPNOTSUPP);
+  if (type == IBV_SRQT_TM) {
+    // Tag matching: a CQ for its operations, and the list's size and depth.
+    if (!(a->comp_mask & IBV_SRQ_INIT_ATTR_TM) || !(a->comp_mask & IBV_SRQ_INIT_ATTR_CQ) || !a->cq)
+      return fail_null<ibv_srq>(EINVAL);
+    ibv_srq_init_attr ia{a->srq_context, a->attr};
+    uroce_srq* u = uroce_create_tm_srq(UPd::of(a->pd)->u, ucq(a->cq)->u, &ia, a->tm_cap.max_num_tags, a->tm_cap.max_ops);
+    if (!u) return fail_null<ibv_srq>(errno ? errno : EINVAL);
+    a->attr = ia.attr;
+    return wrap_srq(context, a->pd, u, a->srq_context);
+  }
   if (type != IBV_SRQT_BASIC && type != IBV_SRQT_XRC) return fail_null<ibv_srq>(EINVAL);
   ibv_xrcd* xrcd = nullptr;
   ibv_cq* cq = nullptr;
@@ -846,6 +866,11 @@ ibv_srq* vctx_create_srq_ex(ibv_context* context, ibv_srq_init_attr_ex* a) {
   if (!u) return fail_null<ibv_srq>(errno ? errno : EINVAL);
   a->attr = ia.attr;
   return wrap_srq(context, a->pd, u, a->srq_context);
+}
+
+int vctx_post_srq_ops(ibv_srq* srq, ibv_ops_wr* op, ibv_ops_wr** bad) {
+  if (!srq) return EINVAL;
+  return uroce_post_srq_ops(usrq(srq)->u, op, bad) ? (errno ? errno : EINVAL) : 0;
 }
 
 // ------------------------------------------------------ work queues and RSS
@@ -1067,6 +1092,7 @@ ibv_context* make_context(ibv_device* device, uroce_context* u, int cmd_fd) {
   v.open_xrcd = vctx_open_xrcd;
   v.close_xrcd = vctx_close_xrcd;
   v.create_srq_ex = vctx_create_srq_ex;
+  v.post_srq_ops = vctx_post_srq_ops;
   v.get_srq_num = vctx_get_srq_num;
   v.create_wq = vctx_create_wq;
   v.modify_wq = vctx_modify_wq;

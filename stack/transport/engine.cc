@@ -174,7 +174,7 @@ int Engine::destroy_cq(Cq* cq) {
   for (const auto& q : qps_)
     if (q && !q->quarantine_until && (q->send_cq == cq || q->recv_cq == cq)) return EBUSY;
   for (const auto& s : srqs_)
-    if (s->cq() == cq) return EBUSY;  // an XRC SRQ's, or a work queue's
+    if (s->cq() == cq || (s->tm && s->tm->cq == cq)) return EBUSY;  // an XRC SRQ's, a work queue's, a TM SRQ's
   auto it = std::find_if(cqs_.begin(), cqs_.end(), [cq](const auto& c) { return c.get() == cq; });
   if (it == cqs_.end()) return EINVAL;
   std::erase(cq_noted_, cq);
@@ -291,8 +291,10 @@ Qp* Engine::create_qp(Pd* pd, const QpInitAttr& attr_in) {
     attr.send_cq = attr.recv_cq = nullptr;
     attr.cap = QpCap{1, 0, 1, 0, 0};
   }
-  // A work queue or an XRC SRQ serves no QP as its SRQ.
+  // A work queue or an XRC SRQ serves no QP as its SRQ; a tag-matching
+  // SRQ serves RC QPs only (its rendezvous READs need a reliable connection).
   if (attr.srq && attr.srq->cq()) return nullptr;
+  if (attr.srq && attr.srq->tm && attr.qp_type != IBV_QPT_RC) return nullptr;
   if (xrc != Xrc::kRecv && !rss && (pd == nullptr || attr.send_cq == nullptr || attr.recv_cq == nullptr)) return nullptr;
   // An overflowed CQ has lost completions for good: no new QP reports into it.
   if (xrc != Xrc::kRecv && !rss && (attr.send_cq->overflowed() || attr.recv_cq->overflowed())) return nullptr;
@@ -340,8 +342,10 @@ Qp* Engine::create_qp(Pd* pd, const QpInitAttr& attr_in) {
     qp->sq_ring = qp->sq_heap.ring();
   }
   qp->sq_ring.publish_qp_state(IBV_QPS_RESET);
-  // The shadow has a slot for every ring slot, so taking an entry never waits for room.
-  qp->sq = Fifo<SendWqe>(qp->sq_ring.capacity());
+  // The shadow has a slot for every ring slot, so taking an entry never
+  // waits for room; on a tag-matching SRQ's QP, one more for each tag's
+  // rendezvous (a READ, then its FIN, one at a time).
+  qp->sq = Fifo<SendWqe>(qp->sq_ring.capacity() + (attr.srq && attr.srq->tm ? UROCE_TM_MAX_TAGS : 0));
   if (!attr.srq && xrc == Xrc::kNone && !rss) {
     if (attr.rq_ring && !attr.rq_ring->valid()) return nullptr;
     qp->rq = RecvQueue(c.max_recv_wr, c.max_recv_sge, UROCE_RING_RECV, attr.rq_ring);
@@ -423,6 +427,7 @@ int Engine::destroy_qp(Qp* qp) {
     qp->owner = nullptr;
     // Its rings may be unmapped as soon as this returns: nothing reads them again.
     qp->sq_ring = abi::Ring<uroce_send_entry>{};
+    tm_drop_internal(*qp);
     qp->sq.reset_to(0);
     qp->rq = RecvQueue{};
     qp->req.retry_deadline = qp->req.rnr_until = 0;  // its own work is dropped
@@ -631,11 +636,13 @@ ModifyResult Engine::modify_qp(Qp* qp, const ibv_qp_attr& a, int mask) {
     // What was posted is dropped: the shadow, and whatever is still in the rings.
     // At most one ring's worth each: a producer refilling as fast as this
     // drains must not keep the engine here.
-    std::uint32_t i = qp->sq.tail();
+    tm_drop_internal(*qp);
+    std::uint32_t i = qp->sq.tail() - qp->sq_internal_in;
     uroce_send_entry e;
     for (std::uint32_t n = 0; n < qp->sq_ring.capacity() && qp->sq_ring.peek(i, e); ++n) ++i;
     qp->sq.reset_to(i);
     qp->sq_ring.release(i);
+    qp->sq_internal_in = qp->sq_internal_out = 0;
     RecvWqe r;
     bool bad;
     for (std::uint32_t n = 0; n < qp->rq.capacity() && qp->rq.take(r, bad); ++n) {
@@ -901,7 +908,7 @@ std::size_t Engine::fetch_sends(Qp& qp) {
   uroce_send_entry e;
   // The shadow has as many slots as the ring, and the producer cannot get
   // more than that ahead of what completed, so a slot is always free here.
-  while (!qp.sq.full() && qp.sq_ring.peek(qp.sq.tail(), e)) {
+  while (!qp.sq.full() && qp.sq_ring.peek(qp.sq.tail() - qp.sq_internal_in, e)) {
     to_send_wqe(qp, e, *qp.sq.emplace());
     ++n;
   }
@@ -919,7 +926,7 @@ std::size_t Engine::kick(Qp* qp, bool* more) {
     std::size_t n = 0;
     uroce_send_entry e;
     const std::uint32_t cap = qp->sq_ring.valid() ? qp->sq_ring.capacity() : 0;
-    while (n < cap && !can_post_send(qp->state) && qp->sq_ring.peek(qp->sq.tail(), e)) {
+    while (n < cap && !can_post_send(qp->state) && qp->sq_ring.peek(qp->sq.tail() - qp->sq_internal_in, e)) {
       SendWqe* w = qp->sq.emplace();
       w->reset();
       w->wr_id = e.wr_id;
@@ -1017,6 +1024,7 @@ ibv_wc_opcode wc_opcode(ibv_wr_opcode op) {
 
 void Engine::complete_send(Qp& qp, ibv_wc_status status) {
   SendWqe& w = qp.sq.front();
+  if (w.internal) [[unlikely]] return complete_internal(qp, status);
   const bool signal = status != IBV_WC_SUCCESS || qp.sq_sig_all || (w.flags & IBV_SEND_SIGNALED);
   // The ring's entry itself (uroce_abi.h), not an ibv_wc converted.
   uroce_cq_entry e{};
@@ -1041,7 +1049,7 @@ void Engine::complete_send(Qp& qp, ibv_wc_status status) {
   // perftest does, counting its room by completions) must find the room
   // there. The other order lost that race under load (ib_write_bw through
   // the drop-in: "Couldn't post send", 3 runs in 15).
-  qp.sq_ring.release(qp.sq.head());
+  qp.sq_ring.release(qp.sq.head() - qp.sq_internal_out);
   if (signal) {
     push_cqe(*qp.send_cq, e);
     qp.ctr.inc(QpCounter::completions);

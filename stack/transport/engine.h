@@ -183,6 +183,14 @@ class Engine {
   Srq* create_srq(Pd* pd, std::uint32_t max_wr, std::uint32_t max_sge,
                   const abi::Ring<uroce_recv_entry>* shared = nullptr, Xrcd* xrcd = nullptr, Cq* cq = nullptr);
   int destroy_srq(Srq* srq);
+  /// Makes a basic SRQ a tag-matching one (uroce_abi.h: tag matching):
+  /// `max_tags` tags, operations taken from `ops` and completed in `cq`,
+  /// and `released` (max_tags words the application reads) written as tags
+  /// leave the list. False for bad arguments.
+  bool make_tm(Srq* srq, Cq* cq, std::uint32_t max_tags, const abi::Ring<uroce_tm_op>& ops, std::uint32_t* released);
+  /// Runs the operations posted to a tag-matching SRQ since the last call
+  /// (at most a ring's worth); how many.
+  std::size_t run_tm_ops(Srq& srq);
   Xrcd* alloc_xrcd();
   int dealloc_xrcd(Xrcd* x);  // EBUSY while an XRC SRQ or target QP is in it
   Qp* create_qp(Pd* pd, const QpInitAttr& attr);
@@ -331,6 +339,18 @@ class Engine {
   /// An idle QP (off the active list): its place in the timer wheel, at deadline_of.
   void settle_timer(Qp& qp, std::uint64_t now);
   void complete_send(Qp& qp, ibv_wc_status status);
+  // Tag matching (tm.cc).
+  [[gnu::noinline]] void complete_internal(Qp& qp, ibv_wc_status status);
+  void exec_tm_op(TagMatch& tm, const uroce_tm_op& op);
+  void push_tm_cqe(Cq& cq, std::uint64_t wr_id, ibv_wc_status status, ibv_wc_opcode op, std::uint32_t byte_len,
+                   unsigned flags, std::uint32_t qpn, std::uint64_t tag, std::uint32_t ctx);
+  bool push_internal(Qp& qp, ibv_wr_opcode op, std::uint16_t tag, const uroce_send_entry& e);
+  void tm_drop_internal(Qp& qp);
+  /// The first packet of a SEND to a tag-matching SRQ: what the message is
+  /// (Responder::tm), and the receive or tag it goes to.
+  [[gnu::noinline]] bool tm_start(Qp& qp, const wire::Packet& pkt);
+  [[gnu::noinline]] void tm_finish(Qp& qp, std::uint32_t byte_len, unsigned flags, std::uint32_t extra);
+  void tm_abort(Qp& qp);
   void complete_recv(Qp& qp, const RecvWqe& w, ibv_wc_status status, ibv_wc_opcode op, std::uint32_t byte_len,
                      unsigned flags = 0, std::uint32_t imm_or_inv = 0, std::uint32_t src_qp = 0);
   TxFrame* tx_slot();
@@ -451,6 +471,7 @@ class Engine {
   [[gnu::noinline]] void on_rc_refused(Qp& qp, const wire::Packet& pkt, Exec e);  // on_rc_request: RNR, drop, NAK
   Exec execute(Qp& qp, const wire::Packet& pkt);
   Exec exec_send(Qp& qp, const wire::Packet& pkt);
+  Exec tm_place(Qp& qp, const wire::Packet& pkt);  // a matched SEND's bytes (tm.cc)
   Exec exec_write(Qp& qp, const wire::Packet& pkt);
   Exec exec_atomic_write(Qp& qp, const wire::Packet& pkt);
   Exec exec_flush(Qp& qp, const wire::Packet& pkt);

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -309,6 +310,42 @@ class RecvQueue {
   std::uint32_t max_sge_ = 0;
 };
 
+/// One tag of a tag-matching SRQ's list (uroce_abi.h: tag matching).
+struct TagEntry {
+  bool valid = false;  // in the list: an ADD put it there; a match or a DEL takes it out
+  bool busy = false;   // matched, its message still to come (a rendezvous READ): not yet released
+  std::uint32_t gen = 0;
+  std::uint64_t tag = 0, mask = 0;
+  std::uint64_t order = 0;  // ADD order: the oldest tag that matches wins
+  RecvWqe buf{};            // the buffer and its wr_id (the ADD's recv_wr_id)
+};
+
+/// A tag-matching SRQ's list: its tags, the ring its operations come on,
+/// the CQ they complete in, and whether the application is in sync with
+/// the unexpected messages.
+struct TagMatch {
+  abi::Ring<uroce_tm_op> ops;
+  std::uint32_t* released = nullptr;  // one word per tag, in the mapping the application reads
+  std::vector<TagEntry> tags;
+  Cq* cq = nullptr;
+  std::uint64_t next_order = 0;
+  std::uint32_t unexpected = 0;  // unexpected EAGER and RNDV messages so far
+  std::uint32_t synced = 0;      // the count the application last said it has seen
+  [[nodiscard]] bool in_sync() const { return unexpected == synced; }
+  /// The oldest tag in the list that `tag` matches; null if none.
+  TagEntry* match(std::uint64_t tag) {
+    TagEntry* best = nullptr;
+    for (TagEntry& t : tags)
+      if (t.valid && (tag & t.mask) == (t.tag & t.mask) && (!best || t.order < best->order)) best = &t;
+    return best;
+  }
+  /// The tag leaves the list for good: the application may ADD its index again.
+  void release(TagEntry& t) {
+    t.valid = t.busy = false;
+    std::atomic_ref<std::uint32_t>(released[&t - tags.data()]).store(t.gen, std::memory_order_release);
+  }
+};
+
 /// A shared receive queue.
 class Srq {
  public:
@@ -335,6 +372,7 @@ class Srq {
   std::uint32_t handle = 0;
   void* owner = nullptr;  // the control plane's tag
   std::uint32_t rss_refs = 0;  // entries of RSS QPs' indirection tables naming it
+  std::unique_ptr<TagMatch> tm;  // a tag-matching SRQ's list (Engine::make_tm); null for others
 
  private:
   Pd* pd_;

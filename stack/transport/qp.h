@@ -60,6 +60,11 @@ struct SendWqeHead {
   bool refused = false;
   bool started = false;           // PSNs assigned
   bool read_stream_open = false;  // a FIRST (or ONLY) of the current response stream was seen
+  /// The engine's own work on the QP, not the application's: a tag-matching
+  /// rendezvous (the READ of the data into tag tm_tag of the QP's SRQ, and
+  /// the FIN after it). It completes into no CQ, and owns no ring slot.
+  bool internal = false;
+  std::uint16_t tm_tag = 0;
 };
 
 /// The engine's shadow of one send queue entry: its head first, in the
@@ -169,6 +174,16 @@ struct Responder {
   bool have_rwqe = false;
   RecvWqe rwqe{};
   std::uint64_t offset = 0;
+  /// On a tag-matching SRQ, what the SEND in hand is (uroce_abi.h): kNone
+  /// (no TMH: another SRQ), a NO_TAG one, unexpected (a receive's), or
+  /// matched to tag tm_tag (EAGER: its data after the TMH; RNDV: nothing
+  /// placed, the READ follows).
+  enum class Tm : std::uint8_t { kNone, kNoTag, kUnexpected, kEager, kRndv } tm = Tm::kNone;
+  std::uint16_t tm_tag = 0;
+  std::uint32_t tm_ctx = 0;     // the TMH's app_ctx
+  std::uint64_t tm_msg_tag = 0;
+  std::uint64_t rndv_va = 0;    // the RVH
+  std::uint32_t rndv_rkey = 0, rndv_len = 0;
   // The WRITE in progress: its rkey and start address, checked again for
   // every packet (an MR deregistered mid-message is never written).
   std::uint32_t wkey = 0;
@@ -258,6 +273,10 @@ class Qp {
   abi::Ring<uroce_send_entry> sq_ring;
   abi::HeapRing<uroce_send_entry> sq_heap;
   Fifo<SendWqe> sq;
+  /// The engine's own WQEs (SendWqeHead::internal) put in the shadow, and
+  /// those completed: the ring's index of a shadow slot is the slot's minus
+  /// the internal ones before it (0 and 0 but on a tag-matching SRQ's QP).
+  std::uint32_t sq_internal_in = 0, sq_internal_out = 0;
   RecvQueue rq;  // unused with an SRQ
   Requester req;
   Responder resp;

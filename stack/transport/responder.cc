@@ -116,6 +116,7 @@ void Engine::responder_error(Qp& qp, const wire::Packet& pkt, Exec e) {
                              : e == Exec::kNakOp   ? IBV_WC_REM_OP_ERR
                                                    : IBV_WC_REM_INV_REQ_ERR;
     complete_recv(qp, qp.resp.rwqe, st, IBV_WC_RECV, 0);
+    tm_abort(qp);
     qp.resp.have_rwqe = false;
   }
   // Class B/C errors take the responder's QP to the error state (10.7.3).
@@ -163,21 +164,32 @@ Engine::Exec Engine::exec_send(Qp& qp, const wire::Packet& pkt) {
   const wire::OpcodeInfo& info = *pkt.info;
   if (info.has(wire::kOpStart)) {
     if (!s.have_rwqe) {
-      if (!take_recv(qp, s.rwqe)) return Exec::kRnr;
+      if (qp.srq && qp.srq->tm) [[unlikely]] {
+        if (!tm_start(qp, pkt)) return Exec::kRnr;
+      } else if (!take_recv(qp, s.rwqe)) {
+        return Exec::kRnr;
+      }
       s.have_rwqe = true;
     }
     s.offset = 0;
   }
-  if (s.offset + pkt.payload_len > s.rwqe.length) {
+  if (s.tm >= Responder::Tm::kEager) [[unlikely]] {
+    // Matched to a tag: its own placement (tm.cc).
+    if (const Exec x = tm_place(qp, pkt); x != Exec::kOk) {
+      s.have_rwqe = false;
+      return x;
+    }
+  } else if (s.offset + pkt.payload_len > s.rwqe.length) {
     // The message does not fit the receive buffer (a local length error at
     // the responder, reported to the requester as an invalid request).
     complete_recv(qp, s.rwqe, IBV_WC_LOC_LEN_ERR, IBV_WC_RECV, 0);
     s.have_rwqe = false;
+    s.tm = Responder::Tm::kNone;
     return Exec::kNakInvalid;
-  }
-  if (!scatter_recv(mrs_, qp.pd, s.rwqe, s.offset, pkt.payload())) {
+  } else if (!scatter_recv(mrs_, qp.pd, s.rwqe, s.offset, pkt.payload())) {
     complete_recv(qp, s.rwqe, IBV_WC_LOC_PROT_ERR, IBV_WC_RECV, 0);
     s.have_rwqe = false;
+    s.tm = Responder::Tm::kNone;
     return Exec::kNakOp;
   }
   s.offset += pkt.payload_len;
@@ -196,13 +208,17 @@ Engine::Exec Engine::exec_send(Qp& qp, const wire::Packet& pkt) {
     const std::uint32_t rkey = inv->rkey.get();
     if (!mrs_.invalidate(rkey, qp.pd, qp.handle)) {
       complete_recv(qp, s.rwqe, IBV_WC_REM_INV_REQ_ERR, IBV_WC_RECV, 0);
+      tm_abort(qp);
       s.have_rwqe = false;
       return Exec::kNakInvalid;
     }
     flags |= IBV_WC_WITH_INV;
     extra = rkey;
   }
-  complete_recv(qp, s.rwqe, IBV_WC_SUCCESS, IBV_WC_RECV, static_cast<std::uint32_t>(s.offset), flags, extra);
+  if (s.tm != Responder::Tm::kNone) [[unlikely]]
+    tm_finish(qp, static_cast<std::uint32_t>(s.offset), flags, extra);
+  else
+    complete_recv(qp, s.rwqe, IBV_WC_SUCCESS, IBV_WC_RECV, static_cast<std::uint32_t>(s.offset), flags, extra);
   s.have_rwqe = false;
   s.in_msg = Responder::InMsg::kNone;
   ++s.msn;

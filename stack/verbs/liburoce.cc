@@ -409,6 +409,11 @@ struct uroce_srq {
   std::size_t map_len;
   uroce::abi::Ring<uroce_recv_entry> ring;
   std::uint32_t srq_num = 0;  // an XRC SRQ's
+  // A tag-matching SRQ's (uroce_abi.h): its operations ring, the daemon's
+  // released words, and this side's count of ADDs of each tag.
+  uroce::abi::Ring<uroce_tm_op> ops;
+  const std::uint32_t* released = nullptr;
+  std::vector<std::uint32_t> gen;
 };
 
 struct uroce_xrcd {
@@ -1807,27 +1812,129 @@ int uroce_post_recv(uroce_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
 
 uroce_srq* uroce_create_srq(uroce_pd* pd, ibv_srq_init_attr* a) { return uroce_create_xrc_srq(pd, nullptr, nullptr, a); }
 
+namespace {
+uroce_srq* create_srq(uroce_pd* pd, uroce_xrcd* xrcd, uroce_cq* cq, ibv_srq_init_attr* a, std::uint32_t tm_tags,
+                      std::uint32_t tm_ops);
+}  // namespace
+
 uroce_srq* uroce_create_xrc_srq(uroce_pd* pd, uroce_xrcd* xrcd, uroce_cq* cq, ibv_srq_init_attr* a) {
+  return create_srq(pd, xrcd, cq, a, 0, 0);
+}
+
+uroce_srq* uroce_create_tm_srq(uroce_pd* pd, uroce_cq* cq, ibv_srq_init_attr* a, uint32_t max_tags, uint32_t max_ops) {
+  if (!pd || !cq || !a) return set_error(EINVAL, "a tag-matching SRQ needs a PD, a CQ and attributes"), nullptr;
+  if (pd->ctx->minor < 19) return set_error(EOPNOTSUPP, "this uroced has no tag matching (ABI minor < 19)"), nullptr;
+  if (max_tags == 0 || max_tags > UROCE_TM_MAX_TAGS || max_ops == 0 || max_ops > UROCE_TM_MAX_OPS)
+    return set_error(EINVAL, "tags 1..64 and operations 1..64"), nullptr;
+  return create_srq(pd, nullptr, cq, a, max_tags, max_ops);
+}
+
+int uroce_post_srq_ops(uroce_srq* srq, ibv_ops_wr* wr, ibv_ops_wr** bad) {
+  if (!srq || !srq->released) {
+    if (bad) *bad = wr;
+    return set_error(EINVAL, "not a tag-matching SRQ");
+  }
+  int rc = 0;
+  for (; wr; wr = wr->next) {
+    uroce_tm_op op{};
+    op.wr_id = wr->wr_id;
+    op.opcode = static_cast<std::uint8_t>(wr->opcode);
+    op.flags = static_cast<std::uint8_t>(wr->flags);
+    op.unexpected_cnt = wr->tm.unexpected_cnt;
+    const bool known_flags = (wr->flags & ~(IBV_OPS_SIGNALED | IBV_OPS_TM_SYNC)) == 0;
+    if (!known_flags || (wr->opcode != IBV_WR_TAG_ADD && wr->opcode != IBV_WR_TAG_DEL && wr->opcode != IBV_WR_TAG_SYNC)) {
+      rc = set_error(EINVAL, "an unknown operation or flag");
+      break;
+    }
+    if (wr->opcode == IBV_WR_TAG_ADD) {
+      if (wr->tm.add.num_sge < 0 || wr->tm.add.num_sge > UROCE_TM_MAX_SGE ||
+          (wr->tm.add.num_sge > 0 && !wr->tm.add.sg_list)) {
+        rc = set_error(EINVAL, "a tag takes at most one SGE");
+        break;
+      }
+      // A free index: the daemon has released its last use.
+      std::uint32_t i = 0;
+      const auto n = static_cast<std::uint32_t>(srq->gen.size());
+      while (i < n && std::atomic_ref<const std::uint32_t>(srq->released[i]).load(std::memory_order_acquire) != srq->gen[i])
+        ++i;
+      if (i == n) {
+        rc = set_error(ENOMEM, "every tag is in use");
+        break;
+      }
+      op.handle = i;
+      op.gen = srq->gen[i] + 1;
+      op.tag = wr->tm.add.tag;
+      op.mask = wr->tm.add.mask;
+      op.recv_wr_id = wr->tm.add.recv_wr_id;
+      op.num_sge = static_cast<std::uint8_t>(wr->tm.add.num_sge);
+      if (op.num_sge)
+        op.sge = {wr->tm.add.sg_list[0].addr, wr->tm.add.sg_list[0].length, wr->tm.add.sg_list[0].lkey};
+      if (!srq->ops.push(op)) {
+        rc = set_error(ENOMEM, "the operations queue is full");
+        break;
+      }
+      srq->gen[i] = op.gen;
+      wr->tm.handle = i;
+      continue;
+    }
+    if (wr->opcode == IBV_WR_TAG_DEL) {
+      if (wr->tm.handle >= srq->gen.size()) {
+        rc = set_error(EINVAL, "no such tag");
+        break;
+      }
+      op.handle = wr->tm.handle;
+      op.gen = srq->gen[wr->tm.handle];
+    }
+    if (!srq->ops.push(op)) {
+      rc = set_error(ENOMEM, "the operations queue is full");
+      break;
+    }
+  }
+  if (rc && bad) *bad = wr;
+  srq->ctx->kick();
+  return rc;
+}
+
+namespace {
+uroce_srq* create_srq(uroce_pd* pd, uroce_xrcd* xrcd, uroce_cq* cq, ibv_srq_init_attr* a, std::uint32_t tm_tags,
+                      std::uint32_t tm_ops) {
   if (!pd || !a) return set_error(EINVAL, "no PD or attributes"), nullptr;
   if (a->attr.srq_limit != 0) return set_error(EINVAL, "srq_limit (the low-watermark event) is not supported"), nullptr;
   if (xrcd && !cq) return set_error(EINVAL, "an XRC SRQ needs an XRC domain and a CQ"), nullptr;
   if (xrcd && pd->ctx->minor < 17) return set_error(EOPNOTSUPP, "this uroced has no XRC (ABI minor < 17)"), nullptr;
-  if (cq && !xrcd && pd->ctx->minor < 18)
+  if (cq && !xrcd && !tm_tags && pd->ctx->minor < 18)
     return set_error(EOPNOTSUPP, "this uroced has no work queues (ABI minor < 18)"), nullptr;
-  uroce_create_srq_msg m{pd->handle, a->attr.max_wr, a->attr.max_sge, xrcd ? xrcd->handle : 0, cq ? cq->handle : 0};
-  // A daemon before minor 17 reads 12 bytes and answers the handle alone.
+  uroce_create_srq_msg m{pd->handle, a->attr.max_wr, a->attr.max_sge, xrcd ? xrcd->handle : 0,
+                         cq ? cq->handle : 0,   tm_tags,           tm_ops};
+  // A daemon before minor 17 reads 12 bytes and answers the handle alone;
+  // one before 19 reads 20.
   const bool old = pd->ctx->minor < 17;
+  const std::size_t mlen = old ? offsetof(uroce_create_srq_msg, xrcd)
+                           : pd->ctx->minor < 19 ? offsetof(uroce_create_srq_msg, tm_max_tags)
+                                                 : sizeof m;
   uroce_create_srq_reply r{};
   int fd = -1;
-  if (call(pd->ctx, UROCE_MSG_CREATE_SRQ, &m, old ? offsetof(uroce_create_srq_msg, xrcd) : sizeof m, -1, &r,
-           old ? sizeof(uroce_handle_reply) : sizeof r, &fd) != 0)
+  if (call(pd->ctx, UROCE_MSG_CREATE_SRQ, &m, mlen, -1, &r, old ? sizeof(uroce_handle_reply) : sizeof r, &fd) != 0)
     return nullptr;
   void* map = nullptr;
   std::size_t len = 0;
   if (!map_fd(fd, map, len, "SRQ ring")) return nullptr;
   auto srq = new uroce_srq{pd->ctx, r.handle, map, len, {}, r.srq_num};
-  if (uroce::abi::Ring<uroce_recv_entry>::attach(map, len, UROCE_RING_SRQ, srq->ring) !=
-      uroce::abi::AttachError::kOk) {
+  const std::uint32_t entries = std::bit_ceil(a->attr.max_wr);
+  const std::uint32_t ops = tm_tags ? std::bit_ceil(tm_ops) : 0;
+  const std::size_t ring_len = tm_tags ? uroce_ring_bytes(entries, sizeof(uroce_recv_entry)) : len;
+  bool ok = len >= (tm_tags ? uroce_tm_srq_bytes(entries, ops, tm_tags) : ring_len) &&
+            uroce::abi::Ring<uroce_recv_entry>::attach(map, ring_len, UROCE_RING_SRQ, srq->ring) ==
+                uroce::abi::AttachError::kOk;
+  if (ok && tm_tags) {
+    auto* base = static_cast<std::uint8_t*>(map);
+    ok = uroce::abi::Ring<uroce_tm_op>::attach(base + uroce_tm_ops_offset(entries),
+                                               uroce_ring_bytes(ops, sizeof(uroce_tm_op)), UROCE_RING_TM_OPS,
+                                               srq->ops) == uroce::abi::AttachError::kOk;
+    srq->released = reinterpret_cast<const std::uint32_t*>(base + uroce_tm_released_offset(entries, ops));
+    srq->gen.assign(tm_tags, 0);
+  }
+  if (!ok) {
     ::munmap(map, len);
     delete srq;
     return set_error(EPROTO, "bad SRQ ring from uroced"), nullptr;
@@ -1835,6 +1942,7 @@ uroce_srq* uroce_create_xrc_srq(uroce_pd* pd, uroce_xrcd* xrcd, uroce_cq* cq, ib
   a->attr.max_wr = srq->ring.capacity();
   return srq;
 }
+}  // namespace
 
 std::uint32_t uroce_srq_num(const uroce_srq* srq) { return srq ? srq->srq_num : 0; }
 std::uint32_t uroce_srq_handle(const uroce_srq* srq) { return srq ? srq->handle : 0; }
@@ -1946,15 +2054,20 @@ int uroce_get_async_event(uroce_context* ctx, uroce_async_event* ev) {
 
 }  // extern "C"
 namespace {
-/// uroce_poll_cq and uroce_poll_cq_ts: with kTs, each entry's timestamp too.
-template <bool kTs>
-int poll_entries(uroce_cq* cq, int num, ibv_wc* wc, std::uint64_t* ts) {
+/// uroce_poll_cq, uroce_poll_cq_ts and uroce_poll_cq_ex: with kTs, each
+/// entry's timestamp too; with kEx, its timestamp and tag.
+template <bool kTs, bool kEx = false>
+int poll_entries(uroce_cq* cq, int num, ibv_wc* wc, std::uint64_t* ts, uroce_wc_extra* ex = nullptr) {
   int n = 0;
   uroce_cq_entry e;
   const auto take = [&] {
     while (n < num && cq->ring.pop(e)) {
       if (e.opcode == kDiscardedCompletion) continue;  // its QP was reset since (uroce_modify_qp)
       if constexpr (kTs) ts[n] = e.timestamp;
+      if constexpr (kEx) {
+        const bool tm = e.opcode >= IBV_WC_TM_ADD && e.opcode <= IBV_WC_TM_NO_TAG && e.status == IBV_WC_SUCCESS;
+        ex[n] = {e.timestamp, tm ? (std::uint64_t{e.tag_hi} << 32 | e.src_qp) : 0, tm ? e.vendor_err : 0, 0};
+      }
       wc[n++] = abi::to_wc(e);
     }
   };
@@ -1967,6 +2080,9 @@ int poll_entries(uroce_cq* cq, int num, ibv_wc* wc, std::uint64_t* ts) {
 extern "C" {
 
 int uroce_poll_cq_ts(uroce_cq* cq, int num, ibv_wc* wc, std::uint64_t* ts) { return poll_entries<true>(cq, num, wc, ts); }
+int uroce_poll_cq_ex(uroce_cq* cq, int num, ibv_wc* wc, uroce_wc_extra* ex) {
+  return poll_entries<false, true>(cq, num, wc, nullptr, ex);
+}
 
 int uroce_completion_timestamps(const uroce_context* ctx) { return ctx && ctx->minor >= 13 ? 1 : 0; }
 

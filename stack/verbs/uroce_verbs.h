@@ -273,6 +273,16 @@ uint32_t uroce_srq_num(const struct uroce_srq* srq); /* 0 for a basic SRQ */
 struct uroce_srq* uroce_create_wq(struct uroce_pd* pd, struct uroce_cq* cq, struct ibv_srq_init_attr* attr);
 uint32_t uroce_srq_handle(const struct uroce_srq* srq); /* its number in the session (a work queue's wq_num) */
 int uroce_post_srq_recv(struct uroce_srq* srq, struct ibv_recv_wr* wr, struct ibv_recv_wr** bad_wr);
+/* Tag matching (ABI minor 19; uroce_abi.h), as ibv_create_srq_ex's
+ * IBV_SRQT_TM: an SRQ with a list of up to max_tags (<= UROCE_TM_MAX_TAGS)
+ * tagged buffers, changed by uroce_post_srq_ops (IBV_WR_TAG_ADD, whose
+ * handle it returns in wr->tm.handle; _DEL; _SYNC; at most max_ops
+ * outstanding), whose operations complete in `cq`. One thread posts to an
+ * SRQ at a time, as for every uroce post. ENOMEM when every tag is in use
+ * or the operations queue is full. */
+struct uroce_srq* uroce_create_tm_srq(struct uroce_pd* pd, struct uroce_cq* cq, struct ibv_srq_init_attr* attr,
+                                      uint32_t max_tags, uint32_t max_ops);
+int uroce_post_srq_ops(struct uroce_srq* srq, struct ibv_ops_wr* wr, struct ibv_ops_wr** bad_op);
 
 /* FLUSH (IBTA 1.5; rdma-core 44's ibv_send_wr has no fields for it): opcode
  * UROCE_WR_FLUSH (uroce_abi.h), RC only, num_sge 0; wr.atomic.remote_addr
@@ -286,6 +296,15 @@ int uroce_poll_cq(struct uroce_cq* cq, int num_entries, struct ibv_wc* wc);
 /* The same, with each completion's timestamp (ns of CLOCK_MONOTONIC when
  * the daemon made it) in timestamps[i]. */
 int uroce_poll_cq_ts(struct uroce_cq* cq, int num_entries, struct ibv_wc* wc, uint64_t* timestamps);
+/* The same, with each completion's timestamp and, for a tag-matching one
+ * of a matched message, its tag and the TMH's app_ctx (ibv_wc_tm_info). */
+struct uroce_wc_extra {
+  uint64_t timestamp;
+  uint64_t tag;
+  uint32_t tm_priv;
+  uint32_t reserved;
+};
+int uroce_poll_cq_ex(struct uroce_cq* cq, int num_entries, struct ibv_wc* wc, struct uroce_wc_extra* extra);
 /* 1 when the daemon stamps completions (ABI minor 13), else 0. */
 int uroce_completion_timestamps(const struct uroce_context* ctx);
 /* Whether ODP MRs (IBV_ACCESS_ON_DEMAND) can be registered, as the last
