@@ -722,7 +722,17 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
       if (pd == s.pds.end()) return fail(EINVAL, "no such PD in this session");
       Xrcd* xrcd = nullptr;
       Cq* xcq = nullptr;
-      if (m.xrcd != 0 || m.cq != 0) {
+      const bool tm = m.tm_max_tags != 0;  // tag matching (minor 19): `cq` is where its operations complete
+      Cq* tm_cq = nullptr;
+      if (tm) {
+        auto c = s.cqs.find(m.cq);
+        if (c == s.cqs.end()) return fail(EINVAL, "a tag-matching SRQ needs a CQ of this session");
+        if (m.xrcd != 0) return fail(EINVAL, "a tag-matching SRQ has no XRC domain");
+        if (m.tm_max_tags > UROCE_TM_MAX_TAGS || m.tm_max_ops == 0 || m.tm_max_ops > UROCE_TM_MAX_OPS)
+          return fail(EINVAL, "a tag-matching SRQ takes 1.." + std::to_string(UROCE_TM_MAX_TAGS) + " tags and 1.." +
+                                  std::to_string(UROCE_TM_MAX_OPS) + " operations");
+        tm_cq = c->second.cq;
+      } else if (m.xrcd != 0 || m.cq != 0) {
         // An XRC SRQ (a domain and a CQ), or a receive work queue (a CQ alone, minor 18).
         auto c = s.cqs.find(m.cq);
         if (c == s.cqs.end()) return fail(EINVAL, "an XRC SRQ or a work queue needs a CQ of this session");
@@ -736,13 +746,25 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
       if (m.max_wr == 0 || m.max_wr > kMaxSrqWr || m.max_sge == 0 || m.max_sge > UROCE_ABI_MAX_SGE)
         return fail(EINVAL, "SRQ max_wr must be 1..4096 and max_sge 1..4");
       const std::uint32_t entries = std::bit_ceil(m.max_wr);
+      const std::uint32_t ops = tm ? std::bit_ceil(m.tm_max_ops) : 0;
       Mapping map;
       int fd = -1;
-      if (!make_shared(uroce_ring_bytes(entries, sizeof(uroce_recv_entry)), map, fd))
-        return fail(ENOMEM, "cannot create the SRQ ring");
+      const std::size_t bytes = tm ? uroce_tm_srq_bytes(entries, ops, m.tm_max_tags)
+                                   : uroce_ring_bytes(entries, sizeof(uroce_recv_entry));
+      if (!make_shared(bytes, map, fd)) return fail(ENOMEM, "cannot create the SRQ ring");
       uroce_handle_reply r{s.next_handle++};
       const auto ring = abi::Ring<uroce_recv_entry>::create(map.addr, entries, UROCE_RING_SRQ, r.handle);
       Srq* srq = eng_.create_srq(pd->second, entries, m.max_sge, &ring, xrcd, xcq);
+      if (srq && tm) {
+        auto* base = static_cast<std::uint8_t*>(map.addr);
+        const auto op_ring =
+            abi::Ring<uroce_tm_op>::create(base + uroce_tm_ops_offset(entries), ops, UROCE_RING_TM_OPS, r.handle);
+        auto* released = reinterpret_cast<std::uint32_t*>(base + uroce_tm_released_offset(entries, ops));
+        if (!eng_.make_tm(srq, tm_cq, m.tm_max_tags, op_ring, released)) {
+          eng_.destroy_srq(srq);
+          srq = nullptr;
+        }
+      }
       if (!srq) {
         map.unmap();
         ::close(fd);
@@ -1442,6 +1464,10 @@ std::size_t SessionServer::step() {
     if (posts == s.posts_seen && !s.legacy && !s.kick_again) continue;
     s.posts_seen = posts;
     bool more = false;
+    // Tag-matching operations first: an ADD posted before a SEND that
+    // matches it is in the list when the SEND is taken.
+    for (auto& srq_entry : s.srqs)
+      if (srq_entry.second.srq->tm) work += eng_.run_tm_ops(*srq_entry.second.srq);
     for (auto& qp_entry : s.qps) work += eng_.kick(qp_entry.second.qp, &more);
     s.kick_again = more;  // a ring's worth was taken: look again next pass
   }
