@@ -62,6 +62,10 @@ void on_stop_signal(int) {
   if (g_stop_flag) *g_stop_flag = 1;
 }
 
+/// SIGHUP (systemctl reload): the main loop reloads at its next pass.
+volatile sig_atomic_t g_reload = 0;
+void on_reload_signal(int) { g_reload = 1; }
+
 /// A crash leaves a backtrace on stderr (async-signal-safe calls only), so a
 /// rare failure in CI can be read from the log.
 void on_fatal_signal(int sig) {
@@ -85,6 +89,7 @@ void host_stop_signals(volatile sig_atomic_t* stop) {
   g_stop_flag = stop;
   ::signal(SIGTERM, on_stop_signal);
   ::signal(SIGINT, on_stop_signal);
+  ::signal(SIGHUP, on_reload_signal);
   ::signal(SIGPIPE, SIG_IGN);
 }
 }  // namespace
@@ -250,6 +255,104 @@ std::string Node::status_json() const {
   return status().dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
+nlohmann::ordered_json Node::reload() {
+  using json = nlohmann::ordered_json;
+  auto refuse = [](const std::string& why) { return json{{"ok", false}, {"error", why}}; };
+  if (embedded_) return refuse("an embedded node's options are its application's: nothing to reload");
+  NodeOptions n;
+  std::string text;
+  std::vector<const char*> argv = {"uroced"};
+  for (const auto& a : opts_.args) argv.push_back(a.c_str());
+  if (parse_options(static_cast<int>(argv.size()), argv.data(), n, text) != ParseResult::kOk)
+    return refuse("the configuration does not parse: " + text);
+  const NodeOptions& o = opts_;
+  // What a running node cannot take without restarting: named, and the
+  // whole reload refused.
+  std::vector<std::string> fixed;
+  auto same = [&fixed](bool eq, const char* name) {
+    if (!eq) fixed.emplace_back(name);
+  };
+  same(n.ports == o.ports && n.vdevs == o.vdevs, "port/vdev");
+  same(n.ips == o.ips && n.prefixes == o.prefixes, "ip");
+  same(n.host_netdev == o.host_netdev, "host-netdev");
+  same(n.shards == o.shards, "shards");
+  same(n.lcores == o.lcores, "lcore");
+  same(n.app_socket == o.app_socket && n.app_socket_mode == o.app_socket_mode && n.app_socket_gid == o.app_socket_gid,
+       "app-socket");
+  same(n.no_huge == o.no_huge && n.mem_mb == o.mem_mb && n.file_prefix == o.file_prefix && n.eal_extra == o.eal_extra,
+       "EAL (no-huge, mem-mb, file-prefix, eal)");
+  same(n.neighbors == o.neighbors, "neighbor");
+  same(n.vlan == o.vlan && n.pcp == o.pcp, "vlan/pcp");
+  same(n.dscp == o.dscp && n.ecn == o.ecn, "dscp/ecn");
+  same(n.cnp_interval_us == o.cnp_interval_us && n.cnp_dscp == o.cnp_dscp, "cnp-interval-us/cnp-dscp");
+  same(n.line_rate_mbps == o.line_rate_mbps, "line-rate-mbps");
+  same(n.capture == o.capture, "capture");
+  same(n.ctl_socket == o.ctl_socket, "ctl-socket");
+  same(n.tx_copy == o.tx_copy && n.mtu == o.mtu && n.rx_interrupts == o.rx_interrupts && n.idle == o.idle,
+       "the port's I/O (tx-copy, link-mtu, rx-interrupts, idle)");
+  same(n.duration == o.duration, "duration");
+  same(n.limits.odp == o.limits.odp, "odp");
+  // The live ones that pipelines own: taken on the main lcore, so only
+  // with one pipeline (as the control socket's fault and cc commands).
+  const bool cc_changed = n.cc != o.cc;
+  const bool faults_changed =
+      n.fault_rx.to_string() != o.fault_rx.to_string() || n.fault_tx.to_string() != o.fault_tx.to_string();
+  if ((cc_changed || faults_changed) && pipes_.size() != 1)
+    fixed.emplace_back(cc_changed ? "cc (live with one pipeline only)" : "fault-rx/fault-tx (live with one pipeline only)");
+  if (!fixed.empty()) {
+    std::string names;
+    for (const auto& f : fixed) names += (names.empty() ? "" : ", ") + f;
+    json r = refuse("cannot change live (restart uroced for these): " + names);
+    r["not_live"] = fixed;
+    return r;
+  }
+  // A new metrics endpoint is bound before anything changes: a port in use
+  // refuses the reload.
+  std::unique_ptr<MetricsServer> metrics;
+  const bool metrics_changed = n.metrics != o.metrics;
+  if (metrics_changed && !n.metrics.empty()) {
+    boost::asio::ip::tcp::endpoint ep;
+    std::string why;
+    if (!MetricsServer::parse(n.metrics, ep, why)) return refuse("metrics: " + why);
+    metrics_.reset();  // the old endpoint's port may be the new one's
+    try {
+      metrics = std::make_unique<MetricsServer>(
+          io_, ep, [this] { return render_metrics(status(), MetricsOptions{opts_.metrics_qps}); });
+    } catch (const std::exception& e) {
+      return refuse("metrics " + n.metrics + ": " + e.what() + " (the endpoint is now off)");
+    }
+  }
+  json changed = json::array();
+  if (cc_changed) {
+    pipes_[0]->eng->set_default_cc(n.cc);  // parse_options checked the name
+    changed.push_back("cc");
+  }
+  if (faults_changed) {
+    pipes_[0]->dp->rx_faults().configure(n.fault_rx);
+    pipes_[0]->dp->tx_faults().configure(n.fault_tx);
+    changed.push_back("fault");
+  }
+  if (!(n.limits == o.limits)) {
+    if (sessions_) sessions_->set_limits(n.limits);
+    changed.push_back("limits");
+  }
+  if (n.log_level != o.log_level || n.log_json != o.log_json) {
+    g_log_level = n.log_level;
+    set_log(n.log_level, n.log_json ? LogFormat::kJson : LogFormat::kText);
+    changed.push_back("log");
+  }
+  if (metrics_changed) {
+    metrics_ = std::move(metrics);
+    changed.push_back("metrics");
+  }
+  if (n.metrics_qps != o.metrics_qps) changed.push_back("metrics-qps");
+  const std::vector<std::string> args = opts_.args;
+  opts_ = n;
+  opts_.args = args;
+  log(1, "reloaded", "changed=" + log_value(changed.dump()));
+  return json{{"ok", true}, {"changed", changed}};
+}
+
 nlohmann::ordered_json Node::status() const {
   // Counters are read while other lcores update them: each is an aligned
   // 64-bit load, so a value may be a moment old but is never torn.
@@ -394,6 +497,7 @@ class Node::ControlServer {
       std::string cmd;
       ls >> cmd;
       if (cmd == "status") return d.status_json();
+      if (cmd == "reload") return d.reload().dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
       if (cmd == "stop") {
         if (d.embedded_) return error("an embedded node stops when its application closes the device");
         d.stop_requested_ = true;
@@ -438,7 +542,7 @@ class Node::ControlServer {
       }
       // The command is echoed back, cut short: escaped by the JSON library
       // (quotes, backslashes, control bytes, invalid UTF-8 replaced).
-      return error("unknown command '" + cmd.substr(0, 64) + "' (status, fault, cc, stop)");
+      return error("unknown command '" + cmd.substr(0, 64) + "' (status, reload, fault, cc, stop)");
     }
   };
   void accept() {
@@ -880,6 +984,15 @@ int Node::run(const volatile sig_atomic_t& stop) {
     if (sd.watchdog().enabled()) {
       for (std::size_t k = 0; k < pipes_.size(); ++k) passes[k] = pipes_[k]->passes.load(std::memory_order_relaxed);
       sd.tick(now, passes);
+    }
+    if (g_reload) {
+      // SIGHUP: systemd hears RELOADING=1, then READY=1 whatever came of it
+      // (a refused reload leaves the node as it was, and says why).
+      g_reload = 0;
+      sd.reloading();
+      const auto r = reload();
+      if (!r.value("ok", false)) log(2, "reload refused", "why=" + log_value(r.value("error", std::string())));
+      sd.ready(r.value("ok", false) ? "reloaded" : "reload refused: " + r.value("error", std::string()));
     }
     if (opts_.duration > 0 && now - start > static_cast<std::uint64_t>(opts_.duration * 1e9)) stop_requested_ = true;
     const bool stopping = stop || stop_requested_;

@@ -132,6 +132,14 @@ class Node {
 
   [[nodiscard]] nlohmann::ordered_json status() const;
   [[nodiscard]] std::string status_json() const;
+  /// Live reconfiguration (SIGHUP, `systemctl reload`, the control
+  /// socket's "reload"): parses the command line again, and so re-reads its
+  /// --config file, and applies what may change without touching a QP: the
+  /// congestion control of new QPs (--cc), fault injection, the session
+  /// limits, logging and the metrics endpoint. Any other option that
+  /// changed refuses the whole reload, each one named, and nothing is
+  /// applied. {"ok":true,"changed":[...]}, or {"ok":false,"error":...}.
+  nlohmann::ordered_json reload();
 
   struct Pipeline;
 

@@ -395,6 +395,7 @@ ParseResult parse_options(int argc, const char* const* argv, NodeOptions& out, s
   out.idle = idle_cfg;
   out.duration = duration;
   out.limits = lim;
+  out.args.assign(argv + 1, argv + argc);
   if (extra.check) {
     std::string why = extra.check(npipes);
     if (!why.empty()) return bad(why);

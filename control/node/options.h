@@ -41,6 +41,7 @@ struct SessionLimits {
   bool odp = false;
   /// Connections that have not said hello yet, and how long one may wait.
   std::uint32_t max_unhelloed = 64, hello_timeout_ms = 2000;
+  friend bool operator==(const SessionLimits&, const SessionLimits&) = default;
 };
 
 struct NodeOptions {
@@ -81,6 +82,9 @@ struct NodeOptions {
   int log_level = 1;    // 0 debug, 1 info, 2 warn, 3 error
   bool log_json = false;  // --log-format json: one JSON object a line (log.h)
   SessionLimits limits;
+  /// The command line as given, after the program's name: a reload parses
+  /// it again, and so reads its --config file again.
+  std::vector<std::string> args;
 };
 
 enum class ParseResult { kOk, kHelp, kError };

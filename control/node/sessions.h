@@ -58,6 +58,9 @@ class SessionServer {
   [[nodiscard]] nlohmann::ordered_json cm_status() const;
   /// The limits in force, and what they refused.
   [[nodiscard]] nlohmann::ordered_json limits_status() const;
+  /// New limits (a reload): they bound what comes next; nothing held now
+  /// is taken back.
+  void set_limits(const SessionLimits& limits) { limits_ = limits; }
 
   struct Session;
 

@@ -1,6 +1,7 @@
 #include "control/node/systemd.h"
 
 #include <systemd/sd-daemon.h>
+#include <time.h>
 
 #include "control/node/node.h"
 
@@ -21,6 +22,13 @@ SystemdNotify::SystemdNotify() : wd_(watchdog_timeout_ns()) {
 void SystemdNotify::ready(const std::string& s) { (void)sd_notify(0, ("READY=1\nSTATUS=" + s).c_str()); }
 
 void SystemdNotify::status(const std::string& s) { (void)sd_notify(0, ("STATUS=" + s).c_str()); }
+
+void SystemdNotify::reloading() {
+  timespec t{};
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  const auto usec = static_cast<unsigned long long>(t.tv_sec) * 1000000ull + static_cast<unsigned long long>(t.tv_nsec) / 1000;
+  (void)sd_notify(0, ("RELOADING=1\nMONOTONIC_USEC=" + std::to_string(usec) + "\nSTATUS=reloading").c_str());
+}
 
 void SystemdNotify::stopping() { (void)sd_notify(0, "STOPPING=1\nSTATUS=stopping: flushing QPs"); }
 

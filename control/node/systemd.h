@@ -20,6 +20,9 @@ class SystemdNotify {
   void ready(const std::string& status);
   void status(const std::string& status);
   void stopping();
+  /// A reload (SIGHUP, systemctl reload): RELOADING=1 with the monotonic
+  /// time systemd asks for, then READY=1 once it is done.
+  void reloading();
   /// From the main loop: feeds the watchdog when it is due and every
   /// pipeline made passes; logs a stalled pipeline once per stall.
   void tick(std::uint64_t now_ns, std::span<const std::uint64_t> passes);

@@ -68,6 +68,7 @@ struct IdleConfig {
   std::uint32_t tick_us = 20;
   std::uint32_t warm_ms = 10;
   std::uint32_t max_sleep_us = 20000;  // 2000 cost an idle daemon about 2% of a core here (wake-ups are dear in a VM)
+  friend bool operator==(const IdleConfig&, const IdleConfig&) = default;
 };
 
 class Dataplane {

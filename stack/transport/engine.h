@@ -183,6 +183,13 @@ class Engine {
   Srq* create_srq(Pd* pd, std::uint32_t max_wr, std::uint32_t max_sge,
                   const abi::Ring<uroce_recv_entry>* shared = nullptr, Xrcd* xrcd = nullptr, Cq* cq = nullptr);
   int destroy_srq(Srq* srq);
+  /// Every new RC and UC QP's congestion control from now on (a reload);
+  /// false, and nothing changed, for a name the registry does not know.
+  bool set_default_cc(const std::string& name) {
+    if (cc::find(name) == nullptr) return false;
+    cfg_.cc = name;
+    return true;
+  }
   /// Makes a basic SRQ a tag-matching one (uroce_abi.h: tag matching):
   /// `max_tags` tags, operations taken from `ops` and completed in `cq`,
   /// and `released` (max_tags words the application reads) written as tags

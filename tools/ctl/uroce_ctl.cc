@@ -169,7 +169,8 @@ bool parse(const std::string& text, json& out, std::string& err) {
 
 void usage(FILE* f) {
   std::fprintf(f,
-               "usage: uroce-ctl [--socket PATH] status|json|watch|telemetry|stop|fault rx|tx SPEC|off|cc QPN NAME\n"
+               "usage: uroce-ctl [--socket PATH] status|json|watch|telemetry|reload|stop|fault rx|tx SPEC|off|cc QPN NAME\n"
+               "       reload: re-read the configuration and apply what may change live\n"
                "       watch, telemetry: [--interval MS] [--count N]\n");
 }
 
@@ -255,7 +256,7 @@ int main(int argc, char** argv) {
   }
   std::string line;
   for (int i = optind; i < argc; ++i) line += (i > optind ? " " : "") + std::string(argv[i]);
-  if (cmd != "stop" && cmd != "fault" && cmd != "cc") {
+  if (cmd != "stop" && cmd != "reload" && cmd != "fault" && cmd != "cc") {
     usage(stderr);
     return 2;
   }
