@@ -9,12 +9,23 @@
 # Then both daemons' counters, and the server's capture decoded by
 # uroce-pcap --strict. Runs without hugepages.
 #   tools/demo.sh [BUILD_DIR] [MESSAGES] [SIZE]
+# BUILD_DIR `installed` (the default when the package's uroce-demo runs it)
+# takes the installed programs instead: uroced from sbin, the rest from bin.
 set -euo pipefail
-build=${1:-build}; msgs=${2:-20000}; size=${3:-4096}
-uroced="$build/control/uroced"
-tools="$build/tools/perf"
-for b in "$uroced" "$tools/uroce-rping" "$tools/uroce-pingpong" "$tools/uroce-perf"; do
-  [ -x "$b" ] || { echo "demo: $b not built (tools/setup.sh build)"; exit 2; }
+build=${1:-}; msgs=${2:-20000}; size=${3:-4096}
+[ -n "$build" ] || { [ "$(basename "$0")" = uroce-demo ] && build=installed || build=build; }
+if [ "$build" = installed ]; then
+  prefix=$(cd "$(dirname "$(readlink -f "$0")")/.." && pwd)
+  uroced="$prefix/sbin/uroced"
+  rping="$prefix/bin/uroce-rping" pingpong="$prefix/bin/uroce-pingpong" perf="$prefix/bin/uroce-perf"
+  pcap="$prefix/bin/uroce-pcap"
+else
+  uroced="$build/control/uroced"
+  rping="$build/tools/perf/uroce-rping" pingpong="$build/tools/perf/uroce-pingpong" perf="$build/tools/perf/uroce-perf"
+  pcap="$build/tools/uroce-pcap"
+fi
+for b in "$uroced" "$rping" "$pingpong" "$perf"; do
+  [ -x "$b" ] || { echo "demo: $b not built (tools/setup.sh build) or not installed"; exit 2; }
 done
 dir=$(mktemp -d /tmp/uroce-demo.XXXXXX)
 pids=()
@@ -39,9 +50,9 @@ fail=0
 
 pings=$(( msgs / 20 > 0 ? msgs / 20 : 1 ))
 echo "== uroce-rping: RDMA CM, then $pings rounds of SEND + RDMA READ + RDMA WRITE of $size bytes, validated"
-"$tools/uroce-rping" -s -C "$pings" -S "$size" -p 7471 -d "$dir/a.sock" > "$dir/rps.out" 2>&1 & rs=$!
+"$rping" -s -C "$pings" -S "$size" -p 7471 -d "$dir/a.sock" > "$dir/rps.out" 2>&1 & rs=$!
 for _ in $(seq 50); do grep -q '^listening' "$dir/rps.out" 2>/dev/null && break; sleep 0.1; done
-if timeout 120 "$tools/uroce-rping" -c -a 10.77.7.1 -p 7471 -C "$pings" -S "$size" -V -d "$dir/b.sock" > "$dir/rpc.out" 2>&1 &&
+if timeout 120 "$rping" -c -a 10.77.7.1 -p 7471 -C "$pings" -S "$size" -V -d "$dir/b.sock" > "$dir/rpc.out" 2>&1 &&
    wait $rs && grep -q "^$pings pings, data validated" "$dir/rpc.out"; then
   echo "   client: $(tail -1 "$dir/rpc.out"); server: $(tail -1 "$dir/rps.out")"
 else
@@ -49,9 +60,9 @@ else
 fi
 
 echo "== uroce-pingpong: $msgs RC SENDs of $size bytes back and forth, every message checked"
-"$tools/uroce-pingpong" -d "$dir/a.sock" -p 7472 -s "$size" -n "$msgs" -c > "$dir/pps.out" 2>&1 & ps=$!
+"$pingpong" -d "$dir/a.sock" -p 7472 -s "$size" -n "$msgs" -c > "$dir/pps.out" 2>&1 & ps=$!
 sleep 0.3
-if timeout 120 "$tools/uroce-pingpong" -d "$dir/b.sock" -p 7472 -s "$size" -n "$msgs" -c 127.0.0.1 > "$dir/ppc.out" 2>&1 &&
+if timeout 120 "$pingpong" -d "$dir/b.sock" -p 7472 -s "$size" -n "$msgs" -c 127.0.0.1 > "$dir/ppc.out" 2>&1 &&
    wait $ps && grep -q "^$msgs messages checked, 0 bad" "$dir/ppc.out" && grep -q "^$msgs messages checked, 0 bad" "$dir/pps.out"; then
   echo "   $(grep -h 'usec/iter' "$dir/ppc.out" | head -1)"
   echo "   client: $(grep 'messages checked' "$dir/ppc.out"); server: $(grep 'messages checked' "$dir/pps.out")"
@@ -60,9 +71,9 @@ else
 fi
 
 echo "== uroce-perf write_bw: $msgs WRITEs of 4096 bytes"
-"$tools/uroce-perf" write_bw -d "$dir/a.sock" -p 7473 -s 4096 -n "$msgs" > "$dir/bws.out" 2>&1 & bs=$!
+"$perf" write_bw -d "$dir/a.sock" -p 7473 -s 4096 -n "$msgs" > "$dir/bws.out" 2>&1 & bs=$!
 sleep 0.3
-if timeout 120 "$tools/uroce-perf" write_bw -d "$dir/b.sock" -p 7473 -s 4096 -n "$msgs" 127.0.0.1 > "$dir/bwc.out" 2>&1 && wait $bs; then
+if timeout 120 "$perf" write_bw -d "$dir/b.sock" -p 7473 -s 4096 -n "$msgs" 127.0.0.1 > "$dir/bwc.out" 2>&1 && wait $bs; then
   sed -n '/bytes/,$p' "$dir/bwc.out" | head -3 | sed 's/^/   /'
 else
   echo "   FAILED: $(tail -2 "$dir/bwc.out" | tr '\n' ' ')"; fail=1
@@ -89,9 +100,9 @@ grep -o 'msg="neighbour learned"[^{]*' "$dir/b.log" | head -1 | sed 's/^/   daem
 for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
 wait 2>/dev/null || true
 pids=()
-if [ -x "$build/tools/uroce-pcap" ]; then
+if [ -x "$pcap" ]; then
   echo "== daemon a's capture, decoded by uroce-pcap --strict:"
-  "$build/tools/uroce-pcap" --strict --quiet "$dir/a.pcap" | sed 's/^/   /' || fail=1
+  "$pcap" --strict --quiet "$dir/a.pcap" | sed 's/^/   /' || fail=1
 fi
 if [ $fail -ne 0 ]; then echo "demo FAILED"; tail -3 "$dir/a.log" "$dir/b.log"; exit 1; fi
 echo "demo OK"

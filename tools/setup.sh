@@ -23,6 +23,7 @@ packages=(
   busybox-static cpio zstd qemu-system-x86
   ibverbs-utils perftest rdmacm-utils ucx-utils libucx-dev openmpi-bin libopenmpi-dev python3-pyverbs libfabric-bin qperf
   prometheus python3-prometheus-client
+  debhelper help2man dpkg-dev fakeroot
 )
 
 log() { printf '== %s\n' "$*"; }

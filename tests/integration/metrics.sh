@@ -98,6 +98,21 @@ PY
 prc=$?
 sed 's/^/  /' "$TMP/parse.out" | tail -3
 check "prometheus_client parses it, and it says what the status says (totals, mlx5 names, the tenant, one QP's series and one omitted)" "[ $prc -eq 0 ]"
+# The sample Grafana dashboard asks only for series the daemon exposes.
+DASH="$(dirname "$0")/../../tools/grafana/uroce-dashboard.json"
+/usr/bin/python3 - "$DASH" "$TMP/scrape.txt" > "$TMP/dash.out" 2>&1 <<'PY'
+import json, re, sys
+from prometheus_client.parser import text_string_to_metric_families
+d = json.load(open(sys.argv[1]))
+have = {s.name for f in text_string_to_metric_families(open(sys.argv[2]).read()) for s in f.samples}
+exprs = [t["expr"] for p in d["panels"] for t in p["targets"]]
+used = set(re.findall(r"\buroce_[a-z0-9_]+", " ".join(exprs)))
+print("panels", len(d["panels"]), "series", len(used), "unknown", sorted(used - have))
+sys.exit(0 if d["panels"] and used and used <= have else 1)
+PY
+drc=$?
+sed 's/^/  /' "$TMP/dash.out" | tail -2
+check "tools/grafana/uroce-dashboard.json: every series its panels ask for is in the scrape" "[ $drc -eq 0 ]"
 
 echo "== what it refuses, and it still serves"
 /usr/bin/python3 - "$PORT" > "$TMP/bad_req.out" 2>&1 <<'PY'
