@@ -144,6 +144,8 @@ ParseResult parse_options(int argc, const char* const* argv, NodeOptions& out, s
       ("max-sessions", po::value(&lim.max_sessions), "application sessions in all (default 256)")
       ("max-sessions-per-uid", po::value(&lim.max_sessions_per_uid), "sessions one uid may hold (default 64)")
       ("max-unhelloed", po::value(&lim.max_unhelloed), "connections yet to say hello (default 64)")
+      ("max-unhelloed-per-uid", po::value(&lim.max_unhelloed_per_uid),
+       "connections yet to say hello from one uid (default 8): one uid's silent connections cannot lock the others out")
       ("hello-timeout-ms", po::value(&lim.hello_timeout_ms), "a connection silent this long is closed (default 2000)")
       ("max-qps", po::value(&lim.max_qps), "QPs per session (default 256)")
       ("max-qps-per-uid", po::value(&lim.max_qps_per_uid), "QPs one uid may hold over its sessions (default 512)")
@@ -327,6 +329,7 @@ ParseResult parse_options(int argc, const char* const* argv, NodeOptions& out, s
   for (const auto& [name, v, hi] : {std::tuple{"--max-sessions", lim.max_sessions, 65536u},
                                     {"--max-sessions-per-uid", lim.max_sessions_per_uid, 65536u},
                                     {"--max-unhelloed", lim.max_unhelloed, 65536u},
+                                    {"--max-unhelloed-per-uid", lim.max_unhelloed_per_uid, 65536u},
                                     {"--hello-timeout-ms", lim.hello_timeout_ms, 600000u},
                                     {"--max-qps", lim.max_qps, 65536u},
                                     {"--max-qps-per-uid", lim.max_qps_per_uid, 65536u},

@@ -39,8 +39,10 @@ struct SessionLimits {
   /// default (a mapping whose faults wait, FUSE or NFS, would stall the
   /// data path for every tenant); on in embedded mode.
   bool odp = false;
-  /// Connections that have not said hello yet, and how long one may wait.
-  std::uint32_t max_unhelloed = 64, hello_timeout_ms = 2000;
+  /// Connections that have not said hello yet, in all and per uid (so one
+  /// uid's silent connections cannot keep another uid from connecting),
+  /// and how long one may wait.
+  std::uint32_t max_unhelloed = 64, max_unhelloed_per_uid = 8, hello_timeout_ms = 2000;
   friend bool operator==(const SessionLimits&, const SessionLimits&) = default;
 };
 

@@ -205,24 +205,33 @@ void SessionServer::accept() {
     // Out of descriptors, or any other failure: shed what waits, pause,
     // accept again; never a spin (accept_guard.h).
     if (guard_.retry_on_failure(ec, acceptor_.native_handle(), accept_pause_, [this] { accept(); })) return;
-    std::size_t unhelloed = 0;
-    for (const auto& [id, o] : sessions_) unhelloed += o->hello ? 0 : 1;
-    if (unhelloed >= limits_.max_unhelloed) {
-      ++refused_.unhelloed;  // too many connections that have not said hello: this one is closed at once
+    // Who connected (the kernel's word, SO_PEERCRED): a peer whose
+    // credentials cannot be read counts as uid -1, and is refused at hello.
+    ucred cred{};
+    socklen_t clen = sizeof cred;
+    const bool have_cred = ::getsockopt(sock.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &clen) == 0;
+    const int uid = have_cred ? static_cast<int>(cred.uid) : -1;
+    std::size_t unhelloed = 0, mine = 0;
+    for (const auto& [id, o] : sessions_)
+      if (!o->hello) {
+        ++unhelloed;
+        mine += o->uid == uid ? 1 : 0;
+      }
+    // Too many connections that have not said hello, from this uid or in
+    // all: this one is closed at once. The per-uid bound comes first, so a
+    // uid that floods silent connections fills its own share, never the
+    // others'.
+    const bool per_uid = mine >= limits_.max_unhelloed_per_uid;
+    if (per_uid || unhelloed >= limits_.max_unhelloed) {
+      ++(per_uid ? refused_.unhelloed_per_uid : refused_.unhelloed);
       boost::system::error_code ignored;
       sock.close(ignored);
     } else {
       auto s = std::make_shared<Session>(std::move(sock));
       s->id = next_session_++;
       s->accepted_ms = now_ms();
-      ucred cred{};
-      socklen_t clen = sizeof cred;
-      if (::getsockopt(s->sock.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &clen) == 0) {
-        s->pid = cred.pid;
-        s->uid = static_cast<int>(cred.uid);
-      }
-      // (A peer whose credentials cannot be read is refused at hello: the
-      // per-uid limits need its uid.)
+      s->pid = have_cred ? cred.pid : -1;
+      s->uid = uid;
       sessions_[s->id] = s;
       wait_read(s);
     }
@@ -1209,6 +1218,7 @@ nlohmann::ordered_json SessionServer::limits_status() const {
   return {{"max_sessions", l.max_sessions},
           {"max_sessions_per_uid", l.max_sessions_per_uid},
           {"max_unhelloed", l.max_unhelloed},
+          {"max_unhelloed_per_uid", l.max_unhelloed_per_uid},
           {"hello_timeout_ms", l.hello_timeout_ms},
           {"max_qps", l.max_qps},
           {"max_qps_per_uid", l.max_qps_per_uid},
@@ -1225,6 +1235,7 @@ nlohmann::ordered_json SessionServer::limits_status() const {
            {{"sessions", refused_.sessions},
             {"sessions_per_uid", refused_.sessions_per_uid},
             {"unhelloed", refused_.unhelloed},
+            {"unhelloed_per_uid", refused_.unhelloed_per_uid},
             {"hello_timeouts", refused_.hello_timeouts},
             {"mcast_per_uid", refused_.mcast_per_uid},
             {"flows_per_uid", refused_.flows_per_uid},

@@ -129,8 +129,8 @@ class SessionServer {
   boost::asio::steady_timer accept_pause_;
   std::uint64_t last_sweep_ms_ = 0;
   struct Refusals {
-    std::uint64_t sessions = 0, sessions_per_uid = 0, unhelloed = 0, hello_timeouts = 0, qps_per_uid = 0, mcast_per_uid = 0,
-                  flows_per_uid = 0;
+    std::uint64_t sessions = 0, sessions_per_uid = 0, unhelloed = 0, unhelloed_per_uid = 0, hello_timeouts = 0,
+                  qps_per_uid = 0, mcast_per_uid = 0, flows_per_uid = 0;
   } refused_;
   std::uint64_t memory_fault_closes_ = 0;  // sessions closed because their memory faulted (sigbus_guard)
   std::uint64_t sigbus_seen_ = 0;  // sigbus_guard::caught() at the last look

@@ -135,8 +135,8 @@ check "cqoverflow: counted (port.cq_overflows +1, port.cqe_dropped > 0)" "[ $((o
 
 echo "== silent connections: out of descriptors, the daemon sheds and pauses, never spins; silence times out (row 10)"
 # flood SOCK N SECS: N connections that never say hello, held SECS seconds;
-# prints how many connected
-flood() { /usr/bin/python3 - "$@" <<'PY'
+# prints how many connected. `flood_as UID ...` does it as another uid.
+FLOOD_PY='
 import socket, sys, time
 path, n, secs = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 socks = []
@@ -146,13 +146,13 @@ for _ in range(n):
     except OSError: pass
     socks.append(s)
 print(len(socks), flush=True)
-time.sleep(secs)
-PY
-}
+time.sleep(secs)'
+flood() { /usr/bin/python3 -c "$FLOOD_PY" "$@"; }
+flood_as() { local u=$1; shift; setpriv --reuid="$u" --regid="$u" --clear-groups /usr/bin/python3 -c "$FLOOD_PY" "$@"; }
 CS=/tmp/uroce-hostile-$$.app  # outside $TMP (0700): another uid connects to it below
 prlimit --nofile=256:256 "$UROCED" --no-huge --mem-mb 256 --file-prefix dc-$$ --port net_memif0 \
   --vdev "net_memif0,role=server,socket=$TMP/mc.sock" --ip 10.98.0.3 --lcore 0 --app-socket "$CS" --app-socket-mode 0666 \
-  --ctl-socket "$TMP/c.ctl" --max-unhelloed 1000 --hello-timeout-ms 1000 > "$TMP/dc.out" 2> "$TMP/dc.err" &
+  --ctl-socket "$TMP/c.ctl" --max-unhelloed 1000 --max-unhelloed-per-uid 1000 --hello-timeout-ms 1000 > "$TMP/dc.out" 2> "$TMP/dc.err" &
 C_PID=$!; PIDS="$PIDS $C_PID"
 wait_sockets "$CS" "$TMP/c.ctl" || bad "daemon C's sockets are there (gave up after $PROBES looks)"
 flood "$CS" 600 3 > "$TMP/flood.out" & fp=$!
@@ -179,7 +179,7 @@ echo "== sessions and QPs per uid (row 9), and connections awaiting hello capped
 "$UROCED" --no-huge --mem-mb 256 --file-prefix dd-$$ --port net_memif0 \
   --vdev "net_memif0,role=server,socket=$TMP/md.sock" --ip 10.98.0.4 --lcore 0 --app-socket "$CS" --app-socket-mode 0666 \
   --ctl-socket "$TMP/d.ctl" --max-qps 32 --max-qps-per-uid 40 --max-sessions-per-uid 3 --max-unhelloed 16 \
-  --hello-timeout-ms 1000 > "$TMP/dd.out" 2> "$TMP/dd.err" &
+  --max-unhelloed-per-uid 4 --hello-timeout-ms 3000 > "$TMP/dd.out" 2> "$TMP/dd.err" &
 D_PID=$!; PIDS="$PIDS $D_PID"
 wait_sockets "$CS" "$TMP/d.ctl" || bad "daemon D's sockets are there (gave up after $PROBES looks)"
 "$APP" qpcap "$CS" 5 > "$TMP/qpcap.out" 2>&1
@@ -190,10 +190,24 @@ check "row 9: its fourth and fifth sessions are refused at hello" "[ \$(grep -c 
 setpriv --reuid=65534 --regid=65534 --clear-groups "$APP" qpcap "$CS" 1 > "$TMP/qpcap2.out" 2>&1
 sed 's/^/  nobody: /' "$TMP/qpcap2.out"
 check "row 9: another uid still gets its QPs" "grep -q '^session 0: 32 QPs' '$TMP/qpcap2.out'"
-flood "$CS" 40 0.5 > /dev/null
+# One uid's silent connections (nobody's: 40, held) fill its own share of
+# the connections awaiting hello (4), never the others': root opens a
+# session meanwhile. Then five uids at once reach the bound in all (16).
+flood_as 65534 "$CS" 40 2.5 > "$TMP/nobody-flood.out" 2>&1 &
+fl=$!
+probe 200 grep -q 40 "$TMP/nobody-flood.out"
+"$APP" qpcap "$CS" 1 > "$TMP/qpcap3.out" 2>&1
+sed 's/^/  root, while nobody holds 40 silent connections: /' "$TMP/qpcap3.out" | head -2
+wait $fl
+st=$(ctl "$TMP/d.ctl" status)
+check "a uid's silent connections beyond 4 are closed at once and counted, and root still opens its session meanwhile" \
+  "grep -q '^session 0: [0-9]* QPs' '$TMP/qpcap3.out' && [ \$(jget '$st' limits.refused.unhelloed_per_uid) -ge 36 ]"
+fls=""
+for u in 65530 65531 65532 65533 65534; do flood_as $u "$CS" 4 1 > /dev/null & fls="$fls $!"; done
+wait $fls
 st=$(ctl "$TMP/d.ctl" status)
 echo "  refused: $(echo "$st" | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["limits"]["refused"])')"
-check "connections awaiting hello beyond 16 are closed at once, and counted" "[ \$(jget '$st' limits.refused.unhelloed) -ge 20 ]"
+check "connections awaiting hello beyond 16 in all (five uids, four each) are closed at once, and counted" "[ \$(jget '$st' limits.refused.unhelloed) -ge 4 ]"
 check "the refusals are counted per kind" \
   "[ \$(jget '$st' limits.refused.qps_per_uid) -ge 1 ] && [ \$(jget '$st' limits.refused.sessions_per_uid) -eq 2 ]"
 "$UROCE_CTL" --socket "$TMP/d.ctl" status | grep -A1 '^limits:' | sed 's/^/  /'

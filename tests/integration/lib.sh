@@ -27,6 +27,14 @@ skip() {
   fi
   echo "SKIP: $*"; exit 77
 }
+# debian_unmodified PKG...: the packages are installed and every file of
+# theirs (configuration files included) is as Debian shipped it.
+debian_unmodified() {
+  dpkg -V "$@" > "$TMP/dpkg-v.out" 2>&1
+  local rc=$?
+  sed 's/^/  /' "$TMP/dpkg-v.out"
+  check "dpkg -V $*: all installed, no file differs from Debian's" "[ $rc -eq 0 ] && [ ! -s '$TMP/dpkg-v.out' ]"
+}
 # need_prog PROG PACKAGE: a program that tools/setup.sh installs must be
 # there; its absence is a broken setup, a failure, never a skip.
 need_prog() { command -v "$1" > /dev/null || { bad "$1 is not installed (package $2, which tools/setup.sh installs)"; finish; exit 1; }; }

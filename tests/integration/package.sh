@@ -41,10 +41,14 @@ for f in /usr/sbin/uroced /usr/bin/uroce-ctl /usr/bin/uroce-run /usr/bin/uroce-d
          "$LIBDIR/pkgconfig/liburoce.pc" /usr/include/uroce/uroce_verbs.h "$LIBDIR/uroce/libibverbs.so.1" \
          "$LIBDIR/uroce/librdmacm.so.1" /etc/uroce/uroced.conf /usr/lib/systemd/system/uroced.service \
          /usr/lib/systemd/system/uroced@.service /usr/share/man/man8/uroced.8.gz /usr/share/man/man1/uroce-ctl.1.gz \
-         /usr/share/man/man1/uroce-run.1.gz /usr/share/doc/uroce/deploy.md; do
+         /usr/share/man/man1/uroce-run.1.gz /usr/share/uroce/grafana/uroce-dashboard.json; do
   has "$f" || { echo "  missing: $f"; missing=1; }
 done
-check "the package has the daemon in sbin, the programs in bin, liburoce with its header and .pc, the drop-ins in $LIBDIR/uroce, the config, both units, man pages and the guide" \
+# The guides, uncompressed: the units' Documentation= names deploy.md.
+for f in deploy.md verbs.md README.md; do
+  has "/usr/share/doc/uroce/$f" || { echo "  missing: /usr/share/doc/uroce/$f"; missing=1; }
+done
+check "the package has the daemon in sbin, the programs in bin, liburoce with its header and .pc, the drop-ins in $LIBDIR/uroce, the config, both units, man pages, the Grafana dashboard and the guides" \
   "[ -z '${missing:-}' ]"
 check "the drop-in libibverbs and librdmacm never go over the system's (nothing of uroce's named lib{ibverbs,rdmacm} outside $LIBDIR/uroce)" \
   "! grep -E '/lib(ibverbs|rdmacm)\\.so' '$TMP/files' | grep -qv '^$LIBDIR/uroce/'"

@@ -39,10 +39,7 @@ need_prog mpirun openmpi-bin
 echo "== the UCX and Open MPI packages are Debian's, unmodified"
 # Every file, configuration files included: /etc/openmpi's MCA defaults
 # steer what mpirun does as much as a library does.
-PKGS="ucx-utils libucx0 openmpi-bin openmpi-common libopenmpi3 libpmix2"
-dpkg -V $PKGS > "$TMP/dpkg-v.out" 2>&1; rc=$?
-sed 's/^/  /' "$TMP/dpkg-v.out"
-check "dpkg -V $PKGS: all installed, no file differs from Debian's" "[ $rc -eq 0 ] && [ ! -s '$TMP/dpkg-v.out' ]"
+debian_unmodified ucx-utils libucx0 openmpi-bin openmpi-common libopenmpi3 libpmix2
 owner() { dpkg -S "$(readlink -f "$(command -v "$1")")" 2>/dev/null | cut -d: -f1; }
 check "ucx_info and ucx_perftest are ucx-utils', mpirun is openmpi-bin's" \
   "[ '$(owner ucx_info)' = ucx-utils ] && [ '$(owner ucx_perftest)' = ucx-utils ] && [ '$(owner mpirun)' = openmpi-bin ]"
