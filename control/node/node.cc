@@ -255,6 +255,23 @@ std::string Node::status_json() const {
   return status().dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
+std::unique_ptr<MetricsServer> Node::open_metrics(const std::string& addr, std::string& err) {
+  // Prometheus: each scrape renders the status, on this lcore's io_context.
+  boost::asio::ip::tcp::endpoint ep;
+  std::string why;
+  if (!MetricsServer::parse(addr, ep, why)) {
+    err = "--metrics: " + why;
+    return nullptr;
+  }
+  try {
+    return std::make_unique<MetricsServer>(
+        io_, ep, [this] { return render_metrics(status(), MetricsOptions{opts_.metrics_qps}); });
+  } catch (const std::exception& e) {
+    err = "--metrics " + addr + ": " + e.what();
+    return nullptr;
+  }
+}
+
 nlohmann::ordered_json Node::reload() {
   using json = nlohmann::ordered_json;
   auto refuse = [](const std::string& why) { return json{{"ok", false}, {"error", why}}; };
@@ -313,14 +330,10 @@ nlohmann::ordered_json Node::reload() {
   if (metrics_changed && !n.metrics.empty()) {
     boost::asio::ip::tcp::endpoint ep;
     std::string why;
-    if (!MetricsServer::parse(n.metrics, ep, why)) return refuse("metrics: " + why);
+    if (!MetricsServer::parse(n.metrics, ep, why)) return refuse("--metrics: " + why);
     metrics_.reset();  // the old endpoint's port may be the new one's
-    try {
-      metrics = std::make_unique<MetricsServer>(
-          io_, ep, [this] { return render_metrics(status(), MetricsOptions{opts_.metrics_qps}); });
-    } catch (const std::exception& e) {
-      return refuse("metrics " + n.metrics + ": " + e.what() + " (the endpoint is now off)");
-    }
+    metrics = open_metrics(n.metrics, why);
+    if (!metrics) return refuse(why + " (the endpoint is now off)");
   }
   json changed = json::array();
   if (cc_changed) {
@@ -901,21 +914,8 @@ std::unique_ptr<Node> Node::start(const NodeOptions& o, bool embedded, std::stri
     }
   }
   if (!o.metrics.empty()) {
-    // Prometheus: each scrape renders the status, on this lcore's io_context.
-    boost::asio::ip::tcp::endpoint ep;
-    std::string why;
-    if (!MetricsServer::parse(o.metrics, ep, why)) {
-      err = "--metrics: " + why;
-      return nullptr;
-    }
-    try {
-      Node* self = n.get();
-      n->metrics_ = std::make_unique<MetricsServer>(
-          n->io_, ep, [self] { return render_metrics(self->status(), MetricsOptions{self->opts_.metrics_qps}); });
-    } catch (const std::exception& e) {
-      err = "--metrics " + o.metrics + ": " + e.what();
-      return nullptr;
-    }
+    n->metrics_ = n->open_metrics(o.metrics, err);
+    if (!n->metrics_) return nullptr;
     log(1, "metrics", "url=http://" + o.metrics + "/metrics");
   }
   // Pipelines after the first run on their own lcores; the main lcore (the

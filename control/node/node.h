@@ -146,6 +146,9 @@ class Node {
  private:
   Node();
   std::size_t one_pass(std::uint64_t now);
+  /// The Prometheus endpoint at "ADDR:PORT" (--metrics), on this node's
+  /// io_context; null and why when it cannot listen there.
+  std::unique_ptr<MetricsServer> open_metrics(const std::string& addr, std::string& err);
 
   class ControlServer;
   class MainWait;

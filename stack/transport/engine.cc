@@ -854,6 +854,10 @@ void Engine::to_send_wqe(const Qp& qp, const uroce_send_entry& e, SendWqe& w) co
     w.refused = true;
     return;
   }
+  fill_send_wqe(qp, e, w);
+}
+
+void Engine::fill_send_wqe(const Qp& qp, const uroce_send_entry& e, SendWqe& w) {
   w.opcode = static_cast<ibv_wr_opcode>(e.opcode);
   w.kind = *send_kind(qp.type, e.opcode);
   w.flags = e.send_flags;

@@ -351,7 +351,7 @@ class Engine {
   void exec_tm_op(TagMatch& tm, const uroce_tm_op& op);
   void push_tm_cqe(Cq& cq, std::uint64_t wr_id, ibv_wc_status status, ibv_wc_opcode op, std::uint32_t byte_len,
                    unsigned flags, std::uint32_t qpn, std::uint64_t tag, std::uint32_t ctx);
-  bool push_internal(Qp& qp, ibv_wr_opcode op, std::uint16_t tag, const uroce_send_entry& e);
+  bool push_internal(Qp& qp, ibv_wr_opcode op, std::uint16_t tag, uroce_send_entry e);
   void tm_drop_internal(Qp& qp);
   /// The first packet of a SEND to a tag-matching SRQ: what the message is
   /// (Responder::tm), and the receive or tag it goes to.
@@ -415,6 +415,9 @@ class Engine {
   std::size_t fetch_sends(Qp& qp);
   /// Validates a send entry into its shadow slot (refused when malformed).
   void to_send_wqe(const Qp& qp, const uroce_send_entry& e, SendWqe& w) const;
+  /// What to_send_wqe writes once the entry passed its checks (the
+  /// engine's own WQEs, which no application cap bounds, come here direct).
+  static void fill_send_wqe(const Qp& qp, const uroce_send_entry& e, SendWqe& w);
   /// Writes a completion, noting the CQ for its notification or overflow.
   void push_cqe(Cq& cq, const uroce_cq_entry& e);
   [[gnu::cold, gnu::noinline]] void cq_dropped(Cq& cq);  // push_cqe's rare paths, out of line

@@ -10,18 +10,25 @@
 #include <infiniband/tm_types.h>
 
 #include "stack/transport/engine.h"
+#include "stack/wire/be.h"
 
 namespace uroce::transport {
 
 namespace {
-std::uint64_t be64(const std::uint8_t* p) {
-  std::uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v = v << 8 | p[i];
-  return v;
-}
-std::uint32_t be32(const std::uint8_t* p) {
-  return std::uint32_t{p[0]} << 24 | std::uint32_t{p[1]} << 16 | std::uint32_t{p[2]} << 8 | p[3];
-}
+/// The tag-matching header and the rendezvous header after it (struct
+/// ibv_tmh, struct ibv_rvh), as they are on the wire.
+struct Tmh {
+  std::uint8_t opcode;  // enum ibv_tmh_op
+  std::uint8_t reserved[3];
+  wire::be32 app_ctx;
+  wire::be64 tag;
+};
+struct Rvh {
+  wire::be64 va;
+  wire::be32 rkey;
+  wire::be32 len;
+};
+static_assert(sizeof(Tmh) == UROCE_TMH_BYTES && sizeof(Rvh) == UROCE_RVH_BYTES && alignof(Tmh) == 1);
 }  // namespace
 
 bool Engine::make_tm(Srq* srq, Cq* cq, std::uint32_t max_tags, const abi::Ring<uroce_tm_op>& ops,
@@ -117,28 +124,14 @@ void Engine::push_tm_cqe(Cq& cq, std::uint64_t wr_id, ibv_wc_status status, ibv_
   push_cqe(cq, e);
 }
 
-bool Engine::push_internal(Qp& qp, ibv_wr_opcode op, std::uint16_t tag, const uroce_send_entry& e) {
+bool Engine::push_internal(Qp& qp, ibv_wr_opcode op, std::uint16_t tag, uroce_send_entry e) {
   SendWqe* w = qp.sq.emplace();
   if (w == nullptr) return false;
+  e.opcode = static_cast<std::uint8_t>(op);
   w->reset();
+  fill_send_wqe(qp, e, *w);
   w->internal = true;
   w->tm_tag = tag;
-  w->opcode = op;
-  w->kind = op == IBV_WR_RDMA_READ ? WqeKind::kRead : WqeKind::kSend;
-  w->flags = e.send_flags;
-  w->remote_addr = e.remote_addr;
-  w->rkey = e.rkey;
-  if (e.send_flags & IBV_SEND_INLINE) {
-    std::memcpy(w->inline_data, e.sg_list, e.inline_len);
-    w->length = e.inline_len;
-    w->is_inline = true;
-  } else {
-    w->nsge = e.num_sge;
-    for (std::uint32_t i = 0; i < w->nsge; ++i) {
-      w->sge[i] = {e.sg_list[i].addr, e.sg_list[i].length, e.sg_list[i].lkey};
-      w->length += e.sg_list[i].length;
-    }
-  }
   ++qp.sq_internal_in;
   activate(qp);
   return true;
@@ -165,9 +158,9 @@ void Engine::complete_internal(Qp& qp, ibv_wc_status status) {
     uroce_send_entry fin{};
     fin.send_flags = IBV_SEND_INLINE;
     fin.inline_len = UROCE_TMH_BYTES;
-    auto* b = reinterpret_cast<std::uint8_t*>(fin.sg_list);
-    b[0] = IBV_TMH_FIN;
-    for (int i = 0; i < 8; ++i) b[8 + i] = static_cast<std::uint8_t>(t.tag >> (56 - 8 * i));
+    auto* tmh = reinterpret_cast<Tmh*>(fin.sg_list);
+    tmh->opcode = IBV_TMH_FIN;
+    tmh->tag.set(t.tag);
     if (!push_internal(qp, IBV_WR_SEND, idx, fin)) status = IBV_WC_TM_RNDV_INCOMPLETE;
   }
   push_tm_cqe(*qp.recv_cq, t.buf.wr_id, status, IBV_WC_TM_RECV, status == IBV_WC_SUCCESS ? len : 0,
@@ -196,23 +189,25 @@ bool Engine::tm_start(Qp& qp, const wire::Packet& pkt) {
   s.tm_ctx = 0;
   s.tm_msg_tag = 0;
   if (p.size() >= UROCE_TMH_BYTES) {
-    const std::uint8_t op = p[0];
+    const auto& tmh = *reinterpret_cast<const Tmh*>(p.data());
+    const std::uint8_t op = tmh.opcode;
     if (op == IBV_TMH_EAGER || op == IBV_TMH_RNDV) {
       s.tm = Tm::kUnexpected;
-      const bool rvh = p.size() >= UROCE_TMH_BYTES + UROCE_RVH_BYTES;
-      TagEntry* t = tm.in_sync() && (op == IBV_TMH_EAGER || rvh) ? tm.match(be64(p.data() + 8)) : nullptr;
+      const bool has_rvh = p.size() >= UROCE_TMH_BYTES + UROCE_RVH_BYTES;
+      TagEntry* t = tm.in_sync() && (op == IBV_TMH_EAGER || has_rvh) ? tm.match(tmh.tag.get()) : nullptr;
       if (t) {
         t->valid = false;
         t->busy = true;
         s.tm = op == IBV_TMH_EAGER ? Tm::kEager : Tm::kRndv;
         s.tm_tag = static_cast<std::uint16_t>(t - tm.tags.data());
-        s.tm_ctx = be32(p.data() + 4);
-        s.tm_msg_tag = be64(p.data() + 8);
+        s.tm_ctx = tmh.app_ctx.get();
+        s.tm_msg_tag = tmh.tag.get();
         s.rwqe = t->buf;
         if (op == IBV_TMH_RNDV) {
-          s.rndv_va = be64(p.data() + UROCE_TMH_BYTES);
-          s.rndv_rkey = be32(p.data() + UROCE_TMH_BYTES + 8);
-          s.rndv_len = be32(p.data() + UROCE_TMH_BYTES + 12);
+          const auto& rvh = *reinterpret_cast<const Rvh*>(p.data() + UROCE_TMH_BYTES);
+          s.rndv_va = rvh.va.get();
+          s.rndv_rkey = rvh.rkey.get();
+          s.rndv_len = rvh.len.get();
         }
         return true;
       }
