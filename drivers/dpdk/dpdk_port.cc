@@ -21,6 +21,7 @@ namespace uroce::dpdk {
 
 namespace {
 constexpr std::uint16_t kBurst = 64;
+constexpr unsigned kLoopDepth = kBurst / 2;  // looped frames queued at most (Queue::tx_room)
 }
 
 bool eal_init(const std::vector<std::string>& args, std::string& err) {
@@ -61,6 +62,7 @@ struct Port::Queue : pipeline::PortIo {
   bool tx(const transport::TxFrame& f) override;
   bool tx_raw(wire::ConstBytes frame) override;
   void tx_flush() override;
+  [[nodiscard]] std::uint32_t tx_room() const override;
   [[nodiscard]] wire::MacAddr mac() const override { return mac_; }
   [[nodiscard]] pipeline::LinkInfo link() const override;
   bool tx_zero_copy(const transport::TxFrame& f);
@@ -333,6 +335,7 @@ void Port::rx_done() { impl_->queues[0]->rx_done(); }
 bool Port::tx(const transport::TxFrame& f) { return impl_->queues[0]->tx(f); }
 bool Port::tx_raw(wire::ConstBytes frame) { return impl_->queues[0]->tx_raw(frame); }
 void Port::tx_flush() { impl_->queues[0]->tx_flush(); }
+std::uint32_t Port::tx_room() const { return impl_->queues[0]->tx_room(); }
 namespace {
 pipeline::LinkInfo link_of(std::uint16_t port_id, std::uint32_t mtu_given) {
   rte_eth_link l{};
@@ -420,6 +423,17 @@ void Port::Queue::rx_done() {
   Queue& m = *this;
   if (m.nrx) rte_pktmbuf_free_bulk(m.rxb, m.nrx);
   m.nrx = 0;
+}
+
+std::uint32_t Port::Queue::tx_room() const {
+  // The loopback ring is the one queue here that drops when full (a frame to
+  // this port's own MAC goes there, and RX takes a burst a pass from it). It
+  // is kept to half a burst, as the kernel's byte queue limits keep a NIC's
+  // ring short: what waits beyond that waits in the engine, where the
+  // transmit share orders it, not in a FIFO every tenant's frames share.
+  if (dev->loop == nullptr) return UINT32_MAX;
+  const unsigned queued = rte_ring_count(dev->loop);
+  return queued >= kLoopDepth ? 0 : kLoopDepth - queued;
 }
 
 bool Port::Queue::loop_back(rte_mbuf* b) {

@@ -143,7 +143,10 @@ std::size_t Dataplane::iterate(std::uint64_t now) {
   // every poll tick while busy (and on the first pass after any sleep).
   if (host_ && now - host_polled_ >= std::uint64_t{idle_cfg_.tick_us} * 1000) work += from_host(now);
   if (rx_fault_.active()) rx_fault_.release(now, [&](wire::ConstBytes f) { dispatch(f, now); });
-  // Stage 3: the transport (completer, responder, requester, timers).
+  // Stage 3: the transport (completer, responder, requester, timers), within
+  // what the port can take (a full loopback ring holds frames back in their
+  // QPs instead of dropping them).
+  eng_.set_tx_room(port_.tx_room());
   eng_.poll(now);
   // Stage 4: the application side.
   if (app_) work += app_(app_ctx_, now);

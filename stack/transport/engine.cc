@@ -58,7 +58,9 @@ Engine::Engine(const EngineConfig& cfg) : cfg_(cfg), mrs_(cfg.max_mrs, cfg.seed)
   // the driver turns frames to its own MAC around.
   if (cfg_.ip != wire::IpAddr{}) neighbors_.add_static(cfg_.ip, cfg_.mac);
   qps_.resize(cfg.max_qps);
-  active_.reserve(cfg.max_qps);
+  active_.reserve(cfg.max_qps + 1);  // and QP1
+  still_active_.reserve(cfg.max_qps + 1);
+  tenants_.resize(std::clamp<std::uint32_t>(cfg.max_tenants, 1, 65535) + 1);
   mcast_.reserve(cfg.max_mcast_attach);
   flows_.reserve(cfg.max_flows);
   mcast_loop_.resize(16384);
@@ -388,6 +390,7 @@ int Engine::destroy_qp(Qp* qp) {
   wheel_.cancel(*qp);
   qp->active = false;
   qp->resp.ack_listed = false;
+  leave_tenant(*qp);
   mrs_.unbind_qp(qp->handle);  // its type 2 windows serve nobody now
   std::erase_if(mcast_, [qp](const McastAttach& m) { return m.qp == qp; });  // it leaves its groups
   std::erase_if(flows_, [qp](const RawFlow& f) { return f.qp == qp; });     // and its flow rules go
@@ -1152,7 +1155,7 @@ void Engine::activate(Qp& qp) {
 // -------------------------------------------------------------- transmit
 
 TxFrame* Engine::tx_slot() {
-  TxFrame* f = tx_.emplace();
+  TxFrame* f = tx_.size() < tx_room_ ? tx_.emplace() : nullptr;
   if (f == nullptr) {
     tx_full_ = true;
     port_ctr_.inc(PortCounter::tx_ring_full);
@@ -1488,32 +1491,173 @@ void Engine::poll(std::uint64_t now) {
   }
   // QPs whose time has come join those with work.
   wheel_.expire(now, [this](Qp& qp) { activate(qp); });
-  for (std::size_t i = 0; i < active_.size();) {
-    Qp& qp = *active_[i];
+  if (!metered()) {
+    serve_active(now, true);
+    cq_events();
+    return;
+  }
+  // Deficit round robin between tenants. Each starts the poll with its
+  // quantum (what it saved is capped at that, and a debt is carried). The
+  // first pass serves every QP within its tenant's share, so a tenant with
+  // one packet to send gets it out behind at most a quantum of any other's.
+  // While two or more tenants have work left, the ones with work share the
+  // ring's remaining room by weight and are served again, so a poll takes
+  // a round or two however full the ring gets; when only one has, it takes
+  // what room is left.
+  for (std::size_t i = 1; i < tenants_.size(); ++i) {
+    Tenant& t = tenants_[i];
+    if (t.qps == 0) continue;
+    const std::int64_t q = std::int64_t{cfg_.tx_quantum} * t.weight;
+    t.deficit = std::min(t.deficit + q, q);
+    t.backlog = false;
+  }
+  Tenant& t0 = tenants_[0];
+  t0.deficit = std::min<std::int64_t>(t0.deficit + cfg_.tx_quantum, cfg_.tx_quantum);
+  t0.backlog = false;
+  unmetered_ = -1;
+  poll_bytes_ = poll_frames_ = 0;
+  serve_active(now, true);
+  for (int round = 1; round < 16 && tx_.size() < std::min(tx_room_, tx_.capacity()); ++round) {
+    std::size_t waiting = 0, last = 0;
+    std::int64_t weights = 0;
+    for (std::size_t i = 0; i < tenants_.size(); ++i) {
+      Tenant& t = tenants_[i];
+      t.serve = t.backlog;
+      t.backlog = false;
+      if (!t.serve) continue;
+      ++waiting;
+      last = i;
+      weights += t.weight;
+    }
+    if (waiting == 0) break;
+    if (waiting == 1) {
+      unmetered_ = static_cast<std::int64_t>(last);
+    } else {
+      // The room left in the TX ring, in bytes at this poll's mean frame,
+      // shared by weight (at least a quantum each): a round or two fills
+      // it, each tenant its share, whatever order its QPs are listed in.
+      const std::int64_t mean = poll_frames_ ? static_cast<std::int64_t>(poll_bytes_ / poll_frames_) : 1024;
+      const std::int64_t room = std::int64_t{std::min(tx_room_, tx_.capacity()) - tx_.size()} * mean;
+      for (Tenant& t : tenants_)
+        if (t.serve) t.deficit += std::max<std::int64_t>(std::int64_t{cfg_.tx_quantum} * t.weight, room * t.weight / weights);
+    }
+    serve_active(now, false);
+  }
+  // A tenant that has sent all it had keeps no credit (only a debt).
+  for (Tenant& t : tenants_)
+    if (!t.backlog) t.deficit = std::min<std::int64_t>(t.deficit, 0);
+  unmetered_ = -1;
+  cq_events();
+}
+
+void Engine::serve_active(std::uint64_t now, bool first) {
+  // In turn from the second QP listed: the first pass of each poll starts one
+  // further on, so the QPs that fill the TX ring (or a tenant's share) take
+  // turns. Those that stay are listed again in the order served.
+  const std::size_t n = active_.size();
+  const std::size_t start = first && n > 1 ? 1 : 0;
+  still_active_.clear();
+  for (std::size_t k = 0; k < n; ++k) {
+    Qp& qp = *active_[(start + k) % n];
+    if (!first && !tenants_[qp.tenant].serve) {
+      still_active_.push_back(&qp);
+      continue;
+    }
     const bool live = qp.quarantine_until == 0;  // a quarantined QP only sends its re-ACKs
     tx_full_ = false;
-    if (live) on_timers(qp, now);
+    qp_throttled_ = false;
+    if (live && first) on_timers(qp, now);
     if (live && (qp.state == IBV_QPS_RTS || qp.state == IBV_QPS_SQD)) run_requester(qp, now);
+    const std::uint32_t from = tx_.tail();
     run_responses(qp);
+    if (metered()) charge(qp, from);
     // It stays only while it could do more now: responses not yet sent, or
-    // requests the TX ring had no room for. Anything else it waits for
-    // comes as an event that activates it again (a post, an ACK or
-    // response, a CNP, a modify) or as a deadline, which the wheel keeps.
+    // requests the TX ring (or its tenant's share) had no room for. Anything
+    // else it waits for comes as an event that activates it again (a post,
+    // an ACK or response, a CNP, a modify) or as a deadline, which the
+    // wheel keeps.
     const bool dead = qp.state == IBV_QPS_ERR || qp.state == IBV_QPS_RESET;
-    if (!dead && (!qp.resp.out.empty() || (live && tx_full_))) {
-      ++i;
+    if (!dead && (!qp.resp.out.empty() || (live && (tx_full_ || qp_throttled_)))) {
+      still_active_.push_back(&qp);
       continue;
     }
     qp.active = false;
-    active_[i] = active_.back();
-    active_.pop_back();
     if (dead || !live) {
       wheel_.cancel(qp);
     } else {
       settle_timer(qp, now);
     }
   }
-  cq_events();
+  // QPs activated while serving (a looped datagram's receiver) were listed
+  // after the n served.
+  for (std::size_t i = n; i < active_.size(); ++i) still_active_.push_back(active_[i]);
+  active_.swap(still_active_);
+}
+
+bool Engine::tx_share_left(Qp& qp) {
+  Tenant& t = tenants_[qp.tenant];
+  if (t.deficit > 0 || unmetered_ == qp.tenant) return true;
+  t.backlog = true;
+  ++t.throttled;
+  qp_throttled_ = true;
+  return false;
+}
+
+bool Engine::last_in_turn(const Qp& qp, std::uint32_t payload) const {
+  if (tx_.size() + 1 >= std::min(tx_room_, tx_.capacity())) return true;
+  if (!metered() || unmetered_ == qp.tenant) return false;
+  return tenants_[qp.tenant].deficit <= static_cast<std::int64_t>(payload) + 128;  // its headers and trailer
+}
+
+void Engine::charge(const Qp& qp, std::uint32_t from) {
+  std::uint64_t bytes = 0;
+  const std::uint32_t end = tx_.tail();
+  // The wire's bytes: the frame, its FCS, and the preamble and gap (24).
+  for (std::uint32_t i = from; i != end; ++i) bytes += tx_.at(i).size() + 24;
+  Tenant& t = tenants_[qp.tenant];
+  t.deficit -= static_cast<std::int64_t>(bytes);
+  t.tx_bytes += bytes;
+  t.tx_frames += end - from;
+  poll_bytes_ += bytes;
+  poll_frames_ += end - from;
+}
+
+int Engine::set_tenant(Qp* qp, std::uint32_t uid, std::uint32_t weight) {
+  if (qp == nullptr || qp->quarantine_until || weight == 0 || weight > kMaxWeight) return EINVAL;
+  leave_tenant(*qp);
+  // Its uid's entry, or a free one.
+  std::size_t at = 0, free_at = 0;
+  for (std::size_t i = 1; i < tenants_.size() && at == 0; ++i) {
+    if (tenants_[i].qps != 0 && tenants_[i].uid == uid) at = i;
+    if (tenants_[i].qps == 0 && free_at == 0) free_at = i;
+  }
+  if (at == 0) {
+    if (free_at == 0) return ENOSPC;  // every entry held: it stays in entry 0
+    at = free_at;
+    static_cast<TenantReport&>(tenants_[at]) = TenantReport{uid, weight, 0, 0, 0, 0};
+    tenants_[at].deficit = 0;
+    ++tenants_live_;
+  }
+  Tenant& t = tenants_[at];
+  t.weight = weight;
+  ++t.qps;
+  qp->tenant = static_cast<std::uint16_t>(at);
+  return 0;
+}
+
+bool Engine::set_tenant_weight(std::uint32_t uid, std::uint32_t weight) {
+  if (weight == 0 || weight > kMaxWeight) return false;
+  for (std::size_t i = 1; i < tenants_.size(); ++i)
+    if (tenants_[i].qps != 0 && tenants_[i].uid == uid) {
+      tenants_[i].weight = weight;
+      return true;
+    }
+  return false;
+}
+
+void Engine::leave_tenant(Qp& qp) {
+  if (qp.tenant != 0 && --tenants_[qp.tenant].qps == 0) --tenants_live_;
+  qp.tenant = 0;
 }
 
 std::uint64_t Engine::deadline_of(const Qp& qp, std::uint64_t now) const {

@@ -76,6 +76,19 @@ struct EngineConfig {
   /// table is this size from the start (no allocation when one attaches).
   std::uint32_t max_mcast_attach = 1024;
   std::uint32_t max_flows = 256;  // raw packet QPs' flow rules, in all
+  /// The transmit share between tenants (set_tenant): deficit round robin
+  /// over frame bytes on the wire, `tx_quantum` bytes times a tenant's
+  /// weight a round. Tenants beyond max_tenants share one entry.
+  std::uint32_t max_tenants = 256;
+  std::uint32_t tx_quantum = 4096;
+};
+
+/// One tenant's transmit share and what it sent (Engine::tenant_report),
+/// counted while two or more tenants hold QPs (the share is metered then).
+struct TenantReport {
+  std::uint32_t uid = 0, weight = 1, qps = 0;
+  std::uint64_t tx_bytes = 0, tx_frames = 0;
+  std::uint64_t throttled = 0;  // times one of its QPs stopped at the end of its share
 };
 
 /// A QP's congestion control as telemetry shows it (Engine::cc_report).
@@ -209,6 +222,22 @@ class Engine {
   /// frame. No timer of its own: the requester waits while the next
   /// packet's time has not come, and next_deadline() says when it has.
   int set_rate(Qp* qp, std::uint64_t bits_per_s);
+  /// Puts a QP in tenant `uid`'s transmit share, of weight `weight` (1 to
+  /// kMaxWeight; the tenant's weight for all its QPs). While QPs of two or
+  /// more tenants exist, poll() serves them by deficit round robin: each
+  /// tenant sends about its weight's share of the frame bytes when several
+  /// have work, and all there is room for when only one has. QPs never put
+  /// in one share tenant 0 (the engine's own, and embedded use).
+  int set_tenant(Qp* qp, std::uint32_t uid, std::uint32_t weight);
+  /// A tenant's new weight (a reload); false when it holds no QP.
+  bool set_tenant_weight(std::uint32_t uid, std::uint32_t weight);
+  static constexpr std::uint32_t kMaxWeight = 1000;
+  /// Calls fn(const TenantReport&) for every tenant holding QPs.
+  template <typename F>
+  void for_each_tenant(F&& fn) const {
+    for (std::size_t i = 1; i < tenants_.size(); ++i)
+      if (tenants_[i].qps != 0) fn(static_cast<const TenantReport&>(tenants_[i]));
+  }
   /// Gives a QP the congestion control of that name (a fresh one; "none"
   /// removes it): 0, EINVAL (no such QP or algorithm) or EOPNOTSUPP (an
   /// algorithm that needs ACKs, for a UD QP: cc::Entry::ud). Control path:
@@ -309,6 +338,10 @@ class Engine {
     return n;
   }
   [[nodiscard]] std::size_t tx_pending() const { return tx_.size(); }
+  /// How many frames the port can take before it drops: the TX ring holds
+  /// no more than this until the next drain, and what does not fit waits in
+  /// its QP (counted as tx_ring_full), not lost (the driver's backpressure).
+  void set_tx_room(std::uint32_t frames) { tx_room_ = frames; }
   /// The earliest timer deadline of any QP, or 0 if none is armed.
   [[nodiscard]] std::uint64_t next_deadline() const;
 
@@ -539,6 +572,30 @@ class Engine {
   std::size_t quarantined_ = 0;  // QPs in quarantine; poll() frees the expired ones
   std::size_t reap_cursor_ = 0;  // where poll()'s sweep of quarantined slots goes on
   std::vector<Qp*> active_;       // QPs that may have work now; fixed capacity
+  std::vector<Qp*> still_active_;  // serve_active's next list (swapped with active_); fixed capacity
+  /// Serves the active list once (poll's pass; `first`: the poll's first,
+  /// which also runs timers; later passes serve only tenants with work left).
+  void serve_active(std::uint64_t now, bool first);
+  // The transmit share (set_tenant): deficit round robin between tenants.
+  struct Tenant : TenantReport {
+    std::int64_t deficit = 0;  // bytes it may still send this round (negative: owed)
+    bool backlog = false;      // stopped at its share in this pass
+    bool serve = false;        // served in this round (it had work left)
+  };
+  std::vector<Tenant> tenants_;   // [0]: QPs in no tenant's share; sized once
+  std::uint32_t tenants_live_ = 0;  // entries holding QPs: the share is metered from 2
+  std::int64_t unmetered_ = -1;     // the one tenant with work left in this poll: it takes the rest
+  bool qp_throttled_ = false;       // the QP being served stopped at its tenant's share
+  std::uint64_t poll_bytes_ = 0, poll_frames_ = 0;  // charged in this poll (its mean frame)
+  [[nodiscard]] bool metered() const { return tenants_live_ >= 2; }
+  /// May qp's tenant send another frame now (false: noted as backlog).
+  bool tx_share_left(Qp& qp);
+  /// Whether a packet of `payload` bytes is the QP's last before the TX room
+  /// or its tenant's share runs out (it then asks for an ACK).
+  [[nodiscard]] bool last_in_turn(const Qp& qp, std::uint32_t payload) const;
+  /// Charges qp's tenant for the frames queued since TX index `from`.
+  void charge(const Qp& qp, std::uint32_t from);
+  void leave_tenant(Qp& qp);
   TimerWheel<Qp, &Qp::wheel> wheel_;  // QPs that wait only on a deadline
   bool tx_full_ = false;          // tx_slot() found the TX ring full (poll's per-QP note)
   std::vector<Qp*> ack_waiters_;  // QPs with a coalesced ACK pending
@@ -567,6 +624,7 @@ class Engine {
   };
   std::array<UdCnpSlot, 256> ud_cnp_{};
   Fifo<TxFrame> tx_;
+  std::uint32_t tx_room_ = UINT32_MAX;  // set_tx_room
   // ODP payloads on their way out: one MTU per TX slot, made at the first
   // ODP registration (a frame's bytes must outlive the read of them).
   std::unique_ptr<std::uint8_t[]> odp_bounce_;

@@ -243,6 +243,7 @@ class Qp {
   // Engine bookkeeping: on the active list when it may have work now; in
   // the timer wheel when it waits only on time (its earliest deadline).
   bool active = false;
+  std::uint16_t tenant = 0;  // its entry in the engine's transmit share (Engine::set_tenant)
   WheelHook<Qp> wheel;
   std::uint64_t handle = 0;
 

@@ -65,9 +65,22 @@ void Engine::run_requester(Qp& qp, std::uint64_t now) {
   Requester& r = qp.req;
   if (r.rnr_until != 0) return;  // waiting out an RNR NAK
   fetch_sends(qp);                 // what the producer posted since
-  if (qp.sr && qp.state != IBV_QPS_ERR) sr_resend(qp, now);  // the losses first
-  while (r.cursor != qp.sq.tail() && qp.state != IBV_QPS_ERR) {
-    if (!send_next_packet(qp, now)) break;
+  if (!metered()) {
+    if (qp.sr && qp.state != IBV_QPS_ERR) sr_resend(qp, now);  // the losses first
+    while (r.cursor != qp.sq.tail() && qp.state != IBV_QPS_ERR) {
+      if (!send_next_packet(qp, now)) break;
+    }
+    return;
+  }
+  // Within its tenant's transmit share (Engine::poll), each frame charged.
+  std::uint32_t from = tx_.tail();
+  if (qp.sr && qp.state != IBV_QPS_ERR) sr_resend(qp, now);
+  charge(qp, from);
+  while (r.cursor != qp.sq.tail() && qp.state != IBV_QPS_ERR && tx_share_left(qp)) {
+    from = tx_.tail();
+    const bool more = send_next_packet(qp, now);
+    charge(qp, from);
+    if (!more) break;
   }
 }
 
@@ -242,12 +255,13 @@ bool Engine::send_next_packet(Qp& qp, std::uint64_t now) {
                                                    (pf.se ? wire::kSrhSolicit : 0));
   }
   // AckReq on the last packet of a message, at least every N packets, and
-  // on every packet that fills the window or leaves paced: a small window
-  // or a slow rate must not wait N packets for the ACK that opens it (and
-  // each is a round-trip sample).
+  // on every packet that fills the window or leaves paced, or is the last
+  // of the QP's turn (the TX ring or its tenant's share is spent): a small
+  // window, a slow rate or a wait for its next turn must not hold back the
+  // ACK for what was sent (and each is a round-trip sample).
   ++r.pkts_since_ackreq;
   if (rc && (last || r.pkts_since_ackreq >= cfg_.ackreq_every || r.restart_ackreq || qp.rate_bps != 0 ||
-             distance(r.una, psn) + 1 >= static_cast<std::int32_t>(qp.window))) {
+             distance(r.una, psn) + 1 >= static_cast<std::int32_t>(qp.window) || last_in_turn(qp, payload))) {
     pf.ackreq = true;
     r.pkts_since_ackreq = 0;
   }
