@@ -217,6 +217,20 @@ void tenants(Families& f, const json& st) {
     f.gauge("uroce_tenant_registered_bytes", "bytes the tenant has registered", l, t.mr_bytes);
     f.counter("uroce_tenant_doorbells_total", "doorbells the tenant's open sessions rang", l, t.doorbells);
   }
+  // The transmit share (deficit round robin between uids), as the engine
+  // counts it while two or more tenants hold QPs.
+  const json& share = at(at(at(st, "limits"), "tx_share"), "tenants");
+  if (!share.is_array()) return;
+  for (const json& t : share) {
+    const std::string l = label("uid", std::to_string(count(at(t, "uid"))));
+    f.gauge("uroce_tenant_tx_weight", "the tenant's weight in the transmit share", l, at(t, "weight"));
+    f.counter("uroce_tenant_tx_bytes_total", "wire bytes the tenant's QPs sent while the share was metered", l,
+              at(t, "tx_bytes"));
+    f.counter("uroce_tenant_tx_frames_total", "frames the tenant's QPs sent while the share was metered", l,
+              at(t, "tx_frames"));
+    f.counter("uroce_tenant_tx_throttled_total", "times one of the tenant's QPs waited for its share", l,
+              at(t, "throttled"));
+  }
 }
 
 void per_qp(Families& f, const json& q, const std::string& pl) {

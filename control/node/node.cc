@@ -2,12 +2,14 @@
 
 #include <execinfo.h>
 #include <poll.h>
+#include <sys/socket.h>
 #include <sys/prctl.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <iostream>
+#include <map>
 #include <optional>
 #include <cerrno>
 #include <cstdio>
@@ -44,7 +46,7 @@ int g_log_level = 1;  // the node's --log-level (one node per process)
 /// connection closed, so a client cannot make the daemon buffer without end.
 constexpr std::size_t kMaxControlLine = 4096;
 /// Control connections served at once, and how long one may stay silent.
-constexpr std::size_t kMaxControlConns = 64;
+constexpr std::size_t kMaxControlConns = 64, kMaxControlConnsPerUid = 8;
 constexpr std::chrono::seconds kControlIdle{5};
 }  // namespace
 
@@ -53,6 +55,23 @@ std::uint64_t now_ns() {
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
 }
+
+namespace {
+/// Runs the control plane's ready handlers (accepts, session requests, CM
+/// events, uroce-ctl) for at most this long at a time, so a flood of
+/// connections or requests waits for the next slice (about every ms while
+/// the pipeline is busy) instead of stalling every tenant's traffic.
+constexpr std::uint64_t kControlSliceNs = 200'000;
+std::size_t serve_control(boost::asio::io_context& io) {
+  const std::uint64_t until = now_ns() + kControlSliceNs;
+  std::size_t n = 0;
+  while (io.poll_one() != 0) {
+    ++n;
+    if (now_ns() >= until) break;
+  }
+  return n;
+}
+}  // namespace
 
 namespace {
 volatile sig_atomic_t* g_stop_flag = nullptr;
@@ -396,6 +415,9 @@ nlohmann::ordered_json Node::status() const {
   }
   o["limits"] = sessions_ ? sessions_->limits_status() : nlohmann::ordered_json::object();
   o["limits"]["control_line_bytes"] = kMaxControlLine;
+  o["limits"]["max_control_conns"] = kMaxControlConns;
+  o["limits"]["max_control_conns_per_uid"] = kMaxControlConnsPerUid;
+  if (o["limits"].contains("refused")) o["limits"]["refused"]["control_conns"] = ctl_refused_;
   for (std::size_t k = 0; k < pipes_.size(); ++k) {
     const Pipeline& p = *pipes_[k];
     const std::string pre = k == 0 ? "" : "_" + std::to_string(k);
@@ -461,18 +483,29 @@ class Node::ControlServer {
   }
 
  private:
+  /// Connections being served, in all and per uid (SO_PEERCRED; -1: unknown).
+  struct Open {
+    std::size_t total = 0;
+    std::map<int, std::size_t> per_uid;
+  };
   struct Conn : std::enable_shared_from_this<Conn> {
-    Conn(asio::local::stream_protocol::socket s, Node& d, std::shared_ptr<std::size_t> open)
-        : sock(std::move(s)), in(kMaxControlLine), d(d), deadline(sock.get_executor()), open(std::move(open)) {
-      ++*this->open;
+    Conn(asio::local::stream_protocol::socket s, Node& d, std::shared_ptr<Open> open, int uid)
+        : sock(std::move(s)), in(kMaxControlLine), d(d), deadline(sock.get_executor()), open(std::move(open)),
+          uid(uid) {
+      ++this->open->total;
+      ++this->open->per_uid[uid];
     }
-    ~Conn() { --*open; }
+    ~Conn() {
+      --open->total;
+      if (--open->per_uid[uid] == 0) open->per_uid.erase(uid);
+    }
     asio::local::stream_protocol::socket sock;
     asio::streambuf in;  // bounded: async_read_until fails once it holds kMaxControlLine bytes without a newline
     std::string out;
     Node& d;
     asio::steady_timer deadline;  // a client that says nothing is closed after kControlIdle
-    std::shared_ptr<std::size_t> open;  // shared: a Conn may outlive the server in the io_context
+    std::shared_ptr<Open> open;  // shared: a Conn may outlive the server in the io_context
+    int uid;
     void start() {
       auto self = shared_from_this();
       deadline.expires_after(kControlIdle);
@@ -491,7 +524,10 @@ class Node::ControlServer {
           });
           return;
         }
-        if (ec) return;
+        if (ec) {  // the client hung up (or worse): the connection is let go now, not at its deadline
+          self->deadline.cancel();
+          return;
+        }
         std::istream is(&self->in);
         std::string line;
         std::getline(is, line);
@@ -563,11 +599,21 @@ class Node::ControlServer {
       if (ec == asio::error::operation_aborted) return;
       // Out of descriptors or worse: shed, pause, accept again (no spin).
       if (guard_.retry_on_failure(ec, acceptor_.native_handle(), pause_, [this] { accept(); })) return;
-      if (*open_ >= kMaxControlConns) {  // a flood of clients: this one is closed at once
+      // A flood of clients: this one is closed at once, past the bound in
+      // all or its uid's own (so one uid's flood cannot lock the others out).
+      ucred cred{};
+      socklen_t len = sizeof cred;
+      const int uid = ::getsockopt(s.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0
+                          ? static_cast<int>(cred.uid)
+                          : -1;
+      const auto mine = open_->per_uid.find(uid);
+      if (open_->total >= kMaxControlConns ||
+          (mine != open_->per_uid.end() && mine->second >= kMaxControlConnsPerUid)) {
+        ++d_.ctl_refused_;
         boost::system::error_code ignored;
         s.close(ignored);
       } else {
-        std::make_shared<Conn>(std::move(s), d_, open_)->start();
+        std::make_shared<Conn>(std::move(s), d_, open_, uid)->start();
       }
       accept();
     });
@@ -576,7 +622,7 @@ class Node::ControlServer {
   Node& d_;
   AcceptGuard guard_;
   asio::steady_timer pause_{acceptor_.get_executor()};
-  std::shared_ptr<std::size_t> open_ = std::make_shared<std::size_t>(0);  // connections being served
+  std::shared_ptr<Open> open_ = std::make_shared<Open>();
 };
 
 /// Memory for the asynchronous waits MainWait starts on every sleep. Asio
@@ -669,7 +715,7 @@ class Node::MainWait {
       }));
     }
     io_.run_one();
-    io_.poll();
+    serve_control(io_);
   }
   /// Also wake when `fd`, the port's RX interrupt, is readable; each such
   /// wake-up is counted in `*wakes`.
@@ -978,7 +1024,7 @@ int Node::run(const volatile sig_atomic_t& stop) {
     std::size_t work = one_pass(now);
     main_pipe.passed();
     if (now - last_ctl > 1'000'000) {  // while busy, the control plane about every ms
-      io_.poll();
+      serve_control(io_);
       last_ctl = now;
     }
     if (sd.watchdog().enabled()) {
@@ -1040,7 +1086,7 @@ std::size_t Node::progress() {
   // Work restarts the idle clock, so the next wait spins before it sleeps.
   if (work) (void)pipes_[0]->dp->idle_sleep_ns(work, now);
   if (now - last_serve_ > 1'000'000) {  // sockets (session requests, CM events, uroce-ctl) about every ms
-    io_.poll();
+    serve_control(io_);
     last_serve_ = now;
   }
   turning_.clear(std::memory_order_release);
@@ -1078,7 +1124,7 @@ int Node::wait_readable(int fd, int timeout_ms) {
       armed = false;
       // A reply to the application's own request, or a CM event, needs the
       // sockets served: every pass while waiting.
-      io_.poll();
+      serve_control(io_);
       last_serve_ = now;
       if (rx_fd >= 0) {  // armed before the pass: a frame after it raises the interrupt
         port->rx_interrupt_arm();

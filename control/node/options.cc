@@ -3,12 +3,15 @@
 #include "control/node/metrics_server.h"
 
 #include "stack/cc/cc.h"
+#include "stack/transport/engine.h"
 
 #include <grp.h>
+#include <pwd.h>
 #include <sys/stat.h>
 
 #include <boost/program_options.hpp>
 #include <cctype>
+#include <charconv>
 #include <cmath>
 #include <cerrno>
 #include <cstdio>
@@ -76,7 +79,7 @@ ParseResult parse_options(int argc, const char* const* argv, NodeOptions& out, s
   std::uint32_t metrics_qps = 0;
   bool check = false;
   std::string check_root;
-  std::vector<std::string> vdevs, neighbors;
+  std::vector<std::string> vdevs, neighbors, tx_weights;
   bool no_huge = out.no_huge, tx_copy = out.tx_copy, no_rx_intr = !out.rx_interrupts;
   pipeline::IdleConfig idle_cfg = out.idle;
   SessionLimits lim = out.limits;
@@ -147,6 +150,9 @@ ParseResult parse_options(int argc, const char* const* argv, NodeOptions& out, s
       ("max-unhelloed-per-uid", po::value(&lim.max_unhelloed_per_uid),
        "connections yet to say hello from one uid (default 8): one uid's silent connections cannot lock the others out")
       ("hello-timeout-ms", po::value(&lim.hello_timeout_ms), "a connection silent this long is closed (default 2000)")
+      ("tx-weight", po::value(&tx_weights)->composing(),
+       "a tenant's weight in the transmit share, UID=W or USER=W, or default=W, W 1..1000 (repeatable; default 1): "
+       "while several uids have work, each sends about its weight's share of the wire's bytes")
       ("max-qps", po::value(&lim.max_qps), "QPs per session (default 256)")
       ("max-qps-per-uid", po::value(&lim.max_qps_per_uid), "QPs one uid may hold over its sessions (default 512)")
       ("max-mcast-per-uid", po::value(&lim.max_mcast_per_uid), "multicast attachments one uid may hold (default 64)")
@@ -159,6 +165,8 @@ ParseResult parse_options(int argc, const char* const* argv, NodeOptions& out, s
       ("max-mr-mb", po::value(&max_mr_mb), "registered MiB per session (default 4096)")
       ("max-pending-rtr", po::value(&lim.max_pending_rtr), "RTRs and UD address resolutions parked for ARP, per session (default 16)")
       ("max-pending-rtr-total", po::value(&lim.max_pending_rtr_total), "RTRs and UD address resolutions parked for ARP, in all (default 256)")
+      ("max-pending-rtr-per-uid", po::value(&lim.max_pending_rtr_per_uid),
+       "RTRs and UD address resolutions parked for ARP, per uid over its sessions (default 64)")
       ("no-rx-interrupts", po::bool_switch(&no_rx_intr),
        "poll on the tick even where the PMD has RX interrupts (net_tap, net_af_xdp, NICs)")
       ("idle-spin-us", po::value(&idle_cfg.spin_us), "keep polling this long after the last work, then sleep (default 5)")
@@ -338,7 +346,8 @@ ParseResult parse_options(int argc, const char* const* argv, NodeOptions& out, s
                                     {"--max-cqs", lim.max_cqs, 65536u},
                                     {"--max-mrs", lim.max_mrs, 1u << 20},
                                     {"--max-pending-rtr", lim.max_pending_rtr, 65536u},
-                                    {"--max-pending-rtr-total", lim.max_pending_rtr_total, 1u << 20}})
+                                    {"--max-pending-rtr-total", lim.max_pending_rtr_total, 1u << 20},
+                                    {"--max-pending-rtr-per-uid", lim.max_pending_rtr_per_uid, 1u << 20}})
     if (v < 1 || v > hi) return bad(std::string(name) + " must be 1.." + std::to_string(hi));
   if (max_mr_mb < 1 || max_mr_mb > (1ull << 30)) return bad("--max-mr-mb must be 1..1073741824");
   if (!metrics.empty()) {
@@ -352,6 +361,27 @@ ParseResult parse_options(int argc, const char* const* argv, NodeOptions& out, s
   std::string err;
   if (!pipeline::FaultConfig::parse(fault_rx, frx, err)) return bad("--fault-rx: " + err);
   if (!pipeline::FaultConfig::parse(fault_tx, ftx, err)) return bad("--fault-tx: " + err);
+  for (const auto& t : tx_weights) {
+    const auto eq = t.find('=');
+    const std::string who = eq == std::string::npos ? "" : t.substr(0, eq);
+    std::uint32_t w = 0;
+    const std::string wt = eq == std::string::npos ? "" : t.substr(eq + 1);
+    const auto [wend, wec] = std::from_chars(wt.data(), wt.data() + wt.size(), w);
+    if (who.empty() || wt.empty() || wec != std::errc{} || wend != wt.data() + wt.size() || w < 1 ||
+        w > transport::Engine::kMaxWeight)
+      return bad("--tx-weight must be UID=W, USER=W or default=W with W 1..1000, got '" + t + "'");
+    std::uint32_t uid = 0;
+    const auto [uend, uec] = std::from_chars(who.data(), who.data() + who.size(), uid);
+    if (who == "default") {
+      lim.tx_weight_default = w;
+    } else if (uec == std::errc{} && uend == who.data() + who.size()) {
+      lim.tx_weights[uid] = w;
+    } else if (const passwd* pw = ::getpwnam(who.c_str())) {
+      lim.tx_weights[pw->pw_uid] = w;
+    } else {
+      return bad("--tx-weight: no user named '" + who + "'");
+    }
+  }
   std::vector<std::pair<wire::IpAddr, wire::MacAddr>> statics;
   for (const auto& n : neighbors) {
     const auto eq = n.find('=');

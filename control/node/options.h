@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -28,7 +29,7 @@ namespace uroce::control {
 struct SessionLimits {
   std::uint32_t max_qps = 256, max_cqs = 256, max_mrs = 1024, max_pds = 64, max_srqs = 64;  // per session
   /// MODIFY_QP(RTR)s parked while the peer's address resolves: per session, and in all.
-  std::uint32_t max_pending_rtr = 16, max_pending_rtr_total = 256;
+  std::uint32_t max_pending_rtr = 16, max_pending_rtr_total = 256, max_pending_rtr_per_uid = 64;  // and per uid
   std::uint64_t max_mr_bytes = 1ull << 32;  // per session
   std::uint32_t max_sessions = 256, max_sessions_per_uid = 64;
   std::uint32_t max_qps_per_uid = 512;  // the engine's table holds 1024: one user cannot take it all
@@ -43,6 +44,14 @@ struct SessionLimits {
   /// uid's silent connections cannot keep another uid from connecting),
   /// and how long one may wait.
   std::uint32_t max_unhelloed = 64, max_unhelloed_per_uid = 8, hello_timeout_ms = 2000;
+  /// Each uid's weight in the transmit share (Engine::set_tenant): a uid
+  /// not named has tx_weight_default.
+  std::map<std::uint32_t, std::uint32_t> tx_weights;
+  std::uint32_t tx_weight_default = 1;
+  [[nodiscard]] std::uint32_t tx_weight(std::uint32_t uid) const {
+    const auto w = tx_weights.find(uid);
+    return w == tx_weights.end() ? tx_weight_default : w->second;
+  }
   friend bool operator==(const SessionLimits&, const SessionLimits&) = default;
 };
 

@@ -880,6 +880,8 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
         ::close(fd);
         return fail(ENOMEM, "cannot create the QP");
       }
+      // Its uid's transmit share (a full table leaves it in the shared entry).
+      (void)eng_.set_tenant(qp, static_cast<std::uint32_t>(s.uid), limits_.tx_weight(s.uid));
       uroce_create_qp_reply r{handle, qp->qpn, sqn, rqn, sq_bytes};
       s.qps[handle] = {qp, map, handle, &s};
       qp->owner = &s.qps[handle];
@@ -1231,6 +1233,7 @@ nlohmann::ordered_json SessionServer::limits_status() const {
           {"max_srqs", l.max_srqs},
           {"max_pending_rtr", l.max_pending_rtr},
           {"max_pending_rtr_total", l.max_pending_rtr_total},
+          {"max_pending_rtr_per_uid", l.max_pending_rtr_per_uid},
           {"refused",
            {{"sessions", refused_.sessions},
             {"sessions_per_uid", refused_.sessions_per_uid},
@@ -1240,9 +1243,35 @@ nlohmann::ordered_json SessionServer::limits_status() const {
             {"mcast_per_uid", refused_.mcast_per_uid},
             {"flows_per_uid", refused_.flows_per_uid},
             {"qps_per_uid", refused_.qps_per_uid},
+            {"pending_rtr_per_uid", refused_.pending_rtr_per_uid},
             {"accept_errors", guard_.errors()},
             {"emfile_drops", guard_.dropped()}}},
-          {"closed", {{"memory_faults", memory_fault_closes_}}}};
+          {"closed", {{"memory_faults", memory_fault_closes_}}},
+          {"tx_share", tx_share_status()}};
+}
+
+nlohmann::ordered_json SessionServer::tx_share_status() const {
+  auto tenants = nlohmann::ordered_json::array();
+  eng_.for_each_tenant([&](const transport::TenantReport& t) {
+    tenants.push_back({{"uid", t.uid},
+                       {"weight", t.weight},
+                       {"qps", t.qps},
+                       {"tx_bytes", t.tx_bytes},
+                       {"tx_frames", t.tx_frames},
+                       {"throttled", t.throttled}});
+  });
+  auto weights = nlohmann::ordered_json::object();
+  for (const auto& [uid, w] : limits_.tx_weights) weights[std::to_string(uid)] = w;
+  return {{"quantum_bytes", eng_.config().tx_quantum},
+          {"default_weight", limits_.tx_weight_default},
+          {"weights", weights},
+          {"tenants", tenants}};
+}
+
+void SessionServer::set_limits(const SessionLimits& limits) {
+  limits_ = limits;
+  for (const auto& [id, s] : sessions_)
+    if (s->uid >= 0) eng_.set_tenant_weight(static_cast<std::uint32_t>(s->uid), limits_.tx_weight(s->uid));
 }
 
 nlohmann::ordered_json SessionServer::describe() const {
@@ -1318,8 +1347,17 @@ bool SessionServer::park(const Session& s, std::uint32_t qp_handle, const uroce_
                          int mask, const wire::IpAddr& dgid) {
   // Bounded: per session and in all, so a client cannot park requests (and
   // their ARP traffic) without end.
-  std::size_t mine = 0;
-  for (const PendingRequest& p : pending_) mine += p.session == s.id ? 1 : 0;
+  // And per uid, so one uid's sessions cannot fill the table for the others.
+  std::size_t mine = 0, uid_mine = 0;
+  for (const PendingRequest& p : pending_) {
+    mine += p.session == s.id ? 1 : 0;
+    const auto o = sessions_.find(p.session);
+    uid_mine += o != sessions_.end() && o->second->uid == s.uid ? 1 : 0;
+  }
+  if (uid_mine >= limits_.max_pending_rtr_per_uid) {
+    ++refused_.pending_rtr_per_uid;
+    return false;
+  }
   if (mine >= limits_.max_pending_rtr || pending_.size() >= limits_.max_pending_rtr_total) return false;
   const std::uint64_t t = now_ms();
   // One resolution per destination, however many requests wait for it: the

@@ -60,7 +60,11 @@ class SessionServer {
   [[nodiscard]] nlohmann::ordered_json limits_status() const;
   /// New limits (a reload): they bound what comes next; nothing held now
   /// is taken back.
-  void set_limits(const SessionLimits& limits) { limits_ = limits; }
+  /// Transmit weights change at once for the uids that hold QPs.
+  void set_limits(const SessionLimits& limits);
+  /// The transmit share between tenants: quantum, weights, and per uid
+  /// what it sent and how often it waited for its share.
+  [[nodiscard]] nlohmann::ordered_json tx_share_status() const;
 
   struct Session;
 
@@ -130,7 +134,7 @@ class SessionServer {
   std::uint64_t last_sweep_ms_ = 0;
   struct Refusals {
     std::uint64_t sessions = 0, sessions_per_uid = 0, unhelloed = 0, unhelloed_per_uid = 0, hello_timeouts = 0,
-                  qps_per_uid = 0, mcast_per_uid = 0, flows_per_uid = 0;
+                  qps_per_uid = 0, mcast_per_uid = 0, flows_per_uid = 0, pending_rtr_per_uid = 0;
   } refused_;
   std::uint64_t memory_fault_closes_ = 0;  // sessions closed because their memory faulted (sigbus_guard)
   std::uint64_t sigbus_seen_ = 0;  // sigbus_guard::caught() at the last look

@@ -1,0 +1,151 @@
+#!/bin/bash
+# Tenants that cannot hurt each other (one uroced, Debian's perftest
+# unmodified through the drop-in, a victim as root and a hostile uid 65534):
+#   - a flood of connections on the application socket, and of requests on
+#     the control socket, never keeps the victim from opening a session, and
+#     the victim's longest stall during each flood is at most twice its
+#     longest stall without one in the same run;
+#   - the transmit share: with both bulk, the victim's one QP gets about
+#     half the wire against the flooder's 64 QPs, where as one uid (the
+#     control, same run) it gets a 64th.
+# The flooders run SCHED_IDLE: the kernel's share of the CPU is the
+# operator's to set (cgroups); what is measured is uroced's.
+. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/ready.sh"
+need_root
+need_prog ib_send_lat perftest
+IBV_DIR=${UROCE_IBVERBS_DIR:?the folder of uroce libibverbs.so.1}
+URUN=${UROCE_RUN:?the path of tools/uroce-run}
+chmod 0755 "$TMP"  # uid 65534 reaches the sockets in it
+APP="$TMP/uroce0.sock"
+start_daemon "" ta --port net_memif0 --vdev "net_memif0,role=server,socket=$TMP/m.sock,bsize=8192" --ip 10.94.0.1 --lcore 0 \
+  --app-socket "$APP" --app-socket-mode 0666 --ctl-socket "$TMP/a.ctl"
+wait_sockets "$APP" "$TMP/a.ctl" || bad "the daemon is up (gave up after $PROBES looks)"
+start_daemon "" tb --port net_memif0 --vdev "net_memif0,role=client,socket=$TMP/m.sock,bsize=8192" --ip 10.94.0.2 --lcore 1 \
+  --app-socket "$TMP/b.sock"  # the link's other end; the traffic is looped back in the first daemon
+wait_sockets "$TMP/b.sock" || bad "the peer daemon is up (gave up after $PROBES looks)"
+chmod 0666 "$TMP/a.ctl"  # a careless operator: any uid may connect to the control socket
+AS_NOBODY="setpriv --reuid=65534 --regid=65534 --clear-groups"
+
+# perf PORT OUT WHO TEST ARGS...: a perftest server and client (as WHO: ""
+# for root) on CPU 1; sets PT_SERVER and PT_CLIENT.
+perf() {
+  local port=$1 out=$2 who=$3; shift 3
+  taskset -c 1 $who env HOME=/ "$URUN" --lib "$IBV_DIR" --socket "$APP" "$@" -d uroce0 -x 0 -p "$port" > "$out.s" 2>&1 &
+  PT_SERVER=$!
+  wait_listen "" "" "$port" || echo "  ($1: the server never listened on $port)"
+  taskset -c 1 $who env HOME=/ "$URUN" --lib "$IBV_DIR" --socket "$APP" "$@" -d uroce0 -x 0 -p "$port" 127.0.0.1 > "$out.c" 2>&1 &
+  PT_CLIENT=$!
+}
+# stall PORT OUT: the victim's ib_send_lat (64 B, events); prints its
+# longest round trip (t_max, us) or nothing.
+stall() {
+  perf "$1" "$2" "" ib_send_lat -s 64 -n 5000 -e
+  wait $PT_CLIENT $PT_SERVER
+  awk '$1 == 64 && $2 == 5000 {print $4}' "$2.c"
+}
+
+# The floods, as uid 65534, SCHED_IDLE, on the daemon's CPU, until killed.
+FLOOD_APP='
+import socket, sys
+while True:  # connect, say nothing, hang up; and hold up to 100 silent ones
+    held = []
+    for _ in range(100):
+        s = socket.socket(socket.AF_UNIX)
+        try: s.connect(sys.argv[1]); held.append(s)
+        except OSError: s.close()
+    for s in held: s.close()'
+FLOOD_CTL='
+import socket, sys
+def conn():
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(2)
+    try: s.connect(sys.argv[1]); return s
+    except OSError: s.close()
+silent = [conn() for _ in range(4)]  # held silent, under the 8 one uid may hold
+n = 0
+while True:  # status requests back to back; now and then 6 more at once, past the bound
+    s = conn()
+    if s:
+        try: s.sendall(b"status\n"); s.recv(1 << 20)
+        except OSError: pass
+        s.close()
+    n += 1
+    if n % 50 == 0:  # 4 held + 6 > 8
+        for x in [conn() for _ in range(6)]:
+            if x: x.close()'
+port=19600
+rounds=4
+declare -A WORST
+for kind in none app ctl; do WORST[$kind]=0; done
+for r in $(seq 1 $rounds); do
+  for kind in none app ctl; do
+    fp=""
+    case $kind in
+      app) taskset -c 0 chrt -i 0 $AS_NOBODY /usr/bin/python3 -c "$FLOOD_APP" "$APP" > /dev/null 2>&1 & fp=$! ;;
+      ctl) taskset -c 0 chrt -i 0 $AS_NOBODY /usr/bin/python3 -c "$FLOOD_CTL" "$TMP/a.ctl" > /dev/null 2>&1 & fp=$! ;;
+    esac
+    [ -n "$fp" ] && PIDS="$PIDS $fp" && sleep 1
+    # The victim opens a session while the flood runs (ibv_devinfo), then
+    # measures its stalls.
+    timeout 20 taskset -c 1 "$URUN" --lib "$IBV_DIR" --socket "$APP" ibv_devinfo -d uroce0 > "$TMP/devinfo-$kind-$r.out" 2>&1
+    dev_rc=$?
+    port=$((port + 1))
+    m=$(stall $port "$TMP/lat-$kind-$r")
+    [ -n "$fp" ] && kill $fp 2> /dev/null && wait $fp 2> /dev/null
+    echo "  round $r, flood $kind: the victim's session opened (ibv_devinfo exit $dev_rc); longest round trip ${m:-?} us"
+    [ $dev_rc -eq 0 ] && grep -q "PORT_ACTIVE" "$TMP/devinfo-$kind-$r.out" || WORST[$kind]=fail
+    if [ -z "$m" ]; then WORST[$kind]=fail; tail -n 3 "$TMP/lat-$kind-$r.c"; fi
+    [ "${WORST[$kind]}" != fail ] && WORST[$kind]=$(awk -v a="${WORST[$kind]}" -v b="$m" 'BEGIN {print (b > a ? b : a)}')
+  done
+done
+st=$(ctl "$TMP/a.ctl" status)
+echo "  refused: $(echo "$st" | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["limits"]["refused"])')"
+echo "  longest round trip over $rounds rounds: no flood ${WORST[none]} us, application-socket flood ${WORST[app]} us, control-socket flood ${WORST[ctl]} us"
+within2() { [ "$1" != fail ] && [ "$2" != fail ] && awk -v a="$1" -v b="$2" 'BEGIN {exit !(b <= 2 * a)}'; }
+check "the victim opens a session during every flood, and its traffic runs" \
+  "[ '${WORST[none]}' != fail ] && [ '${WORST[app]}' != fail ] && [ '${WORST[ctl]}' != fail ]"
+check "application-socket flood: the victim's longest stall is at most twice its longest without a flood (${WORST[app]} vs ${WORST[none]} us)" \
+  "within2 '${WORST[none]}' '${WORST[app]}'"
+check "control-socket flood: the victim's longest stall is at most twice its longest without a flood (${WORST[ctl]} vs ${WORST[none]} us)" \
+  "within2 '${WORST[none]}' '${WORST[ctl]}'"
+check "the control socket's per-uid bound refused the flood's extra connections, counted" \
+  "[ \$(jget '$st' limits.refused.control_conns) -gt 0 ]"
+
+echo "== the transmit share: the victim's ib_write_bw (1 QP) beside the flooder's (64 QPs), both bulk"
+tx() {  # tx STATUS UID: wire bytes uid UID sent while the share was metered
+  echo "$1" | /usr/bin/python3 -c '
+import json, sys
+t = [x for x in json.load(sys.stdin)["limits"]["tx_share"]["tenants"] if x["uid"] == int(sys.argv[1])]
+print(t[0]["tx_bytes"] if t else 0)' "$2"
+}
+# share WHO: the victim's share of the two tenants' bytes over 3 s (as
+# another uid, from the daemon's counts; as root, from perftest's figures).
+share() {
+  port=$((port + 2))
+  perf $port "$TMP/bf" "$1" ib_write_bw -s 65536 -q 64 -D 8
+  local fc=$PT_CLIENT fs=$PT_SERVER
+  perf $((port + 1)) "$TMP/bv" "" ib_write_bw -s 65536 -D 6
+  local vc=$PT_CLIENT vs=$PT_SERVER s0 s1
+  sleep 2.5
+  s0=$(ctl "$TMP/a.ctl" status)
+  sleep 3
+  s1=$(ctl "$TMP/a.ctl" status)
+  wait $vc $vs $fc $fs
+  if [ -n "$1" ]; then
+    local v=$(($(tx "$s1" 0) - $(tx "$s0" 0))) f=$(($(tx "$s1" 65534) - $(tx "$s0" 65534)))
+    awk -v v=$v -v f=$f 'BEGIN {if (v + f > 0) printf "%.3f\n", v / (v + f)}'
+  else
+    local v f
+    v=$(awk '$1 == 65536 {print $4}' "$TMP/bv.c"); f=$(awk '$1 == 65536 {print $4}' "$TMP/bf.c")
+    [ -n "$v" ] && [ -n "$f" ] && awk -v v="$v" -v f="$f" 'BEGIN {printf "%.3f\n", v / (v + f)}'
+  fi
+  grep -h "Completion with error" "$TMP"/b[fv].[cs] | head -3 | sed 's/^/    /' >&2
+}
+other=$(share "$AS_NOBODY")
+same=$(share "")
+echo "  the victim's share: ${other:-?} against uid 65534, ${same:-?} against its own uid's 64 QPs (the control)"
+check "the victim keeps half the wire against another uid's 64 QPs (0.45 or more), where as one uid it gets under 0.1" \
+  "[ -n '$other' ] && [ -n '$same' ] && awk 'BEGIN {exit !($other >= 0.45 && $same < 0.1)}'"
+check "the daemon is alive" "kill -0 ${PIDS%% *} 2>/dev/null || ctl '$TMP/a.ctl' status > /dev/null"
+finish
