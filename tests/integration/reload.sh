@@ -108,13 +108,15 @@ echo "  A retransmitted $retx packets (the 1% TX loss of step 2)"
 check "the faults the SIGHUP turned on took effect (A retransmitted)" "[ ${retx:-0} -gt 0 ]"
 
 echo "== a QP made after the reload takes the new default (dcqcn)"
-"$PERF" write_bw -d "$TMP/a.sock" -p 7583 -s 4096 -n 2000 > "$TMP/bw-s.out" 2>&1 & bws=$!
+# Long enough to be looked at (a short run can end between two looks):
+# stopped once seen.
+"$PERF" write_bw -d "$TMP/a.sock" -p 7583 -s 4096 -n 100000000 > "$TMP/bw-s.out" 2>&1 & bws=$!
 probe 200 listening "" "" 7583 || true
-"$PERF" write_bw -d "$TMP/b.sock" -p 7583 -s 4096 -n 2000 127.0.0.1 > "$TMP/bw-c.out" 2>&1 &
+"$PERF" write_bw -d "$TMP/b.sock" -p 7583 -s 4096 -n 100000000 127.0.0.1 > "$TMP/bw-c.out" 2>&1 &
 bwc=$!
 probe 400 eval 'qps_of_a | grep -q dcqcn'; got=$?
 echo "  A's QPs: $(qps_of_a)"
 check "the new QP runs dcqcn" "[ $got -eq 0 ]"
-wait $bwc; wait $bws
+kill $bwc $bws 2> /dev/null; wait $bwc; wait $bws
 check "daemon A is still up" "kill -0 $DA"
 finish

@@ -14,6 +14,7 @@
 . "$(dirname "$0")/ready.sh"
 need_root
 need_prog ib_send_lat perftest
+unset LD_LIBRARY_PATH  # meson puts the drop-in's folder there; uroced's EAL needs the system's libibverbs
 IBV_DIR=${UROCE_IBVERBS_DIR:?the folder of uroce libibverbs.so.1}
 URUN=${UROCE_RUN:?the path of tools/uroce-run}
 chmod 0755 "$TMP"  # uid 65534 reaches the sockets in it
