@@ -55,6 +55,7 @@ struct Port::Queue : pipeline::PortIo {
   std::vector<rte_mbuf_ext_shared_info> shinfo;  // one per zero-copy attach, reused round robin
   std::uint32_t shinfo_next = 0;
   PortStats st;
+  std::uint64_t looped_seen = 0;  // st.tx_looped at tx_room's last look
   wire::MacAddr mac_{};
 
   std::uint16_t rx_burst(pipeline::RxFrame* out, std::uint16_t max) override;
@@ -62,7 +63,7 @@ struct Port::Queue : pipeline::PortIo {
   bool tx(const transport::TxFrame& f) override;
   bool tx_raw(wire::ConstBytes frame) override;
   void tx_flush() override;
-  [[nodiscard]] std::uint32_t tx_room() const override;
+  [[nodiscard]] std::uint32_t tx_room() override;
   [[nodiscard]] wire::MacAddr mac() const override { return mac_; }
   [[nodiscard]] pipeline::LinkInfo link() const override;
   bool tx_zero_copy(const transport::TxFrame& f);
@@ -335,7 +336,7 @@ void Port::rx_done() { impl_->queues[0]->rx_done(); }
 bool Port::tx(const transport::TxFrame& f) { return impl_->queues[0]->tx(f); }
 bool Port::tx_raw(wire::ConstBytes frame) { return impl_->queues[0]->tx_raw(frame); }
 void Port::tx_flush() { impl_->queues[0]->tx_flush(); }
-std::uint32_t Port::tx_room() const { return impl_->queues[0]->tx_room(); }
+std::uint32_t Port::tx_room() { return impl_->queues[0]->tx_room(); }
 namespace {
 pipeline::LinkInfo link_of(std::uint16_t port_id, std::uint32_t mtu_given) {
   rte_eth_link l{};
@@ -425,14 +426,21 @@ void Port::Queue::rx_done() {
   m.nrx = 0;
 }
 
-std::uint32_t Port::Queue::tx_room() const {
+std::uint32_t Port::Queue::tx_room() {
   // The loopback ring is the one queue here that drops when full (a frame to
-  // this port's own MAC goes there, and RX takes a burst a pass from it). It
-  // is kept to half a burst, as the kernel's byte queue limits keep a NIC's
-  // ring short: what waits beyond that waits in the engine, where the
-  // transmit share orders it, not in a FIFO every tenant's frames share.
+  // this port's own MAC goes there, and RX takes a burst a pass from it).
+  // While the port loops frames (some went there since the last look, or
+  // some wait there), it is kept to half a burst, as the kernel's byte queue
+  // limits keep a NIC's ring short: what waits beyond that waits in the
+  // engine, where the transmit share orders it, not in a FIFO every
+  // tenant's frames share. Otherwise a pass may send as much as the ring
+  // could take if every frame turned out looped: frames to the wire are not
+  // held back by a queue they never enter.
   if (dev->loop == nullptr) return UINT32_MAX;
   const unsigned queued = rte_ring_count(dev->loop);
+  const bool looping = queued > 0 || st.tx_looped != looped_seen;
+  looped_seen = st.tx_looped;
+  if (!looping) return rte_ring_free_count(dev->loop);
   return queued >= kLoopDepth ? 0 : kLoopDepth - queued;
 }
 

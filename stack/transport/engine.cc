@@ -61,6 +61,7 @@ Engine::Engine(const EngineConfig& cfg) : cfg_(cfg), mrs_(cfg.max_mrs, cfg.seed)
   active_.reserve(cfg.max_qps + 1);  // and QP1
   still_active_.reserve(cfg.max_qps + 1);
   tenants_.resize(std::clamp<std::uint32_t>(cfg.max_tenants, 1, 65535) + 1);
+  live_.reserve(tenants_.size());
   mcast_.reserve(cfg.max_mcast_attach);
   flows_.reserve(cfg.max_flows);
   mcast_loop_.resize(16384);
@@ -1155,7 +1156,7 @@ void Engine::activate(Qp& qp) {
 // -------------------------------------------------------------- transmit
 
 TxFrame* Engine::tx_slot() {
-  TxFrame* f = tx_.size() < tx_room_ ? tx_.emplace() : nullptr;
+  TxFrame* f = tx_.size() < tx_limit() ? tx_.emplace() : nullptr;
   if (f == nullptr) {
     tx_full_ = true;
     port_ctr_.inc(PortCounter::tx_ring_full);
@@ -1504,31 +1505,25 @@ void Engine::poll(std::uint64_t now) {
   // ring's remaining room by weight and are served again, so a poll takes
   // a round or two however full the ring gets; when only one has, it takes
   // what room is left.
-  for (std::size_t i = 1; i < tenants_.size(); ++i) {
-    Tenant& t = tenants_[i];
-    if (t.qps == 0) continue;
+  for_each_share([this](std::uint16_t, Tenant& t) {
     const std::int64_t q = std::int64_t{cfg_.tx_quantum} * t.weight;
     t.deficit = std::min(t.deficit + q, q);
     t.backlog = false;
-  }
-  Tenant& t0 = tenants_[0];
-  t0.deficit = std::min<std::int64_t>(t0.deficit + cfg_.tx_quantum, cfg_.tx_quantum);
-  t0.backlog = false;
+  });
   unmetered_ = -1;
   poll_bytes_ = poll_frames_ = 0;
   serve_active(now, true);
-  for (int round = 1; round < 16 && tx_.size() < std::min(tx_room_, tx_.capacity()); ++round) {
+  for (int round = 1; round < 16 && tx_.size() < tx_limit(); ++round) {
     std::size_t waiting = 0, last = 0;
     std::int64_t weights = 0;
-    for (std::size_t i = 0; i < tenants_.size(); ++i) {
-      Tenant& t = tenants_[i];
+    for_each_share([&](std::uint16_t i, Tenant& t) {
       t.serve = t.backlog;
       t.backlog = false;
-      if (!t.serve) continue;
+      if (!t.serve) return;
       ++waiting;
       last = i;
       weights += t.weight;
-    }
+    });
     if (waiting == 0) break;
     if (waiting == 1) {
       unmetered_ = static_cast<std::int64_t>(last);
@@ -1537,15 +1532,17 @@ void Engine::poll(std::uint64_t now) {
       // shared by weight (at least a quantum each): a round or two fills
       // it, each tenant its share, whatever order its QPs are listed in.
       const std::int64_t mean = poll_frames_ ? static_cast<std::int64_t>(poll_bytes_ / poll_frames_) : 1024;
-      const std::int64_t room = std::int64_t{std::min(tx_room_, tx_.capacity()) - tx_.size()} * mean;
-      for (Tenant& t : tenants_)
+      const std::int64_t room = std::int64_t{tx_limit() - tx_.size()} * mean;
+      for_each_share([&](std::uint16_t, Tenant& t) {
         if (t.serve) t.deficit += std::max<std::int64_t>(std::int64_t{cfg_.tx_quantum} * t.weight, room * t.weight / weights);
+      });
     }
     serve_active(now, false);
   }
   // A tenant that has sent all it had keeps no credit (only a debt).
-  for (Tenant& t : tenants_)
+  for_each_share([](std::uint16_t, Tenant& t) {
     if (!t.backlog) t.deficit = std::min<std::int64_t>(t.deficit, 0);
+  });
   unmetered_ = -1;
   cq_events();
 }
@@ -1604,7 +1601,7 @@ bool Engine::tx_share_left(Qp& qp) {
 }
 
 bool Engine::last_in_turn(const Qp& qp, std::uint32_t payload) const {
-  if (tx_.size() + 1 >= std::min(tx_room_, tx_.capacity())) return true;
+  if (tx_.size() + 1 >= tx_limit()) return true;
   if (!metered() || unmetered_ == qp.tenant) return false;
   return tenants_[qp.tenant].deficit <= static_cast<std::int64_t>(payload) + 128;  // its headers and trailer
 }
@@ -1626,17 +1623,14 @@ int Engine::set_tenant(Qp* qp, std::uint32_t uid, std::uint32_t weight) {
   if (qp == nullptr || qp->quarantine_until || weight == 0 || weight > kMaxWeight) return EINVAL;
   leave_tenant(*qp);
   // Its uid's entry, or a free one.
-  std::size_t at = 0, free_at = 0;
-  for (std::size_t i = 1; i < tenants_.size() && at == 0; ++i) {
-    if (tenants_[i].qps != 0 && tenants_[i].uid == uid) at = i;
-    if (tenants_[i].qps == 0 && free_at == 0) free_at = i;
-  }
+  std::uint16_t at = tenant_of(uid);
   if (at == 0) {
-    if (free_at == 0) return ENOSPC;  // every entry held: it stays in entry 0
-    at = free_at;
+    for (std::size_t i = 1; i < tenants_.size() && at == 0; ++i)
+      if (tenants_[i].qps == 0) at = static_cast<std::uint16_t>(i);
+    if (at == 0) return ENOSPC;  // every entry held: it stays in entry 0
     static_cast<TenantReport&>(tenants_[at]) = TenantReport{uid, weight, 0, 0, 0, 0};
     tenants_[at].deficit = 0;
-    ++tenants_live_;
+    live_.push_back(at);
   }
   Tenant& t = tenants_[at];
   t.weight = weight;
@@ -1647,16 +1641,20 @@ int Engine::set_tenant(Qp* qp, std::uint32_t uid, std::uint32_t weight) {
 
 bool Engine::set_tenant_weight(std::uint32_t uid, std::uint32_t weight) {
   if (weight == 0 || weight > kMaxWeight) return false;
-  for (std::size_t i = 1; i < tenants_.size(); ++i)
-    if (tenants_[i].qps != 0 && tenants_[i].uid == uid) {
-      tenants_[i].weight = weight;
-      return true;
-    }
-  return false;
+  const std::uint16_t at = tenant_of(uid);
+  if (at == 0) return false;
+  tenants_[at].weight = weight;
+  return true;
+}
+
+std::uint16_t Engine::tenant_of(std::uint32_t uid) const {
+  for (const std::uint16_t i : live_)
+    if (tenants_[i].uid == uid) return i;
+  return 0;
 }
 
 void Engine::leave_tenant(Qp& qp) {
-  if (qp.tenant != 0 && --tenants_[qp.tenant].qps == 0) --tenants_live_;
+  if (qp.tenant != 0 && --tenants_[qp.tenant].qps == 0) std::erase(live_, qp.tenant);
   qp.tenant = 0;
 }
 

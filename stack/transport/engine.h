@@ -235,8 +235,7 @@ class Engine {
   /// Calls fn(const TenantReport&) for every tenant holding QPs.
   template <typename F>
   void for_each_tenant(F&& fn) const {
-    for (std::size_t i = 1; i < tenants_.size(); ++i)
-      if (tenants_[i].qps != 0) fn(static_cast<const TenantReport&>(tenants_[i]));
+    for (const std::uint16_t i : live_) fn(static_cast<const TenantReport&>(tenants_[i]));
   }
   /// Gives a QP the congestion control of that name (a fresh one; "none"
   /// removes it): 0, EINVAL (no such QP or algorithm) or EOPNOTSUPP (an
@@ -582,12 +581,22 @@ class Engine {
     bool backlog = false;      // stopped at its share in this pass
     bool serve = false;        // served in this round (it had work left)
   };
-  std::vector<Tenant> tenants_;   // [0]: QPs in no tenant's share; sized once
-  std::uint32_t tenants_live_ = 0;  // entries holding QPs: the share is metered from 2
+  std::vector<Tenant> tenants_;     // [0]: QPs in no tenant's share; sized once
+  std::vector<std::uint16_t> live_;  // the entries from 1 that hold QPs (capacity reserved): metered from 2
   std::int64_t unmetered_ = -1;     // the one tenant with work left in this poll: it takes the rest
   bool qp_throttled_ = false;       // the QP being served stopped at its tenant's share
   std::uint64_t poll_bytes_ = 0, poll_frames_ = 0;  // charged in this poll (its mean frame)
-  [[nodiscard]] bool metered() const { return tenants_live_ >= 2; }
+  [[nodiscard]] bool metered() const { return live_.size() >= 2; }
+  /// fn(entry, Tenant&) for entry 0 and every live one: those a poll shares.
+  template <typename F>
+  void for_each_share(F&& fn) {
+    fn(std::uint16_t{0}, tenants_[0]);
+    for (const std::uint16_t i : live_) fn(i, tenants_[i]);
+  }
+  /// The live entry of uid, or 0.
+  [[nodiscard]] std::uint16_t tenant_of(std::uint32_t uid) const;
+  /// Frames the TX ring may hold this poll: its size, or the port's room.
+  [[nodiscard]] std::uint32_t tx_limit() const { return std::min(tx_room_, tx_.capacity()); }
   /// May qp's tenant send another frame now (false: noted as backlog).
   bool tx_share_left(Qp& qp);
   /// Whether a packet of `payload` bytes is the QP's last before the TX room
