@@ -26,6 +26,7 @@
 #include "control/node/metrics.h"
 #include "control/node/metrics_server.h"
 #include "control/node/preflight.h"
+#include "control/node/privileges.h"
 #include "control/node/sigbus_guard.h"
 #include "control/node/systemd.h"
 #include "drivers/dpdk/dpdk_port.h"
@@ -829,6 +830,21 @@ std::unique_ptr<Node> Node::start(const NodeOptions& o, bool embedded, std::stri
     std::istringstream es(o.eal_extra);
     std::string a;
     while (es >> a) eal.push_back(a);
+  }
+  if (!is_root()) {
+    // Unprivileged (the units' User=uroce): the ports' capabilities named
+    // here, not as a driver's failure to probe; hugepages from memfd (a
+    // hugetlbfs mount's files are root's) and no shared files (--no-huge
+    // keeps its own in $XDG_RUNTIME_DIR).
+    for (const PrivilegeNeed& nd : privileges(o, host_netdev_name(o, embedded, o.ports.size() * o.shards)))
+      if (!nd.missing.empty()) {
+        err = nd.what + " needs " + nd.needs + "; this process (uid " + std::to_string(::geteuid()) +
+              ", capabilities: " + held_capabilities() + ") lacks " + nd.missing +
+              ": run it as root, or grant them (the units' AmbientCapabilities=; docs/deploy.md)";
+        return nullptr;
+      }
+    if (!o.no_huge && o.eal_extra.find("--in-memory") == std::string::npos) eal.push_back("--in-memory");
+    log(1, "unprivileged", "uid=" + std::to_string(::geteuid()) + " capabilities=" + log_value(held_capabilities()));
   }
   if (o.log_json) route_dpdk_log();
   if (!dpdk::eal_init(eal, err)) return nullptr;

@@ -1,5 +1,7 @@
 #include "control/node/preflight.h"
 
+#include "control/node/privileges.h"
+
 #include <fcntl.h>
 #include <sched.h>
 #include <sys/socket.h>
@@ -86,7 +88,7 @@ void hugepages(const NodeOptions& o, const std::string& root, Report& r) {
   for (std::string line; std::getline(m, line);)
     if (line.find(" hugetlbfs ") != std::string::npos) mounted = true;
   const std::uint64_t want = std::uint64_t{o.mem_mb} << 20;
-  if (!mounted)
+  if (!mounted && is_root())
     return r.fail("hugepages", "no hugetlbfs is mounted",
                   "mount -t hugetlbfs nodev /dev/hugepages (docs/deploy.md, section 1), or run with --no-huge");
   if (free_bytes < want)
@@ -94,7 +96,25 @@ void hugepages(const NodeOptions& o, const std::string& root, Report& r) {
                   std::to_string(free_bytes >> 20) + " MiB of hugepages free, --mem-mb asks " + std::to_string(o.mem_mb),
                   "echo " + std::to_string((want >> 21) + 1) +
                       " > /sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages, lower --mem-mb, or --no-huge");
-  r.ok("hugepages", std::to_string(free_bytes >> 20) + " MiB free, --mem-mb " + std::to_string(o.mem_mb));
+  r.ok("hugepages", std::to_string(free_bytes >> 20) + " MiB free, --mem-mb " + std::to_string(o.mem_mb) +
+                        (is_root() ? "" : " (unprivileged: taken with memfd, no hugetlbfs files)"));
+}
+
+void privilege(const NodeOptions& o, const std::string& root, Report& r) {
+  const std::string who = "this process (" + (is_root() ? std::string("root") : "uid " + std::to_string(::geteuid()) +
+                                                                 "; capabilities: " + held_capabilities()) + ")";
+  const auto needs = privileges(o, host_netdev_name(o, false, o.ports.size() * o.shards), root);
+  if (needs.empty()) return r.ok("privileges", "the ports need none; " + who);
+  for (const PrivilegeNeed& n : needs) {
+    const std::string what = "privileges of " + n.what;
+    if (n.missing.empty()) {
+      r.ok(what, "needs " + n.needs + "; " + who + " has them");
+    } else {
+      r.fail(what, "needs " + n.needs + "; " + who + " lacks " + n.missing,
+             n.needs == "root" ? std::string("run uroced as root (a drop-in with User=root for the unit; docs/deploy.md)")
+                               : "grant " + n.missing + " (the units' AmbientCapabilities=; docs/deploy.md), or run as root");
+    }
+  }
 }
 
 void pci_port(const std::string& port, const std::string& root, Report& r) {
@@ -230,6 +250,9 @@ void host_netdev(const NodeOptions& o, const std::string& root, Report& r) {
 
 void dpdk_prefix(const NodeOptions& o, const std::string& root, Report& r) {
   const std::string prefix = o.file_prefix.empty() ? "rte" : o.file_prefix;
+  if (o.eal_extra.find("--in-memory") != std::string::npos || (!is_root() && !o.no_huge))
+    return r.na("DPDK --file-prefix " + prefix, "--in-memory (an unprivileged daemon's with hugepages): no shared files");
+  if (!is_root()) return r.na("DPDK --file-prefix " + prefix, "unprivileged: its files are its own, in $XDG_RUNTIME_DIR/dpdk");
   const std::string cfg = root + "/var/run/dpdk/" + prefix + "/config";
   const int fd = ::open(cfg.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return r.ok("DPDK --file-prefix " + prefix, "no other process runs with it");
@@ -250,6 +273,7 @@ int preflight(const NodeOptions& o, const std::string& root, std::ostream& out) 
   Report r(out);
   hugepages(o, root, r);
   ports(o, root, r);
+  privilege(o, root, r);
   lcores(o, r);
   socket_path("--app-socket", o.app_socket, r);
   socket_path("--ctl-socket", o.ctl_socket, r);

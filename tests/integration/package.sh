@@ -23,6 +23,9 @@ if dpkg-query -W -f='${Status}' uroce 2>/dev/null | grep -q installed; then
   echo "  (uroce was installed already: purged first)"
   purge
 fi
+# The system account a purge leaves (as Debian leaves them) goes too, so
+# that this run sees the package make it.
+userdel uroce 2> /dev/null
 trap 'purge; cleanup' EXIT
 
 echo "== tools/build-deb.sh"
@@ -92,11 +95,24 @@ echo "== uroce-demo (the installed files only)"
 sed 's/^/  /' "$TMP/demo.out" | tail -6
 check "uroce-demo ran two installed daemons and every program, every byte checked" "[ $rc -eq 0 ] && tail -1 '$TMP/demo.out' | grep -qx 'demo OK'"
 
-echo "== uroce-run (installed) with Debian's ibv_devinfo"
+echo "== the installed uroced as its unit runs it (its User= and AmbientCapabilities=); the installed uroce-run with Debian's ibv_devinfo"
+UNIT=/usr/lib/systemd/system/uroced.service
+uuser=$(sed -n 's/^User=//p' "$UNIT")
+ucaps=$(sed -n 's/^AmbientCapabilities=//p' "$UNIT" | tr ' ' '\n' | sed 's/^CAP_//' | tr 'A-Z' 'a-z' | sed 's/^/+/' | paste -sd, -)
+uid=$(id -u "$uuser" 2> /dev/null)
+# As the unit: its runtime directory is the user's ($XDG_RUNTIME_DIR, for DPDK's files).
+check "the package made the unit's user ($uuser, uid ${uid:-none}) and its group, a system account (systemd-sysusers)" \
+  "[ -n '$uuser' ] && [ '$uuser' != root ] && [ -n '$uid' ] && [ '$uid' -lt 1000 ] && getent group '$uuser' > /dev/null"
+chmod 755 "$TMP"
 mkdir -p "$TMP/run"
-start_node /usr/sbin/uroced "" inst --port net_memif0 --vdev "net_memif0,role=server,socket=$TMP/m.sock" --ip 10.96.0.1 \
-  --lcore 0 --app-socket "$TMP/run/uroce0.sock" --ctl-socket "$TMP/inst.ctl"
+chown "$uuser:" "$TMP/run"
+XDG_RUNTIME_DIR=$TMP/run setpriv --reuid="$uuser" --regid="$uuser" --init-groups --no-new-privs --bounding-set=-all,$ucaps --inh-caps=-all,$ucaps \
+  --ambient-caps=$ucaps /usr/sbin/uroced --no-huge --mem-mb 256 --file-prefix "inst-$$" --no-host-netdev --port net_memif0 \
+  --vdev "net_memif0,role=server,socket=$TMP/run/m.sock" --ip 10.96.0.1 --lcore 0 --app-socket "$TMP/run/uroce0.sock" \
+  --ctl-socket "$TMP/run/inst.ctl" > "$TMP/inst.out" 2> "$TMP/inst.err" &
+PIDS="$PIDS $!"
 wait_sockets "$TMP/run/uroce0.sock"
+check "it runs as $uuser" "[ \"\$(ps -o user= -p $! 2> /dev/null)\" = '$uuser' ]"
 env -i PATH=/usr/bin:/bin /usr/bin/uroce-run --run-dir "$TMP/run" ibv_devinfo > "$TMP/devinfo.out" 2>&1; rc=$?
 sed 's/^/  /' "$TMP/devinfo.out" | grep -E 'hca_id|transport|state' | head -4
 check "the installed uroce-run finds its private libibverbs.so.1 by itself, and ibv_devinfo sees uroce0" \

@@ -29,6 +29,21 @@ cp "$TMP/uroced@.service" "$TMP/uroced@port0.service"
 (cd "$TMP" && SYSTEMD_LOG_LEVEL=warning systemd-analyze verify --man=no ./uroced.service ./uroced@port0.service) > "$TMP/verify.out" 2>&1; vrc=$?
 sed 's/^/  /' "$TMP/verify.out" | head -10
 check "systemd-analyze verify: no complaint (exit $vrc)" "[ $vrc -eq 0 ] && ! grep -qiE 'unknown|invalid|ignoring|not executable|failed' '$TMP/verify.out'"
+# Not blanket root: its own user, and only the ports' capabilities
+# (control/node/privileges.h); tests/integration/unprivileged.sh runs a
+# daemon with exactly these.
+for u in uroced.service uroced@.service; do
+  check "$u runs as User=uroce with ambient CAP_NET_RAW, CAP_NET_ADMIN and CAP_IPC_LOCK, and a bounding set of those alone" \
+    "grep -qx 'User=uroce' '$TMP/$u' && grep -qx 'AmbientCapabilities=CAP_NET_RAW CAP_NET_ADMIN CAP_IPC_LOCK' '$TMP/$u' && grep -qx 'CapabilityBoundingSet=CAP_NET_RAW CAP_NET_ADMIN CAP_IPC_LOCK' '$TMP/$u'"
+done
+# The drop-in for ports that need root (docs/deploy.md) verifies with the unit.
+ROOT_CONF=$(dirname "$0")/../../tools/systemd/root.conf
+mkdir -p "$TMP/uroced.service.d" && cp "$ROOT_CONF" "$TMP/uroced.service.d/root.conf"
+(cd "$TMP" && SYSTEMD_LOG_LEVEL=warning systemd-analyze verify --man=no ./uroced.service) > "$TMP/verify-root.out" 2>&1; vrc=$?
+sed 's/^/  /' "$TMP/verify-root.out" | head -5
+check "with tools/systemd/root.conf as a drop-in (User=root, every capability) it still verifies (exit $vrc)" \
+  "[ $vrc -eq 0 ] && [ ! -s '$TMP/verify-root.out' ] && grep -qx 'User=root' '$ROOT_CONF' && grep -qx 'CapabilityBoundingSet=~' '$ROOT_CONF'"
+rm -r "$TMP/uroced.service.d"
 
 # listen OUT: reads the notify socket $TMP/notify.sock into OUT, one line per
 # assignment, each with whether both daemon sockets existed when it came,
