@@ -355,6 +355,13 @@ struct uroce_context {
   // One request at a time on the session socket: an rdma_cm program waits
   // for CM events on one thread while another sets up its QPs.
   std::mutex call_mu;
+  // And one process at a time, once this one has forked: a child shares the
+  // socket, and its request and reply must not interleave with the parent's
+  // or a sibling's (the kernel answers each command on a shared uverbs
+  // descriptor alike). A POSIX record lock on this memfd: one per process,
+  // so it excludes the processes that share the file, and it goes with a
+  // process that dies holding it.
+  int fork_lock_fd = -1;
   // The CM event channel (minor 7), made at the first CM call: our end is
   // readable when the daemon has queued a CM event for this session.
   std::once_flag cm_once;
@@ -451,9 +458,41 @@ namespace {
 /// One request and its reply. `fds_out[0..nfds_out)` go with the request;
 /// descriptors in the reply land in fd_in[0..nfd_in), in order (the rest
 /// are closed).
+/// Set in the parent and the child by the first fork after a context opened.
+std::atomic<bool> g_forked{false};
+void note_fork() { g_forked.store(true, std::memory_order_relaxed); }
+
+/// The socket to itself across the processes that share it (uroce_context::fork_lock_fd).
+class ForkLock {
+ public:
+  explicit ForkLock(const uroce_context* ctx)
+      : fd_(g_forked.load(std::memory_order_relaxed) ? ctx->fork_lock_fd : -1) {
+    if (fd_ >= 0 && !set(F_WRLCK)) fd_ = -1;
+  }
+  ~ForkLock() {
+    if (fd_ >= 0) (void)set(F_UNLCK);
+  }
+  ForkLock(const ForkLock&) = delete;
+  ForkLock& operator=(const ForkLock&) = delete;
+
+ private:
+  bool set(short type) const {
+    struct flock l{};
+    l.l_type = type;
+    l.l_whence = SEEK_SET;
+    l.l_len = 1;
+    int rc;
+    do rc = ::fcntl(fd_, type == F_UNLCK ? F_SETLK : F_SETLKW, &l);
+    while (rc != 0 && errno == EINTR);
+    return rc == 0;
+  }
+  int fd_;
+};
+
 int call_fds(uroce_context* ctx, std::uint16_t type, const void* body, std::uint32_t blen, const int* fds_out,
              std::size_t nfds_out, void* reply, std::size_t rlen, int* fd_in = nullptr, std::size_t nfd_in = 1) {
   std::lock_guard<std::mutex> lock(ctx->call_mu);
+  const ForkLock across(ctx);
   std::size_t fds_got = 0;
   std::uint8_t out[UROCE_MSG_MAX];
   const uroce_msg_hdr h{UROCE_MSG_MAGIC, UROCE_ABI_MAJOR, type, blen, ++ctx->seq};
@@ -954,6 +993,9 @@ uroce_context* uroce_open_device(const char* path) {
     path = emb_sock.c_str();
   }
   auto ctx = new uroce_context();
+  static std::once_flag fork_hook;
+  std::call_once(fork_hook, [] { (void)::pthread_atfork(nullptr, note_fork, note_fork); });
+  ctx->fork_lock_fd = ::memfd_create("uroce-session-lock", MFD_CLOEXEC);
   ctx->sock = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_un a{};
   a.sun_family = AF_UNIX;
@@ -999,6 +1041,7 @@ uroce_context* uroce_open_device(const char* path) {
 int uroce_close_device(uroce_context* ctx) {
   if (!ctx) return EINVAL;
   if (ctx->sock >= 0) ::close(ctx->sock);  // the daemon frees everything the session held
+  if (ctx->fork_lock_fd >= 0) ::close(ctx->fork_lock_fd);
   if (ctx->page) ::munmap(ctx->page, UROCE_SESSION_PAGE_BYTES);
   if (ctx->bell >= 0) ::close(ctx->bell);
   if (ctx->cm_fd >= 0) ::close(ctx->cm_fd);

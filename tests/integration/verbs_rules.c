@@ -879,6 +879,45 @@ static void fork_private(void) {
   free(buf);
 }
 
+/* Forked children that use the parent's context at once (rdma-core's
+ * DMTest.test_multi_process_alloc_dm does: five children query the device
+ * and allocate device memory): each call is answered to its caller, as
+ * the kernel answers each command on a shared uverbs descriptor. */
+static int queries_agree(int rounds) {
+  for (int i = 0; i < rounds; ++i) {
+    struct ibv_device_attr a;
+    struct ibv_port_attr p;
+    if (ibv_query_device(ctx, &a) || a.max_qp != dev.max_qp || a.max_cqe != dev.max_cqe || a.node_guid != dev.node_guid)
+      return 0;
+    if (ibv_query_port(ctx, 1, &p) || p.state != IBV_PORT_ACTIVE) return 0;
+    struct ibv_alloc_dm_attr da = {.length = 4096};
+    struct ibv_dm* dm = ibv_alloc_dm(ctx, &da);
+    if (!dm || ibv_free_dm(dm)) return 0;
+  }
+  return 1;
+}
+
+static void forked_queries(void) {
+  enum { kChildren = 6, kRounds = 300 };
+  pid_t kids[kChildren];
+  int started = 0;
+  for (int i = 0; i < kChildren; ++i) {
+    kids[i] = fork();
+    if (kids[i] == 0) _exit(queries_agree(kRounds) ? 0 : 1);  /* _exit: the parent's session stays open */
+    if (kids[i] > 0) ++started;
+  }
+  const int parent_ok = queries_agree(kRounds);
+  int kids_ok = 0;
+  for (int i = 0; i < kChildren; ++i) {
+    int st = 0;
+    if (kids[i] > 0 && waitpid(kids[i], &st, 0) == kids[i] && WIFEXITED(st) && WEXITSTATUS(st) == 0) ++kids_ok;
+  }
+  check(started == kChildren && kids_ok == kChildren && parent_ok,
+        "%d forked children and their parent query the device and port and allocate device memory through one "
+        "context at once, %d times each: every answer right (children %d of %d, parent %d)",
+        kChildren, kRounds, kids_ok, kChildren, parent_ok);
+}
+
 /* ODP (IBV_ACCESS_ON_DEMAND): where the device reports it, an MR over
  * memory never touched (and a hole unmapped after registration), an
  * implicit MR over the whole address space, and ibv_advise_mr's rules;
@@ -1364,6 +1403,7 @@ int main(int argc, char** argv) {
     parent_domain();
     unmapped_before_dereg();
     fork_private();
+    forked_queries();
     raw_packet();
     rss();
     xrc();
