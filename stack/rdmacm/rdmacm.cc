@@ -1188,6 +1188,9 @@ int rdma_create_ep(rdma_cm_id** out, rdma_addrinfo* res, ibv_pd* pd, ibv_qp_init
   if (rdma_create_id(nullptr, &cid, nullptr, static_cast<rdma_port_space>(res->ai_port_space)) != 0) return -1;
   Id* id = as_id(cid);
   int rc;
+  // The QP is of the type the address info names (librdmacm sets it in the
+  // caller's attributes: rdmacm-utils' rdma_client leaves it 0).
+  if (qp_init_attr) qp_init_attr->qp_type = static_cast<ibv_qp_type>(res->ai_qp_type);
   if (res->ai_flags & RAI_PASSIVE) {
     rc = res->ai_src_addr ? rdma_bind_addr(cid, res->ai_src_addr) : 0;
     if (rc == 0 && qp_init_attr) {
@@ -1218,6 +1221,15 @@ void rdma_destroy_ep(rdma_cm_id* cm_id) {
 
 // ------------------------------------------------------------ addresses
 
+namespace {
+/// The QP type an rdma_addrinfo names: the hints' (an XRC program asks for
+/// IBV_QPT_XRC_SEND), else the port space's (UD for RDMA_PS_UDP, else RC).
+int qp_type_for(const rdma_addrinfo* hints, int port_space) {
+  if (hints && hints->ai_qp_type) return hints->ai_qp_type;
+  return port_space == RDMA_PS_UDP ? IBV_QPT_UD : IBV_QPT_RC;
+}
+}  // namespace
+
 int rdma_getaddrinfo(const char* node, const char* service, const rdma_addrinfo* hints, rdma_addrinfo** res) {
   if (!res) return fail(EINVAL);
   const int flags = hints ? hints->ai_flags : 0;
@@ -1236,7 +1248,7 @@ int rdma_getaddrinfo(const char* node, const char* service, const rdma_addrinfo*
     r->ai_flags = flags;
     r->ai_family = (dst ? hints->ai_dst_addr : hints->ai_src_addr)->sa_family;
     r->ai_port_space = hints->ai_port_space ? hints->ai_port_space : RDMA_PS_TCP;
-    r->ai_qp_type = r->ai_port_space == RDMA_PS_UDP ? IBV_QPT_UD : IBV_QPT_RC;
+    r->ai_qp_type = qp_type_for(hints, r->ai_port_space);
     const auto copy = [](const sockaddr* a, socklen_t len, sockaddr*& to, socklen_t& to_len) {
       to = static_cast<sockaddr*>(std::malloc(len));
       if (!to) return false;
@@ -1277,7 +1289,7 @@ int rdma_getaddrinfo(const char* node, const char* service, const rdma_addrinfo*
   r->ai_flags = flags;
   r->ai_family = pick->ai_family;
   r->ai_port_space = hints && hints->ai_port_space ? hints->ai_port_space : RDMA_PS_TCP;
-  r->ai_qp_type = r->ai_port_space == RDMA_PS_UDP ? IBV_QPT_UD : IBV_QPT_RC;
+  r->ai_qp_type = qp_type_for(hints, r->ai_port_space);
   if (flags & RAI_PASSIVE) {
     r->ai_src_addr = addr;
     r->ai_src_len = pick->ai_addrlen;

@@ -11,6 +11,7 @@
 # uroce does not do (XRC, UD ids) is refused cleanly; dpkg -V shows the
 # binaries are Debian's own, and perftest -a runs every message size.
 . "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/ready.sh"
 need_root
 # uroced's EAL loads DPDK's mlx5 plugin, which needs the system's
 # libibverbs: only the verbs programs get uroce's.
@@ -26,7 +27,7 @@ SYSLIB=$(ls /usr/lib/*/libibverbs.so.1 2>/dev/null | head -1)
 for t in ibv_devices ibv_devinfo ibv_rc_pingpong ibv_uc_pingpong ibv_ud_pingpong ibv_srq_pingpong ibv_xsrq_pingpong; do
   need_prog $t ibverbs-utils
 done
-for t in rping ucmatose udaddy; do need_prog $t rdmacm-utils; done
+for t in rping ucmatose udaddy rdma_server rdma_xserver cmtime mckey; do need_prog $t rdmacm-utils; done
 need_prog fi_pingpong libfabric-bin
 for t in ib_write_bw ib_send_bw ib_read_bw ib_atomic_bw ib_write_lat ib_send_lat ib_read_lat ib_atomic_lat; do
   need_prog $t perftest
@@ -293,6 +294,39 @@ for where in pair loopback; do
   check "udaddy ($where): UD through rdma_cm (SIDR), 10 datagrams each way" \
     "[ $CM_CRC -eq 0 ] && [ $CM_SRC -eq 0 ] && grep -q 'data transfers complete' '$TMP/cmc-udaddy-$where.out' && grep -q 'data transfers complete' '$TMP/cms-udaddy-$where.out' && grep -q 'return status 0' '$TMP/cmc-udaddy-$where.out'"
 done
+# rdmacm-utils' examples of librdmacm's synchronous API (rdma_getaddrinfo,
+# rdma_create_ep with the QP type the address info names, rdma_get_request,
+# rdma_post_* and rdma_get_*_comp): RC, then XRC.
+for ex in "rdma_server rdma_client" "rdma_xserver rdma_xclient"; do
+  read -r srv cli <<< "$ex"
+  cm_port=$((cm_port + 1))
+  cm_pair $srv run run_b $srv -p $cm_port -- $cli -s 10.96.0.1 -p $cm_port
+  check "$srv and $cli: librdmacm's synchronous API (rdma_create_ep, rdma_get_request, rdma_get_recv_comp, ...)" \
+    "[ $CM_CRC -eq 0 ] && [ $CM_SRC -eq 0 ] && grep -q '^$cli: end 0' '$TMP/cmc-$srv.out' && grep -q '^$srv: end 0' '$TMP/cms-$srv.out'"
+done
+# cmtime: 20 connections set up and torn down, each step timed (its server
+# serves until stopped).
+cm_port=$((cm_port + 1))
+timeout 60 "$URUN" --lib "$IBV_DIR" --run-dir "$TMP/run" cmtime -p $cm_port -c 20 > "$TMP/cmtime-s.out" 2>&1 & ctp=$!
+# Its client is refused until the server listens: run again then, at most
+# 40 times, 0.05 s apart (anything else is the result).
+for tries in $(seq 40); do
+  timeout 60 "$URUN" --lib "$IBV_DIR" --run-dir "$TMP/run_b" cmtime -s 10.96.0.1 -p $cm_port -c 20 > "$TMP/cmtime-c.out" 2>&1; rc=$?
+  [ $rc -ne 0 ] && grep -q REJECTED "$TMP/cmtime-c.out" && kill -0 $ctp 2> /dev/null || break
+  sleep 0.05
+done
+kill $ctp 2> /dev/null; wait $ctp 2> /dev/null
+sed 's/^/  /' "$TMP/cmtime-c.out" | grep -E 'step|connect|destroy' | head -4
+check "cmtime: 20 connections made, connected, disconnected and destroyed through rdma_cm" \
+  "[ $rc -eq 0 ] && grep -qE '^connect +:' '$TMP/cmtime-c.out' && grep -qE '^disconnect +:' '$TMP/cmtime-c.out'"
+# mckey: a multicast group joined through rdma_cm on each daemon; the
+# client's 10 datagrams reach the server's QP.
+timeout 30 "$URUN" --lib "$IBV_DIR" --run-dir "$TMP/run" stdbuf -oL mckey -m 239.1.1.1 -b 10.96.0.1 -C 10 > "$TMP/mckey-s.out" 2>&1 & msp=$!
+wait_line "$TMP/mckey-s.out" 'receiving data transfers' || bad "mckey's server joined the group (gave up after $PROBES looks)"
+timeout 30 "$URUN" --lib "$IBV_DIR" --run-dir "$TMP/run_b" stdbuf -oL mckey -m 239.1.1.1 -b 10.96.0.2 -s -C 10 > "$TMP/mckey-c.out" 2>&1; rc=$?
+wait $msp; src=$?
+check "mckey: a multicast group joined through rdma_cm, 10 datagrams from the other daemon received" \
+  "[ $rc -eq 0 ] && [ $src -eq 0 ] && grep -q 'data transfers complete' '$TMP/mckey-s.out' && grep -q 'return status 0' '$TMP/mckey-c.out'"
 
 echo "== loopback: both ends on one device (one daemon)"
 client_dir=run
