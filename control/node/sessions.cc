@@ -999,9 +999,16 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
       if (m.object == UROCE_OBJ_QP) {
         auto q = s.qps.find(m.handle);
         if (q == s.qps.end()) return fail(EINVAL, "no such QP in this session");
-        eng_.destroy_qp(q->second.qp);
-        q->second.map.unmap();
-        s.qps.erase(q);
+        for (const ClosingQp& c : closing_)
+          if (c.session == s.id && c.qp_handle == m.handle) return fail(EBUSY, "the QP is being destroyed");
+        if (eng_.datagrams_unsent(q->second.qp)) {
+          // Its datagrams first (finish_closing replies): an application may
+          // post unsignaled sends and destroy at once (rdmacm-utils' mckey).
+          eng_.kick(q->second.qp);
+          closing_.push_back({s.id, m.handle, h, now_ms() + kClosingMs});
+          return;
+        }
+        destroy_qp(s, m.handle);
         return send_reply(sock, h, 0, "", nullptr, 0);
       }
       if (m.object == UROCE_OBJ_FLOW) {
@@ -1369,6 +1376,38 @@ bool SessionServer::park(const Session& s, std::uint32_t qp_handle, const uroce_
   return true;
 }
 
+void SessionServer::destroy_qp(Session& s, std::uint32_t qp_handle) {
+  auto q = s.qps.find(qp_handle);
+  if (q == s.qps.end()) return;
+  eng_.destroy_qp(q->second.qp);
+  q->second.map.unmap();
+  s.qps.erase(q);
+}
+
+std::size_t SessionServer::finish_closing() {
+  if (closing_.empty()) return 0;
+  const std::uint64_t t = now_ms();
+  std::size_t done = 0;
+  for (std::size_t i = 0; i < closing_.size();) {
+    const ClosingQp& c = closing_[i];
+    auto s = sessions_.find(c.session);
+    auto q = s == sessions_.end() ? decltype(s->second->qps.end()){} : s->second->qps.find(c.qp_handle);
+    const bool gone = s == sessions_.end() || q == s->second->qps.end();  // its session ended meanwhile
+    if (!gone && eng_.datagrams_unsent(q->second.qp) && t < c.deadline_ms) {
+      ++i;
+      continue;
+    }
+    if (!gone) {
+      destroy_qp(*s->second, c.qp_handle);
+      send_reply(s->second->sock.native_handle(), c.hdr, 0, "", nullptr, 0);
+    }
+    closing_[i] = closing_.back();
+    closing_.pop_back();
+    ++done;
+  }
+  return done;
+}
+
 std::size_t SessionServer::retry_pending() {
   if (pending_.empty()) return 0;
   const std::uint64_t t = now_ms();
@@ -1471,7 +1510,7 @@ void SessionServer::watch_link() {
 
 std::size_t SessionServer::step() {
   watch_link();
-  std::size_t work = retry_pending() + cm_->poll(now_ns());
+  std::size_t work = retry_pending() + finish_closing() + cm_->poll(now_ns());
   // An application's memory that faulted (SIGBUS, caught by sigbus_guard
   // and replaced): its session ends, as if the application had died.
   if (const std::uint64_t c = sigbus_guard::caught(); c != sigbus_seen_) {

@@ -104,6 +104,20 @@ class SessionServer {
             const wire::IpAddr& dgid);
 
   std::vector<PendingRequest> pending_;
+  /// A DESTROY of a UD or UC QP whose posted datagrams are not all on the
+  /// wire yet: the reply waits until they are (at most kClosingMs), as a
+  /// NIC, or rxe, has them in hand by the time a destroy comes. One entry
+  /// per QP, so they are bounded as QPs are.
+  struct ClosingQp {
+    std::uint32_t session, qp_handle;
+    uroce_msg_hdr hdr;
+    std::uint64_t deadline_ms;
+  };
+  static constexpr std::uint64_t kClosingMs = 50;
+  std::vector<ClosingQp> closing_;
+  /// Destroys the QPs of closing_ that have sent all (or whose time is up), and replies.
+  std::size_t finish_closing();
+  void destroy_qp(Session& s, std::uint32_t qp_handle);
   std::unique_ptr<cm::CmAgent> cm_;  // RDMA CM on QP1, for every session
   Resolve resolve_;
   void* resolve_ctx_;  // also link_'s

@@ -966,6 +966,12 @@ std::size_t Engine::kick(Qp* qp, bool* more) {
   return n;
 }
 
+bool Engine::datagrams_unsent(const Qp* qp) const {
+  if (qp == nullptr || qp->quarantine_until || (qp->type != IBV_QPT_UD && qp->type != IBV_QPT_UC)) return false;
+  if (qp->state != IBV_QPS_RTS && qp->state != IBV_QPS_SQD) return false;
+  return !qp->sq.empty() || (qp->sq_ring.valid() && qp->sq_ring.pending() > 0);
+}
+
 int Engine::post_recv(Qp* qp, const RecvWr& wr) {
   if (qp == nullptr || qp->srq != nullptr || qp->state == IBV_QPS_RESET) return EINVAL;
   if (const int rc = qp->rq.post(wr)) return rc;

@@ -285,6 +285,10 @@ class Engine {
   /// most one ring's worth; `more` is set when the producer may have
   /// published more meanwhile (kick again on the next pass).
   std::size_t kick(Qp* qp, bool* more = nullptr);
+  /// Whether a UD or UC QP that may send still has posted work not yet on
+  /// the wire (nothing waits for such a send once it left: a destroy can
+  /// let it go first, as a NIC has it in hand by then).
+  [[nodiscard]] bool datagrams_unsent(const Qp* qp) const;
   /// Hooks for the owner of shared CQs. notify(ctx, cq): entries landed in a
   /// CQ made with want_notify(true) whose consumer had armed it (once per
   /// arm; abi::Ring::take_notify). event(ctx, type, cq, qp): an async event

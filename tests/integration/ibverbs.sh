@@ -27,7 +27,7 @@ SYSLIB=$(ls /usr/lib/*/libibverbs.so.1 2>/dev/null | head -1)
 for t in ibv_devices ibv_devinfo ibv_rc_pingpong ibv_uc_pingpong ibv_ud_pingpong ibv_srq_pingpong ibv_xsrq_pingpong; do
   need_prog $t ibverbs-utils
 done
-for t in rping ucmatose udaddy rdma_server rdma_xserver cmtime; do need_prog $t rdmacm-utils; done
+for t in rping ucmatose udaddy rdma_server rdma_xserver cmtime mckey; do need_prog $t rdmacm-utils; done
 need_prog fi_pingpong libfabric-bin
 for t in ib_write_bw ib_send_bw ib_read_bw ib_atomic_bw ib_write_lat ib_send_lat ib_read_lat ib_atomic_lat; do
   need_prog $t perftest
@@ -319,6 +319,15 @@ kill $ctp 2> /dev/null; wait $ctp 2> /dev/null
 sed 's/^/  /' "$TMP/cmtime-c.out" | grep -E 'step|connect|destroy' | head -4
 check "cmtime: 20 connections made, connected, disconnected and destroyed through rdma_cm" \
   "[ $rc -eq 0 ] && grep -qE '^connect +:' '$TMP/cmtime-c.out' && grep -qE '^disconnect +:' '$TMP/cmtime-c.out'"
+# mckey: a multicast group joined through rdma_cm on each daemon; the
+# client's 10 datagrams (posted unsignaled, its QP destroyed at once) reach
+# the server's QP.
+timeout 30 "$URUN" --lib "$IBV_DIR" --run-dir "$TMP/run" stdbuf -oL mckey -m 239.1.1.1 -b 10.96.0.1 -C 10 > "$TMP/mckey-s.out" 2>&1 & msp=$!
+wait_line "$TMP/mckey-s.out" 'receiving data transfers' || bad "mckey's server joined the group (gave up after $PROBES looks)"
+timeout 30 "$URUN" --lib "$IBV_DIR" --run-dir "$TMP/run_b" stdbuf -oL mckey -m 239.1.1.1 -b 10.96.0.2 -s -C 10 > "$TMP/mckey-c.out" 2>&1; rc=$?
+wait $msp; src=$?
+check "mckey: a multicast group joined through rdma_cm, 10 datagrams from the other daemon received" \
+  "[ $rc -eq 0 ] && [ $src -eq 0 ] && grep -q 'data transfers complete' '$TMP/mckey-s.out' && grep -q 'return status 0' '$TMP/mckey-c.out'"
 
 echo "== loopback: both ends on one device (one daemon)"
 client_dir=run

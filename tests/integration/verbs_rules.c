@@ -669,6 +669,64 @@ out:
   free(buf);
 }
 
+/* Datagrams posted unsignaled and the QP destroyed at once (rdmacm-utils'
+ * mckey sends so): they go out before the QP goes, as a NIC has them in
+ * hand by then. */
+static void sent_before_destroy(void) {
+  enum { kN = 4 };
+  uint8_t* buf = calloc(1, 8192);
+  struct ibv_mr* mr = buf ? ibv_reg_mr(pd, buf, 8192, IBV_ACCESS_LOCAL_WRITE) : NULL;
+  struct ibv_qp *tx = ud_up(), *rx = ud_up();
+  union ibv_gid own;
+  check(mr && tx && rx && ibv_query_gid(ctx, 1, 0, &own) == 0, "two UD QPs and an MR");
+  if (!mr || !tx || !rx) goto out;
+  struct ibv_ah_attr aa = {0};
+  aa.is_global = 1;
+  aa.grh.dgid = own;
+  aa.grh.hop_limit = 1;
+  aa.port_num = 1;
+  struct ibv_ah* ah = ibv_create_ah(pd, &aa);
+  int posted = ah != NULL;
+  for (int i = 0; posted && i < kN; ++i) {
+    struct ibv_sge rs = {(uintptr_t)(buf + i * 1024), 40 + 64, mr->lkey};
+    struct ibv_recv_wr r = {0}, *rbad = NULL;
+    r.wr_id = 100 + i;
+    r.sg_list = &rs;
+    r.num_sge = 1;
+    posted = ibv_post_recv(rx, &r, &rbad) == 0;
+  }
+  for (int i = 0; posted && i < kN; ++i) {
+    struct ibv_sge ss = {(uintptr_t)(buf + 4096 + i * 64), 64, mr->lkey};
+    struct ibv_send_wr w = {0}, *sbad = NULL;
+    w.wr_id = 200 + i;
+    w.sg_list = &ss;
+    w.num_sge = 1;
+    w.opcode = IBV_WR_SEND;  /* unsignaled */
+    w.wr.ud.ah = ah;
+    w.wr.ud.remote_qpn = rx->qp_num;
+    w.wr.ud.remote_qkey = 0x1234;
+    posted = ibv_post_send(tx, &w, &sbad) == 0;
+  }
+  const int destroyed = ibv_destroy_qp(tx) == 0;
+  tx = NULL;
+  int got = 0;
+  struct timespec t0, t;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  do {
+    struct ibv_wc wc;
+    if (ibv_poll_cq(cq, 1, &wc) == 1 && wc.status == IBV_WC_SUCCESS && wc.wr_id >= 100 && wc.wr_id < 100 + kN) ++got;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+  } while (got < kN && (t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000 < 500);
+  check(posted && destroyed && got == kN,
+        "%d unsignaled datagrams, their QP destroyed right after the posts: all arrive (%d of %d)", kN, got, kN);
+  if (ah) ibv_destroy_ah(ah);
+out:
+  if (tx) ibv_destroy_qp(tx);
+  if (rx) ibv_destroy_qp(rx);
+  if (mr) ibv_dereg_mr(mr);
+  free(buf);
+}
+
 /* Device memory: allocated, copied to and from at 4-byte granules, and
  * written by a peer through a zero-based MR over it. */
 static void device_memory(void) {
@@ -1399,6 +1457,7 @@ int main(int argc, char** argv) {
     zero_byte_mr();
     reset_forgets_completions();
     multicast();
+    sent_before_destroy();
     device_memory();
     parent_domain();
     unmapped_before_dereg();
