@@ -589,6 +589,16 @@ static struct ibv_qp* ud_up(void) {
   return qp;
 }
 
+/* An address handle to a GID on port 1 (one hop). */
+static struct ibv_ah* ah_to(const union ibv_gid* gid) {
+  struct ibv_ah_attr aa = {0};
+  aa.is_global = 1;
+  aa.grh.dgid = *gid;
+  aa.grh.hop_limit = 1;
+  aa.port_num = 1;
+  return ibv_create_ah(pd, &aa);
+}
+
 /* Multicast: a group's member receives, a QP that left does not. */
 /* Polls the CQ for 300 ms: *sent once the send send_id completes, *got once
  * the receive recv_id completes with byte_len bytes and rbuf holds the n
@@ -622,12 +632,7 @@ static void multicast(void) {
   check(ibv_attach_mcast(rc, &group, 0) == EINVAL, "an RC QP joins no group: EINVAL");
   check(ibv_attach_mcast(rx, &own, 0) == EINVAL, "a unicast GID is no group: EINVAL");
   check(ibv_attach_mcast(rx, &group, 0) == 0, "a UD QP joins 239.1.2.3");
-  struct ibv_ah_attr aa = {0};
-  aa.is_global = 1;
-  aa.grh.dgid = group;
-  aa.grh.hop_limit = 1;
-  aa.port_num = 1;
-  struct ibv_ah* ah = ibv_create_ah(pd, &aa);
+  struct ibv_ah* ah = ah_to(&group);
   check(ah != NULL, "an address handle to the group");
   for (int round = 0; ah && round < 2; ++round) {
     struct ibv_sge rs = {(uintptr_t)buf, 40 + 64, mr->lkey}, ss = {(uintptr_t)(buf + 1024), 64, mr->lkey};
@@ -680,12 +685,7 @@ static void sent_before_destroy(void) {
   union ibv_gid own;
   check(mr && tx && rx && ibv_query_gid(ctx, 1, 0, &own) == 0, "two UD QPs and an MR");
   if (!mr || !tx || !rx) goto out;
-  struct ibv_ah_attr aa = {0};
-  aa.is_global = 1;
-  aa.grh.dgid = own;
-  aa.grh.hop_limit = 1;
-  aa.port_num = 1;
-  struct ibv_ah* ah = ibv_create_ah(pd, &aa);
+  struct ibv_ah* ah = ah_to(&own);
   int posted = ah != NULL;
   for (int i = 0; posted && i < kN; ++i) {
     struct ibv_sge rs = {(uintptr_t)(buf + i * 1024), 40 + 64, mr->lkey};
