@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <regex>
 #include <sstream>
 #include <string_view>
 #include <tuple>
@@ -434,6 +435,21 @@ ParseResult parse_options(int argc, const char* const* argv, NodeOptions& out, s
     if (!why.empty()) return bad(why);
   }
   return ParseResult::kOk;
+}
+
+bool is_pci(const std::string& port) {
+  static const std::regex k("^([0-9a-fA-F]{4}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\\.[0-7]$");
+  return std::regex_match(port, k);
+}
+
+std::string vdev_arg(const NodeOptions& o, const std::string& port, const std::string& key) {
+  for (const std::string& v : o.vdevs) {
+    if (v.compare(0, port.size(), port) != 0 || (v.size() > port.size() && v[port.size()] != ',')) continue;
+    std::istringstream is(v.substr(port.size()));
+    for (std::string kv; std::getline(is, kv, ',');)
+      if (kv.rfind(key + "=", 0) == 0) return kv.substr(key.size() + 1);
+  }
+  return "";
 }
 
 }  // namespace uroce::control

@@ -121,4 +121,10 @@ ParseResult parse_options(int argc, const char* const* argv, NodeOptions& out, s
 ParseResult parse_options(const std::string& line, NodeOptions& out, std::string& text,
                           const ExtraOptions& extra = {});
 
+/// Whether a port names a PCI device (DDDD:BB:DD.F or BB:DD.F), not a vdev.
+[[nodiscard]] bool is_pci(const std::string& port);
+/// An argument of the --vdev that creates `port` (`iface` of
+/// "net_af_packet0,iface=veth0": "veth0"), or "".
+[[nodiscard]] std::string vdev_arg(const NodeOptions& o, const std::string& port, const std::string& key);
+
 }  // namespace uroce::control

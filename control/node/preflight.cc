@@ -58,22 +58,6 @@ std::string read_line(const std::string& path) {
   return s;
 }
 
-bool is_pci(const std::string& port) {
-  static const std::regex k("^([0-9a-fA-F]{4}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\\.[0-7]$");
-  return std::regex_match(port, k);
-}
-
-/// A vdev's argument (`iface=veth0`) for the port it creates, or "".
-std::string vdev_arg(const NodeOptions& o, const std::string& port, const std::string& key) {
-  for (const std::string& v : o.vdevs) {
-    if (v.compare(0, port.size(), port) != 0 || (v.size() > port.size() && v[port.size()] != ',')) continue;
-    std::istringstream is(v.substr(port.size()));
-    for (std::string kv; std::getline(is, kv, ',');)
-      if (kv.rfind(key + "=", 0) == 0) return kv.substr(key.size() + 1);
-  }
-  return "";
-}
-
 void hugepages(const NodeOptions& o, const std::string& root, Report& r) {
   if (o.no_huge) return r.na("hugepages", "--no-huge: the EAL takes ordinary memory");
   std::uint64_t free_bytes = 0;

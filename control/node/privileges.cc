@@ -6,7 +6,6 @@
 
 #include <cstdint>
 #include <filesystem>
-#include <regex>
 
 namespace uroce::control {
 
@@ -51,14 +50,6 @@ PrivilegeNeed need_root(std::string what) { return {std::move(what), "root", is_
 
 bool starts_with(const std::string& s, const char* p) { return s.rfind(p, 0) == 0; }
 
-/// The port's --vdev arguments (after its name), or "".
-std::string vdev_args(const NodeOptions& o, const std::string& port) {
-  for (const std::string& v : o.vdevs)
-    if (v.compare(0, port.size(), port) == 0 && (v.size() == port.size() || v[port.size()] == ','))
-      return v.substr(port.size());
-  return "";
-}
-
 PrivilegeNeed pci(const std::string& port, const std::string& root) {
   const std::string what = "port " + port;
   const std::string dev = root + "/sys/bus/pci/devices/" + (port.find(':') == 4 ? port : "0000:" + port);
@@ -92,19 +83,17 @@ std::string held_capabilities() {
 }
 
 std::vector<PrivilegeNeed> privileges(const NodeOptions& o, const std::string& host_netdev, const std::string& root) {
-  static const std::regex kPci("^([0-9a-fA-F]{4}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\\.[0-7]$");
   std::vector<PrivilegeNeed> out;
   for (const std::string& p : o.ports) {
     const std::string what = "port " + p;
-    if (std::regex_match(p, kPci)) {
+    if (is_pci(p)) {
       out.push_back(pci(p, root));
     } else if (starts_with(p, "net_af_packet")) {
       out.push_back(need(what, {kNetRaw, kNetAdmin}));  // a packet socket; the interface's flags at start
     } else if (starts_with(p, "net_tap") || starts_with(p, "net_tun")) {
       out.push_back(need(what, {kNetAdmin}));
     } else if (starts_with(p, "net_pcap")) {
-      const std::string a = vdev_args(o, p);
-      if (a.find("iface=") != std::string::npos) out.push_back(need(what, {kNetRaw}));  // a live capture
+      if (!vdev_arg(o, p, "iface").empty()) out.push_back(need(what, {kNetRaw}));  // a live capture
     } else if (starts_with(p, "net_af_xdp")) {
       out.push_back(need_root(what));  // loads an XDP program
     }

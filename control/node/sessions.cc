@@ -1390,16 +1390,16 @@ std::size_t SessionServer::finish_closing() {
   std::size_t done = 0;
   for (std::size_t i = 0; i < closing_.size();) {
     const ClosingQp& c = closing_[i];
-    auto s = sessions_.find(c.session);
-    auto q = s == sessions_.end() ? decltype(s->second->qps.end()){} : s->second->qps.find(c.qp_handle);
-    const bool gone = s == sessions_.end() || q == s->second->qps.end();  // its session ended meanwhile
-    if (!gone && eng_.datagrams_unsent(q->second.qp) && t < c.deadline_ms) {
+    const auto it = sessions_.find(c.session);
+    Session* s = it == sessions_.end() ? nullptr : it->second.get();  // null: its session ended meanwhile
+    const auto q = s ? s->qps.find(c.qp_handle) : decltype(s->qps.end()){};
+    if (s && q != s->qps.end() && eng_.datagrams_unsent(q->second.qp) && t < c.deadline_ms) {
       ++i;
       continue;
     }
-    if (!gone) {
-      destroy_qp(*s->second, c.qp_handle);
-      send_reply(s->second->sock.native_handle(), c.hdr, 0, "", nullptr, 0);
+    if (s) {
+      destroy_qp(*s, c.qp_handle);
+      send_reply(s->sock.native_handle(), c.hdr, 0, "", nullptr, 0);
     }
     closing_[i] = closing_.back();
     closing_.pop_back();

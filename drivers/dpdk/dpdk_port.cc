@@ -62,7 +62,7 @@ struct Port::Queue : pipeline::PortIo {
   bool tx(const transport::TxFrame& f) override;
   bool tx_raw(wire::ConstBytes frame) override;
   void tx_flush() override;
-  [[nodiscard]] std::uint32_t tx_room() override;
+  [[nodiscard]] std::uint32_t tx_room() const override;
   [[nodiscard]] wire::MacAddr mac() const override { return mac_; }
   [[nodiscard]] pipeline::LinkInfo link() const override;
   bool tx_zero_copy(const transport::TxFrame& f);
@@ -335,7 +335,7 @@ void Port::rx_done() { impl_->queues[0]->rx_done(); }
 bool Port::tx(const transport::TxFrame& f) { return impl_->queues[0]->tx(f); }
 bool Port::tx_raw(wire::ConstBytes frame) { return impl_->queues[0]->tx_raw(frame); }
 void Port::tx_flush() { impl_->queues[0]->tx_flush(); }
-std::uint32_t Port::tx_room() { return impl_->queues[0]->tx_room(); }
+std::uint32_t Port::tx_room() const { return impl_->queues[0]->tx_room(); }
 namespace {
 pipeline::LinkInfo link_of(std::uint16_t port_id, std::uint32_t mtu_given) {
   rte_eth_link l{};
@@ -425,7 +425,7 @@ void Port::Queue::rx_done() {
   m.nrx = 0;
 }
 
-std::uint32_t Port::Queue::tx_room() {
+std::uint32_t Port::Queue::tx_room() const {
   // The loopback ring is the one queue here that drops when full (a frame to
   // this port's own MAC goes there, and RX takes a burst a pass from it). It
   // is kept to half a burst, as the kernel's byte queue limits keep a NIC's

@@ -73,7 +73,7 @@ class Port : public pipeline::PortIo {
   bool tx(const transport::TxFrame& f) override;
   bool tx_raw(wire::ConstBytes frame) override;
   void tx_flush() override;
-  [[nodiscard]] std::uint32_t tx_room() override;
+  [[nodiscard]] std::uint32_t tx_room() const override;
   [[nodiscard]] wire::MacAddr mac() const override { return mac_; }
   [[nodiscard]] pipeline::LinkInfo link() const override;
 

@@ -34,10 +34,9 @@ class PortIo {
   virtual bool tx_raw(wire::ConstBytes frame) = 0;
   /// Sends what is queued.
   virtual void tx_flush() = 0;
-  /// Frames it can take this pass without dropping any (the dataplane asks
-  /// once a pass, and gives the engine no more); unbounded where the driver
-  /// cannot tell.
-  [[nodiscard]] virtual std::uint32_t tx_room() { return UINT32_MAX; }
+  /// Frames it can take now without dropping any (the dataplane gives the
+  /// engine no more); unbounded where the driver cannot tell.
+  [[nodiscard]] virtual std::uint32_t tx_room() const { return UINT32_MAX; }
   [[nodiscard]] virtual wire::MacAddr mac() const = 0;
   /// The link's state and speed (control path: may ask the driver). A port
   /// that cannot tell is up at an unknown speed.
