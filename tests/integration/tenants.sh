@@ -3,8 +3,9 @@
 # unmodified through the drop-in, a victim as root and a hostile uid 65534):
 #   - a flood of connections on the application socket, and of requests on
 #     the control socket, never keeps the victim from opening a session, and
-#     the victim's longest stall during each flood is at most twice its
-#     longest stall without one in the same run;
+#     the victim's round trips during each flood stay near its round trips
+#     without one in the same run (the rounds' median 99.9th percentile
+#     within three times, the longest within eight times);
 #   - the transmit share: with both bulk, the victim's one QP gets about
 #     half the wire against the flooder's 64 QPs, where as one uid (the
 #     control, same run) it gets a 64th.
@@ -39,11 +40,11 @@ perf() {
   PT_CLIENT=$!
 }
 # stall PORT OUT: the victim's ib_send_lat (64 B, events); prints its
-# longest round trip (t_max, us) or nothing.
+# longest round trip and its 99.9th percentile (t_max, us), or nothing.
 stall() {
   perf "$1" "$2" "" ib_send_lat -s 64 -n 5000 -e
   wait $PT_CLIENT $PT_SERVER
-  awk '$1 == 64 && $2 == 5000 {print $4}' "$2.c"
+  awk '$1 == 64 && $2 == 5000 {print $4, $9}' "$2.c"
 }
 
 # The floods, as uid 65534, SCHED_IDLE, on the daemon's CPU, until killed.
@@ -77,8 +78,7 @@ while True:  # status requests back to back; now and then 6 more at once, past t
             if x: x.close()'
 port=19600
 rounds=4
-declare -A WORST
-for kind in none app ctl; do WORST[$kind]=0; done
+declare -A MAX P999 FAILED
 for r in $(seq 1 $rounds); do
   for kind in none app ctl; do
     fp=""
@@ -94,22 +94,39 @@ for r in $(seq 1 $rounds); do
     port=$((port + 1))
     m=$(stall $port "$TMP/lat-$kind-$r")
     [ -n "$fp" ] && kill $fp 2> /dev/null && wait $fp 2> /dev/null
-    echo "  round $r, flood $kind: the victim's session opened (ibv_devinfo exit $dev_rc); longest round trip ${m:-?} us"
-    [ $dev_rc -eq 0 ] && grep -q "PORT_ACTIVE" "$TMP/devinfo-$kind-$r.out" || WORST[$kind]=fail
-    if [ -z "$m" ]; then WORST[$kind]=fail; tail -n 3 "$TMP/lat-$kind-$r.c"; fi
-    [ "${WORST[$kind]}" != fail ] && WORST[$kind]=$(awk -v a="${WORST[$kind]}" -v b="$m" 'BEGIN {print (b > a ? b : a)}')
+    echo "  round $r, flood $kind: the victim's session opened (ibv_devinfo exit $dev_rc); longest round trip ${m%% *} us, 99.9th percentile ${m##* } us"
+    [ $dev_rc -eq 0 ] && grep -q "PORT_ACTIVE" "$TMP/devinfo-$kind-$r.out" || FAILED[$kind]=1
+    if [ -z "$m" ]; then FAILED[$kind]=1; tail -n 3 "$TMP/lat-$kind-$r.c"; continue; fi
+    MAX[$kind]="${MAX[$kind]:-} ${m%% *}"
+    P999[$kind]="${P999[$kind]:-} ${m##* }"
   done
 done
 st=$(ctl "$TMP/a.ctl" status)
 echo "  refused: $(echo "$st" | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["limits"]["refused"])')"
-echo "  longest round trip over $rounds rounds: no flood ${WORST[none]} us, application-socket flood ${WORST[app]} us, control-socket flood ${WORST[ctl]} us"
-within2() { [ "$1" != fail ] && [ "$2" != fail ] && awk -v a="$1" -v b="$2" 'BEGIN {exit !(b <= 2 * a)}'; }
+# One round's extreme on two shared cores is the scheduler's, not uroced's
+# (a quiet round has reached 4.6 ms, ten times its neighbours; floods
+# that only cost the kernel's time move the 99.9th percentile up to 1.9
+# times): the checks compare the rounds' median 99.9th percentile within
+# three times, and the longest round trip within eight. A daemon that
+# spends 1 ms on each of the flooder's connections moved the median
+# 99.9th percentile 11.7 times (160 to 1868 us); one that waits on a
+# flooder stalls for seconds.
+median() { echo "$@" | tr ' ' '\n' | sort -g | awk 'NF {v[n++] = $1} END {if (n) print (n % 2 ? v[int(n / 2)] : (v[n / 2 - 1] + v[n / 2]) / 2)}'; }
+worst() { echo "$@" | tr ' ' '\n' | sort -g | tail -n 1; }
+declare -A MED TOP
+for kind in none app ctl; do MED[$kind]=$(median ${P999[$kind]:-}); TOP[$kind]=$(worst ${MAX[$kind]:-}); done
+echo "  over $rounds rounds, median 99.9th percentile / longest round trip: no flood ${MED[none]}/${TOP[none]} us, application-socket flood ${MED[app]}/${TOP[app]} us, control-socket flood ${MED[ctl]}/${TOP[ctl]} us"
+# within A B K: B is at most K times A.
+within() { [ -n "$1" ] && [ -n "$2" ] && awk -v a="$1" -v b="$2" -v k="$3" 'BEGIN {exit !(b <= k * a)}'; }
 check "the victim opens a session during every flood, and its traffic runs" \
-  "[ '${WORST[none]}' != fail ] && [ '${WORST[app]}' != fail ] && [ '${WORST[ctl]}' != fail ]"
-check "application-socket flood: the victim's longest stall is at most twice its longest without a flood (${WORST[app]} vs ${WORST[none]} us)" \
-  "within2 '${WORST[none]}' '${WORST[app]}'"
-check "control-socket flood: the victim's longest stall is at most twice its longest without a flood (${WORST[ctl]} vs ${WORST[none]} us)" \
-  "within2 '${WORST[none]}' '${WORST[ctl]}'"
+  "[ -z '${FAILED[none]:-}${FAILED[app]:-}${FAILED[ctl]:-}' ]"
+for kind in app ctl; do
+  name=$([ $kind = app ] && echo application || echo control)
+  check "$name-socket flood: the victim's median 99.9th percentile is at most three times its median without a flood (${MED[$kind]} vs ${MED[none]} us)" \
+    "within '${MED[none]}' '${MED[$kind]}' 3"
+  check "$name-socket flood: the victim's longest round trip is at most eight times its longest without a flood (${TOP[$kind]} vs ${TOP[none]} us)" \
+    "within '${TOP[none]}' '${TOP[$kind]}' 8"
+done
 check "the control socket's per-uid bound refused the flood's extra connections, counted" \
   "[ \$(jget '$st' limits.refused.control_conns) -gt 0 ]"
 
