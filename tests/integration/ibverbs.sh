@@ -6,7 +6,8 @@
 # UROCE_RUN_DIR: the device queries, and the pingpongs between two daemons
 # over memif, in event and polling modes, with --chk (which checks little:
 # see the pingpong section) and no "invalid data" line on either side.
-# rdma_cm programs (rdmacm-utils' rping and ucmatose, perftest -R) run through uroce's librdmacm.so.1 the same way. Also: both libraries
+# rdma_cm programs (rdmacm-utils' rping and ucmatose, perftest -R) run through uroce's librdmacm.so.1 the same way,
+# and its rsockets (rstream, riostream, rcopy). Also: both libraries
 # export every public symbol of Debian's with its exact version, and what
 # uroce does not do (XRC, UD ids) is refused cleanly; dpkg -V shows the
 # binaries are Debian's own, and perftest -a runs every message size.
@@ -27,7 +28,7 @@ SYSLIB=$(ls /usr/lib/*/libibverbs.so.1 2>/dev/null | head -1)
 for t in ibv_devices ibv_devinfo ibv_rc_pingpong ibv_uc_pingpong ibv_ud_pingpong ibv_srq_pingpong ibv_xsrq_pingpong; do
   need_prog $t ibverbs-utils
 done
-for t in rping ucmatose udaddy rdma_server rdma_xserver cmtime mckey; do need_prog $t rdmacm-utils; done
+for t in rping ucmatose udaddy rdma_server rdma_xserver cmtime mckey rstream riostream rcopy; do need_prog $t rdmacm-utils; done
 need_prog fi_pingpong libfabric-bin
 for t in ib_write_bw ib_send_bw ib_read_bw ib_atomic_bw ib_write_lat ib_send_lat ib_read_lat ib_atomic_lat; do
   need_prog $t perftest
@@ -328,6 +329,29 @@ timeout 30 "$URUN" --lib "$IBV_DIR" --run-dir "$TMP/run_b" stdbuf -oL mckey -m 2
 wait $msp; src=$?
 check "mckey: a multicast group joined through rdma_cm, 10 datagrams from the other daemon received" \
   "[ $rc -eq 0 ] && [ $src -eq 0 ] && grep -q 'data transfers complete' '$TMP/mckey-s.out' && grep -q 'return status 0' '$TMP/mckey-c.out'"
+
+# rsockets (librdmacm's socket API, rsockets' own protocol over an RC QP):
+# rdmacm-utils' rstream and riostream between the daemons, blocking,
+# non-blocking and through rpoll, every byte checked (-T v: each side
+# checks the pattern the other wrote); rcopy copies a file, compared after.
+for t in "rstream b 65536 200" "rstream a 100000 50" "rstream n 64 2000" "rstream b 3000000 4" "riostream b 65536 100" "riostream a 1000000 10"; do
+  read -r prog mode size count <<< "$t"
+  cm_port=$((cm_port + 1))
+  cm_pair $prog-$mode-$size run run_b $prog -b 10.96.0.1 -p $cm_port -S $size -C $count -T $mode -T v -- \
+    $prog -s 10.96.0.1 -p $cm_port -S $size -C $count -T $mode -T v
+  check "$prog -T $mode -T v: $count transfers of $size bytes each way between the daemons, every byte checked" \
+    "[ $CM_CRC -eq 0 ] && [ $CM_SRC -eq 0 ] && grep -q '^custom ' '$TMP/cmc-$prog-$mode-$size.out'"
+done
+cm_port=$((cm_port + 1))
+head -c 5000000 /dev/urandom > "$TMP/rcopy.src"
+timeout 60 "$URUN" --lib "$IBV_DIR" --run-dir "$TMP/run" stdbuf -o0 rcopy -p $cm_port > "$TMP/rcopy-s.out" 2>&1 & rcp=$!
+wait_line "$TMP/rcopy-s.out" 'waiting for connection' || bad "rcopy's server listened (gave up after $PROBES looks)"
+timeout 60 "$URUN" --lib "$IBV_DIR" --run-dir "$TMP/run_b" rcopy "$TMP/rcopy.src" 10.96.0.1:"$TMP/rcopy.dst" -p $cm_port > "$TMP/rcopy-c.out" 2>&1; rc=$?
+wait_line "$TMP/rcopy-s.out" 'closing...done' > /dev/null
+kill $rcp 2> /dev/null; wait $rcp 2> /dev/null
+sed 's/^/  /' "$TMP/rcopy-c.out" | tail -n 2
+check "rcopy: a 5 MB file copied over rsockets, the same bytes at the other end" \
+  "[ $rc -eq 0 ] && cmp -s '$TMP/rcopy.src' '$TMP/rcopy.dst'"
 
 echo "== loopback: both ends on one device (one daemon)"
 client_dir=run

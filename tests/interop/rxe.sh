@@ -27,6 +27,7 @@ stock_pingpong "mtu1024" 4096 20
 for t in write_bw read_bw send_lat write_lat; do stock_perftest "mtu1024" $t 50; done
 stock_rping "mtu1024" 5
 stock_udaddy "mtu1024"
+stock_rstream "mtu1024"
 stop_daemon
 settle_rules m1024
 strict m1024

@@ -22,7 +22,7 @@ G() { "$PEER/run-peer.sh" exec 1 "$1"; }  # a command in the guest
 # buffered (the guest has no stdbuf; boot copies in the host's libstdbuf,
 # which is what stdbuf preloads), so what it printed survives a timeout.
 GT="env LD_PRELOAD=/tmp/libstdbuf.so _STDBUF_O=L timeout"
-GUEST_PROGS="rping udaddy ibv_rc_pingpong ib_write_bw ib_read_bw ib_send_bw ib_atomic_bw ib_write_lat ib_send_lat ib_read_lat ib_atomic_lat"
+GUEST_PROGS="rping udaddy rstream ibv_rc_pingpong ib_write_bw ib_read_bw ib_send_bw ib_atomic_bw ib_write_lat ib_send_lat ib_read_lat ib_atomic_lat"
 # Nothing left over from the previous pairing may hold a port or a QP: each
 # is killed, and waited for (at most 5 s).
 fresh() {
@@ -41,7 +41,7 @@ gdone() { G "for i in \$(seq 100); do pidof $1 > /dev/null || { echo ENDED; brea
 # ibv_rc_pingpong's exchange).
 g_tcp() { G "for i in \$(seq 150); do ss -ltn | grep -q ':$1 ' && { echo READY; break; }; usleep 100000; done" | grep -q READY; }
 # g_cm PS: a guest rping (PS TCP) or udaddy (PS UDP) listens on RDMA CM port 7174.
-g_cm() { G "for i in \$(seq 150); do rdma res show cm_id | grep 'state LISTEN ps $1 ' | grep -q ':7174 ' && { echo READY; break; }; usleep 100000; done" | grep -q READY; }
+g_cm() { G "for i in \$(seq 150); do rdma res show cm_id | grep 'state LISTEN ps $1 ' | grep -q ':${2:-7174} ' && { echo READY; break; }; usleep 100000; done" | grep -q READY; }
 # h_tcp PORT: one of our servers listens on TCP PORT in the namespace.
 h_tcp() { local i; for i in $(seq 150); do [ -n "$(X ss -Hltn "sport = :$1")" ] && return 0; sleep 0.1; done; return 1; }
 # h_line FILE REGEX: one of our servers printed REGEX (uroce-rping's
@@ -505,6 +505,34 @@ stock_udaddy() {
   check_show "$name" \
     "[ $ready = 1 ] && [ $rc -eq 0 ] && grep -q '^rc=0' $TMP/sudc.rc && grep -q 'data transfers complete' $TMP/suds.out" \
     "cat $TMP/sudc.rc; tail -3 $TMP/suds.out; G 'tail -3 /tmp/sudc.log'"
+}
+
+# stock_rstream TAG: rdmacm-utils' rstream on both sides: rsockets' own
+# protocol (RC, RDMA WRITE WITH IMMEDIATE, credits through the target
+# list) between uroce's librdmacm and rdma-core's, 20 transfers of 64 KiB
+# each way, every byte checked (-T v), both ways. rstream's server says
+# nothing before it is done: its rxe client tries again when refused.
+stock_rstream() {
+  local tag=$1
+  want rstream || return 0
+  local name rc
+  fresh
+  G "$GT 120 rstream -b 10.77.0.2 -S 65536 -C 20 -T v </dev/null >/tmp/srs.log 2>&1 &"
+  name="$tag: rstream server (rxe) <- rstream -T v client (uroce, rsockets of the librdmacm drop-in), 20 transfers of 64 KiB each way"
+  if g_cm TCP 7471; then
+    URUN_X rstream -s 10.77.0.2 -S 65536 -C 20 -T v > "$TMP/srs.out" 2>&1; rc=$?
+    check_show "$name" "[ $rc -eq 0 ] && grep -q '^custom ' $TMP/srs.out" "tail -4 $TMP/srs.out; G 'tail -4 /tmp/srs.log'"
+  else
+    bad "$name (rstream never listened in the guest)"
+  fi
+  fresh
+  name="$tag: rstream server (uroce, rsockets of the librdmacm drop-in) <- rstream -T v client (rxe), 20 transfers of 64 KiB each way"
+  URUN_X rstream -b 10.77.0.10 -S 65536 -C 20 -T v > "$TMP/srss.out" 2>&1 & local sp=$!
+  G "$(retry_cm 'rconnect' "$GT 120 rstream -s 10.77.0.10 -S 65536 -C 20 -T v > /tmp/srsc.log 2>&1" /tmp/srsc.log)" > "$TMP/srsc.rc"
+  wait $sp; rc=$?
+  check_show "$name" \
+    "[ $rc -eq 0 ] && grep -q '^rc=0' $TMP/srsc.rc && grep -q '^custom ' $TMP/srss.out" \
+    "cat $TMP/srsc.rc; tail -4 $TMP/srss.out; G 'tail -4 /tmp/srsc.log'"
 }
 
 strict() {  # TAG: the capture decodes, every ICRC is right
