@@ -716,15 +716,20 @@ int write_data(Rs* rs, const void* buf, std::uint32_t len) {
   });
 }
 
+/// Waits for room to send a message: the peer's credits and receive space,
+/// a send queue entry, our send buffer.
+int wait_room(Rs* rs, std::unique_lock<std::mutex>& lock, int flags) {
+  if (can_send(rs)) return 0;
+  if (wait_until(rs, lock, nonblocking(rs, flags), conn_can_send) != 0) return -1;
+  return rs->state & kWritable ? 0 : fail(ECONNRESET);
+}
+
 /// Announces riomap'd buffers to the peer (its iomap table, at their index).
 int send_iomaps(Rs* rs, std::unique_lock<std::mutex>& lock, int flags) {
   for (std::size_t i = 0; i < rs->remote_maps.size(); ++i) {
     MapMr& m = rs->remote_maps[i];
     if (!m.queued) continue;
-    if (!can_send(rs)) {
-      if (wait_until(rs, lock, nonblocking(rs, flags), conn_can_send) != 0) return -1;
-      if (!(rs->state & kWritable)) return fail(ECONNRESET);
-    }
+    if (wait_room(rs, lock, flags) != 0) return -1;
     Iomap iom{m.offset, {reinterpret_cast<std::uintptr_t>(m.mr->addr), m.mr->rkey, static_cast<std::uint32_t>(m.mr->length)}};
     if (rs->swap)
       iom = {bswap_64(iom.offset), {bswap_64(iom.sge.addr), bswap_32(iom.sge.key), bswap_32(iom.sge.length)}};
@@ -751,6 +756,21 @@ int ready(Rs* rs, std::unique_lock<std::mutex>& lock, int flags) {
   return -1;
 }
 
+/// Waits for room to send (wait_room), then sizes the next message of a send with `left` bytes to go: the first
+/// kOlapStart, doubling to kMaxTransfer, within the send buffer's room.
+int next_message(Rs* rs, std::unique_lock<std::mutex>& lock, int flags, std::size_t left, std::uint32_t& olen,
+                 std::uint32_t& x) {
+  if (wait_room(rs, lock, flags) != 0) return -1;
+  if (olen < left) {
+    x = olen;
+    if (olen < kMaxTransfer) olen <<= 1;
+  } else {
+    x = static_cast<std::uint32_t>(left);
+  }
+  x = std::min<std::uint32_t>(x, static_cast<std::uint32_t>(rs->sbuf_bytes_avail));
+  return 0;
+}
+
 ssize_t do_send(Rs* rs, std::unique_lock<std::mutex>& lock, const void* buf, std::size_t len, int flags) {
   if (ready(rs, lock, flags) != 0) return -1;
   if (!(rs->state & kWritable)) return fail(rs->state & (kConnected | kDisconnected | kError) ? ECONNRESET : ENOTCONN);
@@ -760,22 +780,8 @@ ssize_t do_send(Rs* rs, std::unique_lock<std::mutex>& lock, const void* buf, std
   std::uint32_t olen = kOlapStart;
   int rc = 0;
   while (left) {
-    if (!can_send(rs)) {
-      rc = wait_until(rs, lock, nonblocking(rs, flags), conn_can_send);
-      if (rc != 0) break;
-      if (!(rs->state & kWritable)) {
-        rc = fail(ECONNRESET);
-        break;
-      }
-    }
     std::uint32_t x;
-    if (olen < left) {
-      x = olen;
-      if (olen < kMaxTransfer) olen <<= 1;
-    } else {
-      x = static_cast<std::uint32_t>(left);
-    }
-    x = std::min<std::uint32_t>(x, static_cast<std::uint32_t>(rs->sbuf_bytes_avail));
+    if ((rc = next_message(rs, lock, flags, left, olen, x)) != 0) break;
     x = std::min<std::uint32_t>(x, static_cast<std::uint32_t>(rs->target_sgl[rs->target_sge].length));
     rc = write_data(rs, p, x);
     if (rc != 0) break;
@@ -1392,22 +1398,8 @@ size_t riowrite(int s, const void* buf, size_t count, off_t offset, int flags) {
         break;
       }
     }
-    if (!can_send(rs)) {
-      rc = wait_until(rs, lock, nonblocking(rs, flags), conn_can_send);
-      if (rc != 0) break;
-      if (!(rs->state & kWritable)) {
-        rc = fail(ECONNRESET);
-        break;
-      }
-    }
     std::uint32_t x;
-    if (olen < left) {
-      x = olen;
-      if (olen < kMaxTransfer) olen <<= 1;
-    } else {
-      x = static_cast<std::uint32_t>(left);
-    }
-    x = std::min<std::uint32_t>(x, static_cast<std::uint32_t>(rs->sbuf_bytes_avail));
+    if ((rc = next_message(rs, lock, flags, left, olen, x)) != 0) break;
     x = static_cast<std::uint32_t>(std::min<std::uint64_t>(x, iom->offset + iom->sge.length - off));
     const std::uint64_t addr = iom->sge.addr + off - iom->offset;
     const std::uint32_t key = iom->sge.key;
