@@ -44,6 +44,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -897,19 +898,34 @@ void arm_rs(Rs* rs, std::vector<pollfd>& w) {
 
 template <class Op>
 ssize_t over_iov(int s, const iovec* iov, int iovcnt, int flags, Op op) {
-  Rs* rs = lookup(s);
-  if (!rs) return fail(EBADF);
-  if (!iov || iovcnt < 0) return fail(EINVAL);
-  std::unique_lock<std::mutex> lock(rs->mu);
-  ssize_t total = 0;
-  for (int i = 0; i < iovcnt; ++i) {
-    if (!iov[i].iov_len) continue;
-    const ssize_t n = op(rs, lock, iov[i].iov_base, iov[i].iov_len, flags);
-    if (n < 0) return total ? total : -1;
-    total += n;
-    if (static_cast<std::size_t>(n) < iov[i].iov_len) break;
-  }
-  return total;
+  return keeping_errno([&]() -> ssize_t {
+    Rs* rs = lookup(s);
+    if (!rs) return fail(EBADF);
+    if (!iov || iovcnt < 0) return fail(EINVAL);
+    std::unique_lock<std::mutex> lock(rs->mu);
+    ssize_t total = 0;
+    for (int i = 0; i < iovcnt; ++i) {
+      if (!iov[i].iov_len) continue;
+      const ssize_t n = op(rs, lock, iov[i].iov_base, iov[i].iov_len, flags);
+      if (n < 0) return total ? total : -1;
+      total += n;
+      if (static_cast<std::size_t>(n) < iov[i].iov_len) break;
+    }
+    return total;
+  });
+}
+
+/// A call that succeeds leaves errno as its caller had it: the library's
+/// own looks at empty non-blocking channels (EAGAIN) must not show through
+/// (rstream reads errno after rrecv returns 0 for a closed connection).
+template <class F>
+auto keeping_errno(F f) {
+  const int saved = errno;
+  const auto r = f();
+  using R = decltype(r);
+  const bool failed = std::is_signed_v<R> ? r < 0 : r == static_cast<R>(-1);
+  if (!failed) errno = saved;
+  return r;
 }
 
 socklen_t copy_addr(sockaddr* dst, socklen_t* len, const sockaddr* src) {
@@ -968,65 +984,71 @@ int rlisten(int s, int backlog) {
 }
 
 int raccept(int s, sockaddr* addr, socklen_t* addrlen) {
-  Rs* rs = lookup(s);
-  if (!rs) return fail(EBADF);
-  std::unique_lock<std::mutex> lock(rs->mu);
-  if (rs->state != kListening) return fail(EINVAL);
-  for (;;) {
-    accept_requests(rs);
-    if (!rs->accepted.empty()) break;
-    if (rs->fs_flags & O_NONBLOCK) return fail(EAGAIN);
-    pollfd p{rs->ch->fd, POLLIN, 0};
+  return keeping_errno([&]() -> int {
+    Rs* rs = lookup(s);
+    if (!rs) return fail(EBADF);
+    std::unique_lock<std::mutex> lock(rs->mu);
+    if (rs->state != kListening) return fail(EINVAL);
+    for (;;) {
+      accept_requests(rs);
+      if (!rs->accepted.empty()) break;
+      if (rs->fs_flags & O_NONBLOCK) return fail(EAGAIN);
+      pollfd p{rs->ch->fd, POLLIN, 0};
+      lock.unlock();
+      (void)::poll(&p, 1, -1);
+      lock.lock();
+    }
+    Rs* c = rs->accepted.front();
+    rs->accepted.pop_front();
     lock.unlock();
-    (void)::poll(&p, 1, -1);
-    lock.lock();
-  }
-  Rs* c = rs->accepted.front();
-  rs->accepted.pop_front();
-  lock.unlock();
-  if (addr && addrlen) (void)rgetpeername(c->index, addr, addrlen);
-  return c->index;
+    if (addr && addrlen) (void)rgetpeername(c->index, addr, addrlen);
+    return c->index;
+  });
 }
 
 int rconnect(int s, const sockaddr* addr, socklen_t addrlen) {
-  Rs* rs = lookup(s);
-  if (!rs) return fail(EBADF);
-  std::unique_lock<std::mutex> lock(rs->mu);
-  if (rs->state == kInit || rs->state == kBound) {
-    if (!addr || addrlen < sizeof(sockaddr_in)) return fail(EINVAL);
-    if (rdma_resolve_addr(rs->id, nullptr, const_cast<sockaddr*>(addr), 2000) != 0) return -1;
-    rs->state = kResolvingAddr;
-  } else if (!(rs->state & kOpening)) {
-    return fail(rs->state & kConnected ? EISCONN : EINVAL);
-  }
-  return drive_connect(rs, lock, rs->fs_flags & O_NONBLOCK);
+  return keeping_errno([&]() -> int {
+    Rs* rs = lookup(s);
+    if (!rs) return fail(EBADF);
+    std::unique_lock<std::mutex> lock(rs->mu);
+    if (rs->state == kInit || rs->state == kBound) {
+      if (!addr || addrlen < sizeof(sockaddr_in)) return fail(EINVAL);
+      if (rdma_resolve_addr(rs->id, nullptr, const_cast<sockaddr*>(addr), 2000) != 0) return -1;
+      rs->state = kResolvingAddr;
+    } else if (!(rs->state & kOpening)) {
+      return fail(rs->state & kConnected ? EISCONN : EINVAL);
+    }
+    return drive_connect(rs, lock, rs->fs_flags & O_NONBLOCK);
+  });
 }
 
 int rshutdown(int s, int how) {
-  Rs* rs = lookup(s);
-  if (!rs) return fail(EBADF);
-  std::unique_lock<std::mutex> lock(rs->mu);
-  if (!(rs->state & kConnected)) return 0;
-  std::uint32_t ctrl;
-  if (how == SHUT_RDWR) {
-    ctrl = kCtrlDisconnect;
-    rs->state &= ~(kReadable | kWritable);
-  } else if (how == SHUT_WR) {
-    rs->state &= ~kWritable;
-    ctrl = (rs->state & kReadable) ? kCtrlShutdown : kCtrlDisconnect;
-  } else {
-    rs->state &= ~kReadable;
-    if (rs->state & kWritable) return 0;
-    ctrl = kCtrlDisconnect;
-  }
-  if (!ctrl_avail(rs) && wait_until(rs, lock, false, conn_can_send_ctrl) != 0) return -1;
-  int rc = 0;
-  if ((rs->state & kConnected) && ctrl_avail(rs)) {
-    ++rs->ctrl_seqno;
-    rc = post_write(rs, nullptr, 0, msg_set(kOpCtrl, ctrl), 0, 0, 0);
-  }
-  if (rs->state & kConnected) (void)wait_until(rs, lock, false, conn_all_sends_done);
-  return rc;
+  return keeping_errno([&]() -> int {
+    Rs* rs = lookup(s);
+    if (!rs) return fail(EBADF);
+    std::unique_lock<std::mutex> lock(rs->mu);
+    if (!(rs->state & kConnected)) return 0;
+    std::uint32_t ctrl;
+    if (how == SHUT_RDWR) {
+      ctrl = kCtrlDisconnect;
+      rs->state &= ~(kReadable | kWritable);
+    } else if (how == SHUT_WR) {
+      rs->state &= ~kWritable;
+      ctrl = (rs->state & kReadable) ? kCtrlShutdown : kCtrlDisconnect;
+    } else {
+      rs->state &= ~kReadable;
+      if (rs->state & kWritable) return 0;
+      ctrl = kCtrlDisconnect;
+    }
+    if (!ctrl_avail(rs) && wait_until(rs, lock, false, conn_can_send_ctrl) != 0) return -1;
+    int rc = 0;
+    if ((rs->state & kConnected) && ctrl_avail(rs)) {
+      ++rs->ctrl_seqno;
+      rc = post_write(rs, nullptr, 0, msg_set(kOpCtrl, ctrl), 0, 0, 0);
+    }
+    if (rs->state & kConnected) (void)wait_until(rs, lock, false, conn_all_sends_done);
+    return rc;
+  });
 }
 
 int rclose(int s) {
@@ -1042,16 +1064,20 @@ int rclose(int s) {
 }
 
 ssize_t rsend(int s, const void* buf, size_t len, int flags) {
-  Rs* rs = lookup(s);
-  if (!rs) return fail(EBADF);
-  std::unique_lock<std::mutex> lock(rs->mu);
-  return do_send(rs, lock, buf, len, flags);
+  return keeping_errno([&]() -> ssize_t {
+    Rs* rs = lookup(s);
+    if (!rs) return fail(EBADF);
+    std::unique_lock<std::mutex> lock(rs->mu);
+    return do_send(rs, lock, buf, len, flags);
+  });
 }
 ssize_t rrecv(int s, void* buf, size_t len, int flags) {
-  Rs* rs = lookup(s);
-  if (!rs) return fail(EBADF);
-  std::unique_lock<std::mutex> lock(rs->mu);
-  return do_recv(rs, lock, buf, len, flags);
+  return keeping_errno([&]() -> ssize_t {
+    Rs* rs = lookup(s);
+    if (!rs) return fail(EBADF);
+    std::unique_lock<std::mutex> lock(rs->mu);
+    return do_recv(rs, lock, buf, len, flags);
+  });
 }
 ssize_t rsendto(int s, const void* buf, size_t len, int flags, const sockaddr*, socklen_t) {
   return rsend(s, buf, len, flags);  // a stream is connected: the address is not used, as send(2) does
@@ -1087,63 +1113,65 @@ ssize_t rsendmsg(int s, const msghdr* msg, int flags) {
 }
 
 int rpoll(pollfd* fds, nfds_t nfds, int timeout) {
-  if (!fds && nfds) return fail(EFAULT);
-  const std::uint64_t deadline = timeout > 0 ? now_ms() + static_cast<std::uint64_t>(timeout) : 0;
-  std::vector<Rs*> rss(nfds);
-  for (nfds_t i = 0; i < nfds; ++i) rss[i] = fds[i].fd >= 0 ? lookup(fds[i].fd) : nullptr;
-  for (;;) {
-    // Every descriptor, without waiting: the rsockets by their state, the
-    // rest by poll(2).
-    std::vector<pollfd> plain;
-    std::vector<nfds_t> where;
-    int ready_n = 0;
-    for (nfds_t i = 0; i < nfds; ++i) {
-      fds[i].revents = 0;
-      if (rss[i]) {
-        fds[i].revents = poll_rs(rss[i], fds[i].events);
-        if (fds[i].revents) ++ready_n;
-      } else {
-        plain.push_back(fds[i]);
-        where.push_back(i);
+  return keeping_errno([&]() -> int {
+    if (!fds && nfds) return fail(EFAULT);
+    const std::uint64_t deadline = timeout > 0 ? now_ms() + static_cast<std::uint64_t>(timeout) : 0;
+    std::vector<Rs*> rss(nfds);
+    for (nfds_t i = 0; i < nfds; ++i) rss[i] = fds[i].fd >= 0 ? lookup(fds[i].fd) : nullptr;
+    for (;;) {
+      // Every descriptor, without waiting: the rsockets by their state, the
+      // rest by poll(2).
+      std::vector<pollfd> plain;
+      std::vector<nfds_t> where;
+      int ready_n = 0;
+      for (nfds_t i = 0; i < nfds; ++i) {
+        fds[i].revents = 0;
+        if (rss[i]) {
+          fds[i].revents = poll_rs(rss[i], fds[i].events);
+          if (fds[i].revents) ++ready_n;
+        } else {
+          plain.push_back(fds[i]);
+          where.push_back(i);
+        }
+      }
+      if (!plain.empty()) {
+        const int n = ::poll(plain.data(), plain.size(), 0);
+        if (n < 0) return -1;
+        for (std::size_t k = 0; k < plain.size(); ++k) {
+          fds[where[k]].revents = plain[k].revents;
+          if (plain[k].revents) ++ready_n;
+        }
+      }
+      if (ready_n || timeout == 0) return ready_n;
+      int left = -1;
+      if (timeout > 0) {
+        const std::uint64_t now = now_ms();
+        if (now >= deadline) return 0;
+        left = static_cast<int>(deadline - now);
+      }
+      // Sleep on what wakes each: the plain descriptors, each rsocket's CM
+      // channel and (connected) its armed completion channel; then look again.
+      std::vector<pollfd> w = plain;
+      std::vector<std::pair<Rs*, std::size_t>> cqs;
+      for (nfds_t i = 0; i < nfds; ++i) {
+        if (!rss[i]) continue;
+        const std::size_t before = w.size();
+        arm_rs(rss[i], w);
+        if (w.size() - before == 2) cqs.push_back({rss[i], w.size() - 1});
+      }
+      // Armed after a look: what completed in between is seen first.
+      bool now_ready = false;
+      for (nfds_t i = 0; i < nfds && !now_ready; ++i)
+        if (rss[i] && poll_rs(rss[i], fds[i].events)) now_ready = true;
+      if (now_ready) continue;
+      if (::poll(w.data(), w.size(), left) < 0 && errno != EINTR) return -1;
+      for (auto& [rs, k] : cqs) {
+        if (!(w[k].revents & POLLIN)) continue;
+        std::lock_guard<std::mutex> lock(rs->mu);
+        if (rs->cc) take_cq_event(rs);
       }
     }
-    if (!plain.empty()) {
-      const int n = ::poll(plain.data(), plain.size(), 0);
-      if (n < 0) return -1;
-      for (std::size_t k = 0; k < plain.size(); ++k) {
-        fds[where[k]].revents = plain[k].revents;
-        if (plain[k].revents) ++ready_n;
-      }
-    }
-    if (ready_n || timeout == 0) return ready_n;
-    int left = -1;
-    if (timeout > 0) {
-      const std::uint64_t now = now_ms();
-      if (now >= deadline) return 0;
-      left = static_cast<int>(deadline - now);
-    }
-    // Sleep on what wakes each: the plain descriptors, each rsocket's CM
-    // channel and (connected) its armed completion channel; then look again.
-    std::vector<pollfd> w = plain;
-    std::vector<std::pair<Rs*, std::size_t>> cqs;
-    for (nfds_t i = 0; i < nfds; ++i) {
-      if (!rss[i]) continue;
-      const std::size_t before = w.size();
-      arm_rs(rss[i], w);
-      if (w.size() - before == 2) cqs.push_back({rss[i], w.size() - 1});
-    }
-    // Armed after a look: what completed in between is seen first.
-    bool now_ready = false;
-    for (nfds_t i = 0; i < nfds && !now_ready; ++i)
-      if (rss[i] && poll_rs(rss[i], fds[i].events)) now_ready = true;
-    if (now_ready) continue;
-    if (::poll(w.data(), w.size(), left) < 0 && errno != EINTR) return -1;
-    for (auto& [rs, k] : cqs) {
-      if (!(w[k].revents & POLLIN)) continue;
-      std::lock_guard<std::mutex> lock(rs->mu);
-      if (rs->cc) take_cq_event(rs);
-    }
-  }
+  });
 }
 
 int rselect(int nfds, fd_set* readfds, fd_set* writefds, fd_set* exceptfds, timeval* timeout) {
@@ -1372,48 +1400,50 @@ int riounmap(int s, void* buf, size_t len) {
 }
 
 size_t riowrite(int s, const void* buf, size_t count, off_t offset, int flags) {
-  Rs* rs = lookup(s);
-  if (!rs) return static_cast<size_t>(fail(EBADF));
-  std::unique_lock<std::mutex> lock(rs->mu);
-  if (ready(rs, lock, flags) != 0) return static_cast<size_t>(-1);
-  if (rs->iomap_pending && send_iomaps(rs, lock, flags) != 0) return static_cast<size_t>(-1);
-  auto* p = static_cast<const std::uint8_t*>(buf);
-  std::size_t left = count;
-  std::uint32_t olen = kOlapStart;
-  std::uint64_t off = static_cast<std::uint64_t>(offset);
-  int rc = 0;
-  const Iomap* iom = nullptr;
-  while (left) {
-    if (!iom || off >= iom->offset + iom->sge.length) {
-      iom = nullptr;
-      for (int i = 0; i < rs->target_iomap_size && rs->target_iomap; ++i) {
-        const Iomap& t = rs->target_iomap[i];
-        if (t.sge.length && off >= t.offset && off < t.offset + t.sge.length) {
-          iom = &t;
+  return keeping_errno([&]() -> size_t {
+    Rs* rs = lookup(s);
+    if (!rs) return static_cast<size_t>(fail(EBADF));
+    std::unique_lock<std::mutex> lock(rs->mu);
+    if (ready(rs, lock, flags) != 0) return static_cast<size_t>(-1);
+    if (rs->iomap_pending && send_iomaps(rs, lock, flags) != 0) return static_cast<size_t>(-1);
+    auto* p = static_cast<const std::uint8_t*>(buf);
+    std::size_t left = count;
+    std::uint32_t olen = kOlapStart;
+    std::uint64_t off = static_cast<std::uint64_t>(offset);
+    int rc = 0;
+    const Iomap* iom = nullptr;
+    while (left) {
+      if (!iom || off >= iom->offset + iom->sge.length) {
+        iom = nullptr;
+        for (int i = 0; i < rs->target_iomap_size && rs->target_iomap; ++i) {
+          const Iomap& t = rs->target_iomap[i];
+          if (t.sge.length && off >= t.offset && off < t.offset + t.sge.length) {
+            iom = &t;
+            break;
+          }
+        }
+        if (!iom) {
+          if (left == count) rc = fail(EINVAL);  // nothing of the peer's is mapped there
           break;
         }
       }
-      if (!iom) {
-        if (left == count) rc = fail(EINVAL);  // nothing of the peer's is mapped there
-        break;
-      }
+      std::uint32_t x;
+      if ((rc = next_message(rs, lock, flags, left, olen, x)) != 0) break;
+      x = static_cast<std::uint32_t>(std::min<std::uint64_t>(x, iom->offset + iom->sge.length - off));
+      const std::uint64_t addr = iom->sge.addr + off - iom->offset;
+      const std::uint32_t key = iom->sge.key;
+      rc = stage_send(rs, p, x, [&](ibv_sge* sgl, int n, int fl) {
+        --rs->sqe_avail;
+        rs->sbuf_bytes_avail -= static_cast<int>(x);
+        return post_write(rs, sgl, n, msg_set(kOpWrite, x), fl, addr, key, false);
+      });
+      if (rc != 0) break;
+      p += x;
+      off += x;
+      left -= x;
     }
-    std::uint32_t x;
-    if ((rc = next_message(rs, lock, flags, left, olen, x)) != 0) break;
-    x = static_cast<std::uint32_t>(std::min<std::uint64_t>(x, iom->offset + iom->sge.length - off));
-    const std::uint64_t addr = iom->sge.addr + off - iom->offset;
-    const std::uint32_t key = iom->sge.key;
-    rc = stage_send(rs, p, x, [&](ibv_sge* sgl, int n, int fl) {
-      --rs->sqe_avail;
-      rs->sbuf_bytes_avail -= static_cast<int>(x);
-      return post_write(rs, sgl, n, msg_set(kOpWrite, x), fl, addr, key, false);
-    });
-    if (rc != 0) break;
-    p += x;
-    off += x;
-    left -= x;
-  }
-  return rc != 0 && left == count ? static_cast<size_t>(-1) : count - left;
+    return rc != 0 && left == count ? static_cast<size_t>(-1) : count - left;
+  });
 }
 
 }  // extern "C"
