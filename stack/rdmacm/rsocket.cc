@@ -309,8 +309,8 @@ int create_ep(Rs* rs) {
   rs->target = static_cast<std::uint8_t*>(page_alloc(target_len));
   rs->rbuf = static_cast<std::uint8_t*>(page_alloc(rs->rbuf_size));
   if (!rs->sbuf || !rs->target || !rs->rbuf) return fail(ENOMEM);
-  constexpr int kRemote = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
-  if (!(rs->smr = ibv_reg_mr(rs->pd, rs->sbuf, sbuf_total, IBV_ACCESS_LOCAL_WRITE))) return -1;
+  constexpr int kLocal = IBV_ACCESS_LOCAL_WRITE, kRemote = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+  if (!(rs->smr = ibv_reg_mr(rs->pd, rs->sbuf, sbuf_total, kLocal))) return -1;
   if (!(rs->target_mr = ibv_reg_mr(rs->pd, rs->target, target_len, kRemote))) return -1;
   if (!(rs->rmr = ibv_reg_mr(rs->pd, rs->rbuf, rs->rbuf_size, kRemote))) return -1;
   rs->target_sgl = reinterpret_cast<volatile Sge*>(rs->target);
