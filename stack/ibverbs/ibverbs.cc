@@ -1335,7 +1335,38 @@ const char* ibv_event_type_str(enum ibv_event_type e) {
   }
 }
 
-const char* ibv_wc_status_str(enum ibv_wc_status status) { return uroce_wc_status_str(status); }
+// What rdma-core's library prints (logs of unmodified programs read the
+// same on uroce as on rxe); liburoce's own names (uroce_wc_status_str) are
+// the short enum names its tools print.
+const char* ibv_wc_status_str(enum ibv_wc_status status) {
+  switch (status) {
+    case IBV_WC_SUCCESS: return "success";
+    case IBV_WC_LOC_LEN_ERR: return "local length error";
+    case IBV_WC_LOC_QP_OP_ERR: return "local QP operation error";
+    case IBV_WC_LOC_EEC_OP_ERR: return "local EE context operation error";
+    case IBV_WC_LOC_PROT_ERR: return "local protection error";
+    case IBV_WC_WR_FLUSH_ERR: return "Work Request Flushed Error";
+    case IBV_WC_MW_BIND_ERR: return "memory management operation error";
+    case IBV_WC_BAD_RESP_ERR: return "bad response error";
+    case IBV_WC_LOC_ACCESS_ERR: return "local access error";
+    case IBV_WC_REM_INV_REQ_ERR: return "remote invalid request error";
+    case IBV_WC_REM_ACCESS_ERR: return "remote access error";
+    case IBV_WC_REM_OP_ERR: return "remote operation error";
+    case IBV_WC_RETRY_EXC_ERR: return "transport retry counter exceeded";
+    case IBV_WC_RNR_RETRY_EXC_ERR: return "RNR retry counter exceeded";
+    case IBV_WC_LOC_RDD_VIOL_ERR: return "local RDD violation error";
+    case IBV_WC_REM_INV_RD_REQ_ERR: return "remote invalid RD request";
+    case IBV_WC_REM_ABORT_ERR: return "aborted error";
+    case IBV_WC_INV_EECN_ERR: return "invalid EE context number";
+    case IBV_WC_INV_EEC_STATE_ERR: return "invalid EE context state";
+    case IBV_WC_FATAL_ERR: return "fatal error";
+    case IBV_WC_RESP_TIMEOUT_ERR: return "response timeout error";
+    case IBV_WC_GENERAL_ERR: return "general error";
+    case IBV_WC_TM_ERR: return "TM error";
+    case IBV_WC_TM_RNDV_INCOMPLETE: return "TM software rendezvous";
+    default: return "unknown";
+  }
+}
 
 // --------------------------------------------------------------- rates
 

@@ -394,7 +394,7 @@ echo "  daemon A looped back $looped frames"
 check "the loopback frames never left the port (counted as tx_looped)" "[ '${looped:-0}' -gt 1000 ]"
 
 echo "== the verbs API's rules: QP shapes, post refusals, limits (plain C, stock header)"
-run "$RULES" uroce0 > "$TMP/rules.out" 2>&1; rc=$?
+UROCE_SYSTEM_IBVERBS=$SYSLIB run "$RULES" uroce0 > "$TMP/rules.out" 2>&1; rc=$?
 grep FAIL "$TMP/rules.out" | sed 's/^/  /'; tail -1 "$TMP/rules.out" | sed 's/^/  /'
 check "verbs_rules: every QP shape accepted, every refusal rxe gives, every check" \
   "[ $rc -eq 0 ] && grep -qE '^[1-9][0-9]* passed, 0 failed' '$TMP/rules.out'"

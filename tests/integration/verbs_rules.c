@@ -66,9 +66,16 @@
  *     the RSS QP itself, another hash function or a short key are refused; a work
  *     queue in a table and a table a QP uses do not go (EBUSY).
  *
+ *   - the enum strings (ibv_wc_status_str, ibv_event_type_str,
+ *     ibv_node_type_str, ibv_port_state_str) are the system library's, each
+ *     value and one past each end compared with rdma-core's libibverbs
+ *     (UROCE_SYSTEM_IBVERBS), loaded beside this one by dlmopen.
+ *
  *   verbs_rules [DEVICE] [odp|raw]      (default: the first device)
  * Prints "N passed, M failed"; exits 0 only when nothing failed. */
+#define _GNU_SOURCE  /* dlmopen */
 #include <arpa/inet.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <infiniband/verbs.h>
@@ -1417,6 +1424,54 @@ static void xrc(void) {
   unlink(path);
 }
 
+/* The enum strings, against rdma-core's own library in a link-map
+ * namespace of its own (dlmopen), so both are loaded at once. That
+ * namespace brings a second C library and heap, so it lives in a child,
+ * which reports each function's count of differing values and the first. */
+static void enum_strings(void) {
+  const char* path = getenv("UROCE_SYSTEM_IBVERBS");
+  struct {
+    const char* name;
+    const char* (*ours)(int);
+    int last;
+  } fns[] = {
+      {"ibv_wc_status_str", (const char* (*)(int))ibv_wc_status_str, IBV_WC_TM_RNDV_INCOMPLETE},
+      {"ibv_event_type_str", (const char* (*)(int))ibv_event_type_str, IBV_EVENT_WQ_FATAL},
+      {"ibv_node_type_str", (const char* (*)(int))ibv_node_type_str, IBV_NODE_UNSPECIFIED},
+      {"ibv_port_state_str", (const char* (*)(int))ibv_port_state_str, IBV_PORT_ACTIVE_DEFER},
+  };
+  enum { kFns = sizeof fns / sizeof fns[0] };
+  int fds[2];
+  check(path != NULL && pipe(fds) == 0, "UROCE_SYSTEM_IBVERBS names rdma-core's libibverbs (%s)", path ? path : "unset");
+  if (!path) return;
+  fflush(stdout);
+  const pid_t child = fork();
+  if (child == 0) {
+    int res[kFns][2];
+    void* h = dlmopen(LM_ID_NEWLM, path, RTLD_NOW | RTLD_LOCAL);
+    for (size_t f = 0; f < kFns; ++f) {
+      const char* (*theirs)(int) = NULL;
+      void* sym = h ? dlsym(h, fns[f].name) : NULL;
+      memcpy(&theirs, &sym, sizeof sym); /* POSIX's way from dlsym to a function pointer */
+      res[f][0] = theirs ? 0 : -1;
+      res[f][1] = -2;
+      for (int v = -1; theirs && v <= fns[f].last + 1; ++v)
+        if (strcmp(fns[f].ours(v), theirs(v)) != 0 && !res[f][0]++) res[f][1] = v;
+    }
+    _exit(write(fds[1], res, sizeof res) == (ssize_t)sizeof res ? 0 : 1);
+  }
+  close(fds[1]);
+  int res[kFns][2];
+  const ssize_t got = read(fds[0], res, sizeof res);
+  close(fds[0]);
+  int status = 0;
+  waitpid(child, &status, 0);
+  check(got == (ssize_t)sizeof res, "the child loaded rdma-core's libibverbs and compared (exit status %d)", status);
+  for (size_t f = 0; got == (ssize_t)sizeof res && f < kFns; ++f)
+    check(res[f][0] == 0, "%s prints rdma-core's strings, %d values (%d differ; the first: %d, \"%s\")", fns[f].name,
+          fns[f].last + 3, res[f][0], res[f][1], res[f][0] > 0 ? fns[f].ours(res[f][1]) : "");
+}
+
 int main(int argc, char** argv) {
   int n = 0;
   struct ibv_device** list = ibv_get_device_list(&n);
@@ -1446,6 +1501,7 @@ int main(int argc, char** argv) {
     check(q == NULL && errno == EPERM, "without CAP_NET_RAW a raw packet QP is EPERM (errno %d)", errno);
     if (q) ibv_destroy_qp(q);
   } else {
+    enum_strings();
     shapes();
     send_only();
     posts();
