@@ -15,7 +15,8 @@
 //     the sender's target list, and its receive credits in the immediate;
 //   - riomap'd buffers are announced by writing an Iomap entry into the
 //     peer's iomap table; riowrite writes into them directly.
-// SOCK_DGRAM rsockets (rsockets' UD protocol) are not built: EOPNOTSUPP.
+// SOCK_DGRAM rsockets (rsockets' UD protocol) are rsocket_dgram.cc's; the
+// calls here hand them over.
 //
 // An rsocket's number is the descriptor of its own CM event channel, as in
 // librdmacm. Every descriptor underneath (the channel, the completion
@@ -47,7 +48,11 @@
 #include <type_traits>
 #include <vector>
 
+#include "stack/rdmacm/rsocket_dgram.h"
+
 namespace {
+
+using namespace uroce::rsockets;
 
 // ------------------------------------------------------------ the wire
 // The immediate: bits 31..29 the message, 28..0 its argument.
@@ -942,15 +947,39 @@ int set_int(void* optval, socklen_t* optlen, int v) {
   return 0;
 }
 
+/// A datagram from an iovec: gathered into one message (at most 2048
+/// bytes, as rsockets' datagrams are), and scattered on the way in.
+ssize_t dgram_sendv(int s, const iovec* iov, int n, int flags, const sockaddr* to, socklen_t tolen) {
+  std::uint8_t msg[kSndLowat];
+  std::size_t len = 0;
+  for (int i = 0; i < n; ++i) {
+    if (iov[i].iov_len > sizeof msg - len) return fail(EMSGSIZE);
+    std::memcpy(msg + len, iov[i].iov_base, iov[i].iov_len);
+    len += iov[i].iov_len;
+  }
+  return dgram_sendto(s, msg, len, flags, to, tolen);
+}
+ssize_t dgram_recvv(int s, const iovec* iov, int n, int flags, sockaddr* from, socklen_t* fromlen) {
+  std::uint8_t msg[kSndLowat];
+  const ssize_t got = dgram_recvfrom(s, msg, sizeof msg, flags, from, fromlen);
+  std::size_t off = 0;
+  for (int i = 0; got > 0 && i < n && off < static_cast<std::size_t>(got); ++i) {
+    const std::size_t c = std::min(iov[i].iov_len, static_cast<std::size_t>(got) - off);
+    std::memcpy(iov[i].iov_base, msg + off, c);
+    off += c;
+  }
+  return got < 0 ? got : static_cast<ssize_t>(off);
+}
+
 }  // namespace
 
 extern "C" {
 
 int rsocket(int domain, int type, int protocol) {
   const int socket_type = type & ~(SOCK_CLOEXEC | SOCK_NONBLOCK);
-  if ((domain != AF_INET && domain != AF_INET6) || socket_type != SOCK_STREAM ||
-      (protocol && protocol != IPPROTO_TCP))
-    return fail(EOPNOTSUPP);  // AF_IB and datagram rsockets are not built
+  if (domain != AF_INET && domain != AF_INET6) return fail(EOPNOTSUPP);  // AF_IB is not built
+  if (socket_type == SOCK_DGRAM && (!protocol || protocol == IPPROTO_UDP)) return dgram_socket(domain, type);
+  if (socket_type != SOCK_STREAM || (protocol && protocol != IPPROTO_TCP)) return fail(EOPNOTSUPP);
   Rs* rs = make_rs(nullptr);
   if (!rs) return -1;
   rs->fs_flags = (type & SOCK_NONBLOCK) ? O_NONBLOCK : 0;
@@ -964,7 +993,8 @@ int rsocket(int domain, int type, int protocol) {
   return rs->index;
 }
 
-int rbind(int s, const sockaddr* addr, socklen_t) {
+int rbind(int s, const sockaddr* addr, socklen_t len) {
+  if (is_dgram(s)) return dgram_bind(s, addr, len);
   Rs* rs = lookup(s);
   if (!rs) return fail(EBADF);
   std::lock_guard<std::mutex> lock(rs->mu);
@@ -1007,6 +1037,7 @@ int raccept(int s, sockaddr* addr, socklen_t* addrlen) {
 }
 
 int rconnect(int s, const sockaddr* addr, socklen_t addrlen) {
+  if (is_dgram(s)) return dgram_connect(s, addr, addrlen);
   return keeping_errno([&]() -> int {
     Rs* rs = lookup(s);
     if (!rs) return fail(EBADF);
@@ -1023,6 +1054,7 @@ int rconnect(int s, const sockaddr* addr, socklen_t addrlen) {
 }
 
 int rshutdown(int s, int how) {
+  if (is_dgram(s)) return 0;  // a datagram socket has no connection to close
   return keeping_errno([&]() -> int {
     Rs* rs = lookup(s);
     if (!rs) return fail(EBADF);
@@ -1052,6 +1084,7 @@ int rshutdown(int s, int how) {
 }
 
 int rclose(int s) {
+  if (is_dgram(s)) return dgram_close(s);
   Rs* rs = lookup(s);
   if (!rs) return fail(EBADF);
   if (rs->state & kConnected) (void)rshutdown(s, SHUT_RDWR);
@@ -1064,6 +1097,7 @@ int rclose(int s) {
 }
 
 ssize_t rsend(int s, const void* buf, size_t len, int flags) {
+  if (is_dgram(s)) return dgram_sendto(s, buf, len, flags, nullptr, 0);
   return keeping_errno([&]() -> ssize_t {
     Rs* rs = lookup(s);
     if (!rs) return fail(EBADF);
@@ -1072,6 +1106,7 @@ ssize_t rsend(int s, const void* buf, size_t len, int flags) {
   });
 }
 ssize_t rrecv(int s, void* buf, size_t len, int flags) {
+  if (is_dgram(s)) return dgram_recvfrom(s, buf, len, flags, nullptr, nullptr);
   return keeping_errno([&]() -> ssize_t {
     Rs* rs = lookup(s);
     if (!rs) return fail(EBADF);
@@ -1079,10 +1114,13 @@ ssize_t rrecv(int s, void* buf, size_t len, int flags) {
     return do_recv(rs, lock, buf, len, flags);
   });
 }
-ssize_t rsendto(int s, const void* buf, size_t len, int flags, const sockaddr*, socklen_t) {
-  return rsend(s, buf, len, flags);  // a stream is connected: the address is not used, as send(2) does
+ssize_t rsendto(int s, const void* buf, size_t len, int flags, const sockaddr* to, socklen_t tolen) {
+  if (is_dgram(s)) return dgram_sendto(s, buf, len, flags, to, tolen);
+  if (to || tolen) return fail(EISCONN);  // a stream is connected
+  return rsend(s, buf, len, flags);
 }
 ssize_t rrecvfrom(int s, void* buf, size_t len, int flags, sockaddr* src, socklen_t* srclen) {
+  if (is_dgram(s)) return dgram_recvfrom(s, buf, len, flags, src, srclen);
   const ssize_t n = rrecv(s, buf, len, flags);
   if (n >= 0 && src && srclen) (void)rgetpeername(s, src, srclen);
   return n;
@@ -1090,11 +1128,13 @@ ssize_t rrecvfrom(int s, void* buf, size_t len, int flags, sockaddr* src, sockle
 ssize_t rread(int s, void* buf, size_t count) { return rrecv(s, buf, count, 0); }
 ssize_t rwrite(int s, const void* buf, size_t count) { return rsend(s, buf, count, 0); }
 ssize_t rreadv(int s, const iovec* iov, int iovcnt) {
+  if (is_dgram(s)) return iov && iovcnt >= 0 ? dgram_recvv(s, iov, iovcnt, 0, nullptr, nullptr) : fail(EINVAL);
   return over_iov(s, iov, iovcnt, 0, [](Rs* rs, std::unique_lock<std::mutex>& l, void* b, size_t n, int f) {
     return do_recv(rs, l, b, n, f);
   });
 }
 ssize_t rwritev(int s, const iovec* iov, int iovcnt) {
+  if (is_dgram(s)) return iov && iovcnt >= 0 ? dgram_sendv(s, iov, iovcnt, 0, nullptr, 0) : fail(EINVAL);
   return over_iov(s, iov, iovcnt, 0, [](Rs* rs, std::unique_lock<std::mutex>& l, void* b, size_t n, int f) {
     return do_send(rs, l, b, n, f);
   });
@@ -1102,12 +1142,18 @@ ssize_t rwritev(int s, const iovec* iov, int iovcnt) {
 ssize_t rrecvmsg(int s, msghdr* msg, int flags) {
   if (!msg) return fail(EINVAL);
   if (msg->msg_control && msg->msg_controllen) return fail(EOPNOTSUPP);
+  if (is_dgram(s))
+    return dgram_recvv(s, msg->msg_iov, static_cast<int>(msg->msg_iovlen), flags, static_cast<sockaddr*>(msg->msg_name),
+                       msg->msg_name ? &msg->msg_namelen : nullptr);
   return over_iov(s, msg->msg_iov, static_cast<int>(msg->msg_iovlen), flags,
                   [](Rs* rs, std::unique_lock<std::mutex>& l, void* b, size_t n, int f) { return do_recv(rs, l, b, n, f); });
 }
 ssize_t rsendmsg(int s, const msghdr* msg, int flags) {
   if (!msg) return fail(EINVAL);
   if (msg->msg_control && msg->msg_controllen) return fail(EOPNOTSUPP);
+  if (is_dgram(s))
+    return dgram_sendv(s, msg->msg_iov, static_cast<int>(msg->msg_iovlen), flags,
+                       static_cast<const sockaddr*>(msg->msg_name), msg->msg_namelen);
   return over_iov(s, msg->msg_iov, static_cast<int>(msg->msg_iovlen), flags,
                   [](Rs* rs, std::unique_lock<std::mutex>& l, void* b, size_t n, int f) { return do_send(rs, l, b, n, f); });
 }
@@ -1116,8 +1162,16 @@ int rpoll(pollfd* fds, nfds_t nfds, int timeout) {
   return keeping_errno([&]() -> int {
     if (!fds && nfds) return fail(EFAULT);
     const std::uint64_t deadline = timeout > 0 ? now_ms() + static_cast<std::uint64_t>(timeout) : 0;
-    std::vector<Rs*> rss(nfds);
-    for (nfds_t i = 0; i < nfds; ++i) rss[i] = fds[i].fd >= 0 ? lookup(fds[i].fd) : nullptr;
+    std::vector<Rs*> rss(nfds);      // stream rsockets
+    std::vector<char> dgram(nfds);  // datagram rsockets
+    for (nfds_t i = 0; i < nfds; ++i) {
+      rss[i] = fds[i].fd >= 0 ? lookup(fds[i].fd) : nullptr;
+      dgram[i] = fds[i].fd >= 0 && !rss[i] && is_dgram(fds[i].fd);
+    }
+    // look(i): what rsocket i says without waiting.
+    auto look = [&](nfds_t i) -> short {
+      return rss[i] ? poll_rs(rss[i], fds[i].events) : dgram_poll(fds[i].fd, fds[i].events);
+    };
     for (;;) {
       // Every descriptor, without waiting: the rsockets by their state, the
       // rest by poll(2).
@@ -1126,8 +1180,8 @@ int rpoll(pollfd* fds, nfds_t nfds, int timeout) {
       int ready_n = 0;
       for (nfds_t i = 0; i < nfds; ++i) {
         fds[i].revents = 0;
-        if (rss[i]) {
-          fds[i].revents = poll_rs(rss[i], fds[i].events);
+        if (rss[i] || dgram[i]) {
+          fds[i].revents = look(i);
           if (fds[i].revents) ++ready_n;
         } else {
           plain.push_back(fds[i]);
@@ -1149,11 +1203,13 @@ int rpoll(pollfd* fds, nfds_t nfds, int timeout) {
         if (now >= deadline) return 0;
         left = static_cast<int>(deadline - now);
       }
-      // Sleep on what wakes each: the plain descriptors, each rsocket's CM
-      // channel and (connected) its armed completion channel; then look again.
+      // Sleep on what wakes each: the plain descriptors; a stream rsocket's
+      // CM channel and (connected) its armed completion channel; a datagram
+      // rsocket's UDP socket and armed completion channels. Then look again.
       std::vector<pollfd> w = plain;
       std::vector<std::pair<Rs*, std::size_t>> cqs;
       for (nfds_t i = 0; i < nfds; ++i) {
+        if (dgram[i]) dgram_arm(fds[i].fd, w);
         if (!rss[i]) continue;
         const std::size_t before = w.size();
         arm_rs(rss[i], w);
@@ -1162,7 +1218,7 @@ int rpoll(pollfd* fds, nfds_t nfds, int timeout) {
       // Armed after a look: what completed in between is seen first.
       bool now_ready = false;
       for (nfds_t i = 0; i < nfds && !now_ready; ++i)
-        if (rss[i] && poll_rs(rss[i], fds[i].events)) now_ready = true;
+        if ((rss[i] || dgram[i]) && look(i)) now_ready = true;
       if (now_ready) continue;
       if (::poll(w.data(), w.size(), left) < 0 && errno != EINTR) return -1;
       for (auto& [rs, k] : cqs) {
@@ -1198,6 +1254,7 @@ int rselect(int nfds, fd_set* readfds, fd_set* writefds, fd_set* exceptfds, time
 }
 
 int rgetpeername(int s, sockaddr* addr, socklen_t* addrlen) {
+  if (is_dgram(s)) return dgram_getpeername(s, addr, addrlen);
   Rs* rs = lookup(s);
   if (!rs) return fail(EBADF);
   if (!addr || !addrlen) return fail(EINVAL);
@@ -1207,6 +1264,7 @@ int rgetpeername(int s, sockaddr* addr, socklen_t* addrlen) {
 }
 
 int rgetsockname(int s, sockaddr* addr, socklen_t* addrlen) {
+  if (is_dgram(s)) return dgram_getsockname(s, addr, addrlen);
   Rs* rs = lookup(s);
   if (!rs) return fail(EBADF);
   if (!addr || !addrlen) return fail(EINVAL);
@@ -1215,6 +1273,7 @@ int rgetsockname(int s, sockaddr* addr, socklen_t* addrlen) {
 }
 
 int rsetsockopt(int s, int level, int optname, const void* optval, socklen_t optlen) {
+  if (is_dgram(s)) return dgram_setsockopt(s, level, optname, optval, optlen);
   Rs* rs = lookup(s);
   if (!rs) return fail(EBADF);
   if (!optval || optlen < static_cast<socklen_t>(sizeof(int))) return fail(EINVAL);
@@ -1293,6 +1352,7 @@ int rsetsockopt(int s, int level, int optname, const void* optval, socklen_t opt
 }
 
 int rgetsockopt(int s, int level, int optname, void* optval, socklen_t* optlen) {
+  if (is_dgram(s)) return dgram_getsockopt(s, level, optname, optval, optlen);
   Rs* rs = lookup(s);
   if (!rs) return fail(EBADF);
   std::lock_guard<std::mutex> lock(rs->mu);
@@ -1340,12 +1400,13 @@ int rgetsockopt(int s, int level, int optname, void* optval, socklen_t* optlen) 
 }
 
 int rfcntl(int s, int cmd, ...) {
-  Rs* rs = lookup(s);
-  if (!rs) return fail(EBADF);
   va_list ap;
   va_start(ap, cmd);
   const int arg = cmd == F_SETFL ? va_arg(ap, int) : 0;
   va_end(ap);
+  if (is_dgram(s)) return dgram_fcntl(s, cmd, arg);
+  Rs* rs = lookup(s);
+  if (!rs) return fail(EBADF);
   std::lock_guard<std::mutex> lock(rs->mu);
   switch (cmd) {
     case F_GETFL: return rs->fs_flags;

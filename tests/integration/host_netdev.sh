@@ -8,7 +8,9 @@
 # side channel and for RoCE, as on rxe, and its RoCE frames stay in the
 # daemon (the kernel counts no UDP to port 4791); a frame from the kernel
 # ends an idle daemon's sleep; a name in use and a bad prefix are refused
-# clearly; --no-host-netdev makes none.
+# clearly; --no-host-netdev makes none. Datagram rsockets, which need the
+# kernel's UDP at the RoCE address: udpong, and Python's UDP sockets through
+# librspreload, every byte checked.
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/ready.sh"
 need_root
@@ -19,6 +21,9 @@ ADDRS=${HOST_ADDRS:?the path of host_addrs}
 need_prog ibv_rc_pingpong ibverbs-utils
 need_prog qperf qperf
 need_prog fi_info libfabric-bin
+need_prog udpong rdmacm-utils
+RSPRELOAD=$(ls /usr/lib/*/rsocket/librspreload.so 2>/dev/null | head -1)
+[ -n "$RSPRELOAD" ] || { bad "librspreload.so is not installed (package librdmacm1, which tools/setup.sh installs)"; finish; exit 1; }
 PY=/usr/bin/python3
 ip netns add "$NS_A" && ip netns add "$NS_B" || { bad "namespaces"; finish; exit 1; }
 ip -n "$NS_A" link set lo up
@@ -126,6 +131,54 @@ check "qperf -cm1 runs all 9 RC tests (exit $qrc, $nres results)" "[ $qrc -eq 0 
 echo "== libfabric's verbs provider finds the RC endpoints through getifaddrs()"
 ip netns exec "$NS_A" "$URUN" --lib "$IBV_DIR" --run-dir "$TMP/a" fi_info -p verbs -t FI_EP_MSG > "$TMP/fi_info.out" 2>&1
 check "fi_info -p verbs -t FI_EP_MSG lists uroce0" "grep -q 'domain: uroce0\$' '$TMP/fi_info.out'"
+
+echo "== datagram rsockets: a kernel UDP socket at the RoCE address, then UD QP to QP"
+# rdmacm-utils' udpong, echo mode (each message waits for its echo, sent
+# again after 1 ms: its 1000 transfers count both ways), blocking calls.
+ip netns exec "$NS_A" timeout 60 "$URUN" --lib "$IBV_DIR" --run-dir "$TMP/a" udpong -b 10.98.0.1 -T b > "$TMP/udpong_srv.out" 2>&1 &
+usp=$!
+sleep 0.5
+ip netns exec "$NS_B" timeout 60 "$URUN" --lib "$IBV_DIR" --run-dir "$TMP/b" udpong -s 10.98.0.1 -C 500 -S 1000 -T e -T b > "$TMP/udpong.out" 2>&1; rc=$?
+kill $usp 2> /dev/null; wait $usp 2> /dev/null
+sed 's/^/  /' "$TMP/udpong.out" | tail -n 1
+check "udpong -T e: 500 messages of 1000 bytes echoed over datagram rsockets" \
+  "[ $rc -eq 0 ] && grep -qE '^custom +1000 +1k ' '$TMP/udpong.out'"
+# Python's socket module, unmodified, over rsockets through rdma-core's
+# LD_PRELOAD shim (librspreload): 200 datagrams of 1004 to 1203 random
+# bytes, each answered reversed (so an error made the same way on each
+# side cannot cancel out) and compared byte for byte; and they went QP to
+# QP, not through A's kernel.
+ip netns exec "$NS_A" timeout 60 "$URUN" --lib "$IBV_DIR" --run-dir "$TMP/a" env LD_PRELOAD="$RSPRELOAD" $PY -c '
+import socket
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("10.98.0.1", 7300))
+while True:
+    d, a = s.recvfrom(4096); s.sendto(d[::-1], a)' > "$TMP/uecho_srv.out" 2>&1 &
+usp=$!
+sleep 0.5
+st0=$(ctl "$TMP/a.ctl" status)
+ip netns exec "$NS_B" timeout 60 "$URUN" --lib "$IBV_DIR" --run-dir "$TMP/b" env LD_PRELOAD="$RSPRELOAD" $PY -c '
+import os, select, socket
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.connect(("10.98.0.1", 7300))
+ok = bad = lost = 0
+for i in range(200):
+    d = i.to_bytes(4, "big") + os.urandom(1000 + i)
+    s.send(d)
+    if not select.select([s], [], [], 2.0)[0]:
+        lost += 1
+        continue
+    e = s.recv(4096)[::-1]
+    while e[:4] != d[:4]:
+        e = s.recv(4096)[::-1]
+    ok += e == d
+    bad += e != d
+print("ok", ok, "bad", bad, "lost", lost)' > "$TMP/uecho.out" 2>&1; rc=$?
+st1=$(ctl "$TMP/a.ctl" status)
+kill $usp 2> /dev/null; wait $usp 2> /dev/null
+kern=$(( $(jget "$st1" host_netdev.to_kernel) - $(jget "$st0" host_netdev.to_kernel) ))
+echo "  $(tail -n 1 "$TMP/uecho.out"); frames A's daemon gave its kernel meanwhile: $kern"
+check "Python's UDP sockets over librspreload and datagram rsockets: 200 datagrams echoed, every byte the same" \
+  "[ $rc -eq 0 ] && grep -qx 'ok 200 bad 0 lost 0' '$TMP/uecho.out'"
+check "the echo's datagrams went QP to QP: A's kernel got at most 10 frames of the 200 (the first goes by UDP)" "[ $kern -le 10 ]"
 
 echo "== a frame from the kernel wakes an idle daemon"
 idle() { [ "$(jget "$(ctl "$TMP/a.ctl" status)" dataplane.idle_sleeps)" -gt "$1" ]; }
