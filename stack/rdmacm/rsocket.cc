@@ -49,6 +49,7 @@
 #include <vector>
 
 #include "stack/rdmacm/rsocket_dgram.h"
+#include "stack/rdmacm/rsocket_qp.h"
 
 namespace {
 
@@ -290,22 +291,12 @@ int create_ep(Rs* rs) {
   const int max = ibv_query_device(verbs, &da) == 0 ? std::min<int>(da.max_qp_wr, kQpMax) : kQpMax;
   rs->sq_size = static_cast<std::uint16_t>(std::clamp<int>(rs->sq_size, kQpMin, max));
   rs->rq_size = static_cast<std::uint16_t>(std::clamp<int>(rs->rq_size, kQpMin, max));
-  if (!(rs->pd = ibv_alloc_pd(verbs))) return -1;
-  if (!(rs->cc = ibv_create_comp_channel(verbs))) return -1;
-  set_nonblock(rs->cc->fd);
-  if (!(rs->cq = ibv_create_cq(verbs, rs->sq_size + rs->rq_size, rs, rs->cc, 0))) return -1;
-  ibv_qp_init_attr qa{};
-  qa.qp_context = rs;
-  qa.send_cq = qa.recv_cq = rs->cq;
-  qa.qp_type = IBV_QPT_RC;
-  qa.sq_sig_all = 1;
-  qa.cap.max_send_wr = rs->sq_size;
-  qa.cap.max_recv_wr = rs->rq_size;
-  qa.cap.max_send_sge = 2;
-  qa.cap.max_recv_sge = 1;
-  qa.cap.max_inline_data = rs->sq_inline;
-  if (rdma_create_qp(rs->id, rs->pd, &qa) != 0) return -1;
-  rs->sq_inline = qa.cap.max_inline_data;
+  Endpoint ep;
+  const int rc = make_endpoint(rs->id, rs, IBV_QPT_RC, rs->sq_size, rs->rq_size, 2, 1, rs->sq_inline, ep);
+  rs->pd = ep.pd;
+  rs->cc = ep.cc;
+  rs->cq = ep.cq;
+  if (rc != 0) return -1;
 
   // The send buffer, and room for control messages that cannot go inline.
   const std::size_t sbuf_total = rs->sbuf_size + (rs->sq_inline < sizeof(Sge) ? sizeof(Sge) * kCtrlSlots : 0);

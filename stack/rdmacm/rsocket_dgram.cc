@@ -35,6 +35,8 @@
 #include <mutex>
 #include <vector>
 
+#include "stack/rdmacm/rsocket_qp.h"
+
 namespace uroce::rsockets {
 namespace {
 
@@ -253,22 +255,11 @@ DsQp* get_qp(Ds* ds, const sockaddr* src) {
   qp->hdr = header_of(src);
   bool ok = rdma_create_id(nullptr, &qp->id, qp.get(), RDMA_PS_UDP) == 0 &&
             rdma_bind_addr(qp->id, const_cast<sockaddr*>(src)) == 0;
-  if (ok && !qp->id->verbs) ok = (errno = ENODEV, false);  // not a uroce device's address
-  ok = ok && (qp->pd = ibv_alloc_pd(qp->id->verbs)) && (qp->cc = ibv_create_comp_channel(qp->id->verbs));
-  if (ok) (void)::fcntl(qp->cc->fd, F_SETFL, ::fcntl(qp->cc->fd, F_GETFL) | O_NONBLOCK);
-  ok = ok && (qp->cq = ibv_create_cq(qp->id->verbs, ds->sq_size + ds->rq_size, qp.get(), qp->cc, 0));
-  ibv_qp_init_attr qa{};
-  qa.qp_context = qp.get();
-  qa.send_cq = qa.recv_cq = qp->cq;
-  qa.qp_type = IBV_QPT_UD;
-  qa.sq_sig_all = 1;
-  qa.cap.max_send_wr = ds->sq_size;
-  qa.cap.max_recv_wr = ds->rq_size;
-  qa.cap.max_send_sge = 1;
-  qa.cap.max_recv_sge = 2;
-  qa.cap.max_inline_data = ds->sq_inline;
-  ok = ok && rdma_create_qp(qp->id, qp->pd, &qa) == 0;
-  if (ok) ds->sq_inline = qa.cap.max_inline_data;
+  Endpoint ep;
+  ok = ok && make_endpoint(qp->id, qp.get(), IBV_QPT_UD, ds->sq_size, ds->rq_size, 1, 2, ds->sq_inline, ep) == 0;
+  qp->pd = ep.pd;
+  qp->cc = ep.cc;
+  qp->cq = ep.cq;
   constexpr int kLocal = IBV_ACCESS_LOCAL_WRITE;
   ok = ok && (qp->rbuf = static_cast<std::uint8_t*>(std::calloc(1, ds->rq_size * kMsgSize + kGrh)));
   ok = ok && (qp->rmr = ibv_reg_mr(qp->pd, qp->rbuf, ds->rq_size * kMsgSize + kGrh, kLocal));
