@@ -36,6 +36,7 @@ namespace uroce::transport {
   X(replay_miss, "duplicate READ/atomic not in the replay cache, dropped")   \
   X(uc_dropped, "UC packets dropped while resynchronising")                  \
   X(qkey_err, "UD packets with a wrong Q_Key, dropped")                      \
+  X(ud_no_recv, "UD datagrams that found no receive posted, dropped (UD has no RNR)") \
   X(bad_opcode_seq, "requests out of opcode sequence")                       \
   X(remote_access_err, "requests refused for rkey, bounds or permission")    \
   X(ce_marked, "packets received with ECN CE (congestion experienced)")      \

@@ -508,7 +508,7 @@ void Engine::on_ud_request(Qp& qp, const wire::Packet& pkt) {
   }
   RecvWqe w;
   if (!take_recv(qp, w)) {
-    qp.ctr.inc(QpCounter::uc_dropped);  // UD has no RNR: the datagram is dropped
+    qp.ctr.inc(QpCounter::ud_no_recv);  // UD has no RNR: the datagram is dropped
     return;
   }
   // Verbs leaves a 40-byte GRH area at the start of a UD receive buffer.

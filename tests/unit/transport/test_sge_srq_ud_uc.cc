@@ -189,6 +189,13 @@ TEST(Ud, DatagramsBetweenEnginesWithQkeyAndGrh) {
   EXPECT_EQ(p.node[1].mem[8192 + 20], 0x45);  // IPv4 header at offset 20 of the GRH area
   EXPECT_EQ(q.b->ctr[QpCounter::qkey_err], 1u);
   ASSERT_EQ(wa.size(), 1u);  // the unsignaled one produced no completion
+  // One with no receive posted is dropped (UD has no RNR) and counted as
+  // that, not as a UC resynchronisation drop.
+  wr.remote_qkey = 0x1234;
+  ASSERT_EQ(p.A().post_send(q.a, wr), 0);
+  p.wire.run_idle(10'000'000);
+  EXPECT_EQ(q.b->ctr[QpCounter::ud_no_recv], 1u);
+  EXPECT_EQ(q.b->ctr[QpCounter::uc_dropped], 0u);
   // Larger than the MTU: a local length error.
   Sge big = p.sge(0, 0, 2000);
   wr.sg_list = {&big, 1};
