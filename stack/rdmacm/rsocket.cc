@@ -149,7 +149,6 @@ struct Rs {
   ibv_comp_channel* cc = nullptr;
   ibv_cq* cq = nullptr;
   bool cq_armed = false;
-  unsigned unacked = 0;
   std::uint32_t ctrl_seqno = 0, ctrl_max_seqno = kCtrlSlots;
   std::uint16_t sseq_no = 0, sseq_comp = 0, rseq_no = 0, rseq_comp = 0;
   int remote_sge = 0;
@@ -245,10 +244,7 @@ void free_rs(Rs* rs) {
       if (m.mr) ibv_dereg_mr(m.mr);
   for (ibv_mr* mr : {rs->smr, rs->rmr, rs->target_mr})
     if (mr) ibv_dereg_mr(mr);
-  if (rs->cq) {
-    if (rs->unacked) ibv_ack_cq_events(rs->cq, rs->unacked);
-    ibv_destroy_cq(rs->cq);
-  }
+  if (rs->cq) ibv_destroy_cq(rs->cq);
   if (rs->cc) ibv_destroy_comp_channel(rs->cc);
   if (rs->pd) ibv_dealloc_pd(rs->pd);
   if (rs->id) rdma_destroy_id(rs->id);
@@ -571,19 +567,6 @@ bool progress(Rs* rs) {
   return ok;
 }
 
-/// Takes a completion event that woke a wait, and re-arms at the next.
-void take_cq_event(Rs* rs) {
-  ibv_cq* cq = nullptr;
-  void* ctx = nullptr;
-  while (ibv_get_cq_event(rs->cc, &cq, &ctx) == 0) {
-    rs->cq_armed = false;
-    if (++rs->unacked >= 64) {
-      ibv_ack_cq_events(rs->cq, rs->unacked);
-      rs->unacked = 0;
-    }
-  }
-}
-
 /// Makes progress until `test` holds: 0; -1 with EWOULDBLOCK when
 /// non-blocking, or with errno when the socket failed. Waits in poll() with
 /// the socket's lock released.
@@ -593,16 +576,12 @@ int wait_until(Rs* rs, std::unique_lock<std::mutex>& lock, bool nonblock, bool (
     if (test(rs)) return 0;
     if (!ok) return -1;
     if (nonblock) return fail(EWOULDBLOCK);
-    if (rs->cq && !rs->cq_armed) {
-      ibv_req_notify_cq(rs->cq, 0);
-      rs->cq_armed = true;
-      continue;  // what completed before the arming
-    }
+    if (rs->cq && arm(rs->cq, rs->cq_armed)) continue;  // what completed before the arming
     pollfd p[2] = {{rs->ch->fd, POLLIN, 0}, {rs->cc ? rs->cc->fd : -1, POLLIN, 0}};
     lock.unlock();
     (void)::poll(p, 2, -1);
     lock.lock();
-    if (rs->cc && (p[1].revents & POLLIN)) take_cq_event(rs);
+    if (rs->cc && (p[1].revents & POLLIN)) take_events(rs->cc, rs->cq, rs->cq_armed);
   }
 }
 
@@ -859,8 +838,7 @@ short poll_rs(Rs* rs, short events) {
     return (events & POLLIN) && !rs->accepted.empty() ? POLLIN : 0;
   }
   if (rs->state & kOpening) {
-    (void)drive_connect(rs, lock, true);
-    if (rs->state == kConnectError) return static_cast<short>((events & (POLLIN | POLLOUT)) | POLLERR);
+    (void)drive_connect(rs, lock, true);  // then as the state it reached
     if (rs->state & kOpening) return 0;
   }
   if ((rs->state & kConnected) || rs->state == kDisconnected || (rs->state & kError)) {
@@ -884,10 +862,7 @@ void arm_rs(Rs* rs, std::vector<pollfd>& w) {
   std::lock_guard<std::mutex> lock(rs->mu);
   w.push_back({rs->ch->fd, POLLIN, 0});
   if (rs->cq && (rs->state & kConnected)) {
-    if (!rs->cq_armed) {
-      ibv_req_notify_cq(rs->cq, 0);
-      rs->cq_armed = true;
-    }
+    (void)arm(rs->cq, rs->cq_armed);
     w.push_back({rs->cc->fd, POLLIN, 0});
   }
 }
@@ -1215,7 +1190,7 @@ int rpoll(pollfd* fds, nfds_t nfds, int timeout) {
       for (auto& [rs, k] : cqs) {
         if (!(w[k].revents & POLLIN)) continue;
         std::lock_guard<std::mutex> lock(rs->mu);
-        if (rs->cc) take_cq_event(rs);
+        if (rs->cc) take_events(rs->cc, rs->cq, rs->cq_armed);
       }
     }
   });

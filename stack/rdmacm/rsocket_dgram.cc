@@ -434,27 +434,15 @@ int wait_until(Ds* ds, std::unique_lock<std::mutex>& lock, bool nonblock, bool (
     if (test(ds)) return 0;
     if (nonblock) return fail(EWOULDBLOCK);
     bool armed_now = false;
-    for (auto& q : ds->qps)
-      if (!q->armed) {
-        ibv_req_notify_cq(q->cq, 0);
-        q->armed = armed_now = true;
-      }
+    for (auto& q : ds->qps) armed_now = arm(q->cq, q->armed) || armed_now;
     if (armed_now) continue;  // what completed before the arming
     std::vector<pollfd> p{{ds->udp, POLLIN, 0}};
     for (auto& q : ds->qps) p.push_back({q->cc->fd, POLLIN, 0});
     lock.unlock();
     (void)::poll(p.data(), p.size(), -1);
     lock.lock();
-    for (std::size_t i = 1; i < p.size() && i - 1 < ds->qps.size(); ++i) {
-      if (!(p[i].revents & POLLIN)) continue;
-      DsQp* q = ds->qps[i - 1].get();
-      ibv_cq* cq = nullptr;
-      void* ctx = nullptr;
-      while (ibv_get_cq_event(q->cc, &cq, &ctx) == 0) {
-        ibv_ack_cq_events(q->cq, 1);
-        q->armed = false;
-      }
-    }
+    for (std::size_t i = 1; i < p.size() && i - 1 < ds->qps.size(); ++i)
+      if (p[i].revents & POLLIN) take_events(ds->qps[i - 1]->cc, ds->qps[i - 1]->cq, ds->qps[i - 1]->armed);
   }
 }
 
@@ -503,7 +491,7 @@ ssize_t dgram_sendto(int s, const void* buf, size_t len, int flags, const sockad
   if (to && (!d || !same_addr(to, reinterpret_cast<const sockaddr*>(&d->addr)))) d = get_dest(ds, to);
   if (!d) return to ? -1 : fail(EDESTADDRREQ);
   if (len + d->qp->hdr.length > kMsgSize) return fail(EMSGSIZE);
-  serve_udp(ds);  // the peer's answer may name its QP by now
+  if (!d->ah) serve_udp(ds);  // the peer's answer may name its QP by now
   if (!d->ah) return send_udp(ds, d, buf, len, flags, kOpData);
   if (!can_send(ds) && wait_until(ds, lock, nonblocking(ds, flags), can_send) != 0) return -1;
   if (post_ud(ds, d->qp, d->ah, d->qpn, d->qp->hdr, buf, len) != 0) return -1;
@@ -620,14 +608,7 @@ short dgram_poll(int s, short events) {
   if (!ds->ready) return static_cast<short>(events & POLLOUT);
   serve_udp(ds);
   poll_cqs(ds);
-  for (auto& q : ds->qps) {  // events of a wake-up, taken
-    ibv_cq* cq = nullptr;
-    void* ctx = nullptr;
-    while (ibv_get_cq_event(q->cc, &cq, &ctx) == 0) {
-      ibv_ack_cq_events(q->cq, 1);
-      q->armed = false;
-    }
-  }
+  for (auto& q : ds->qps) take_events(q->cc, q->cq, q->armed);  // a wake-up's events
   short r = 0;
   if ((events & POLLIN) && have_rdata(ds)) r |= POLLIN;
   if ((events & POLLOUT) && can_send(ds)) r |= POLLOUT;
@@ -640,10 +621,7 @@ void dgram_arm(int s, std::vector<pollfd>& wake) {
   std::lock_guard<std::mutex> lock(ds->mu);
   wake.push_back({ds->udp, POLLIN, 0});
   for (auto& q : ds->qps) {
-    if (!q->armed) {
-      ibv_req_notify_cq(q->cq, 0);
-      q->armed = true;
-    }
+    (void)arm(q->cq, q->armed);
     wake.push_back({q->cc->fd, POLLIN, 0});
   }
 }

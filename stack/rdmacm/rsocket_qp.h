@@ -1,6 +1,7 @@
 // An rsocket's endpoint, for both kinds (rsocket.cc, rsocket_dgram.cc):
 // a PD, a non-blocking completion channel, one CQ for sends and receives,
-// and a QP of rdma_cm's on the id, every send signaled. Internal to
+// and a QP of rdma_cm's on the id, every send signaled; and the arming and
+// wake-up of its CQ. Internal to
 // uroce's librdmacm.
 #ifndef UROCE_RDMACM_RSOCKET_QP_H
 #define UROCE_RDMACM_RSOCKET_QP_H
@@ -43,6 +44,26 @@ inline int make_endpoint(rdma_cm_id* id, void* context, ibv_qp_type type, std::u
   if (rdma_create_qp(id, ep.pd, &qa) != 0) return -1;
   inline_size = qa.cap.max_inline_data;
   return 0;
+}
+
+/// Arms the CQ for its next completion unless it is armed: true when it
+/// armed it now (what completed before must then be looked at again).
+inline bool arm(ibv_cq* cq, bool& armed) {
+  if (armed) return false;
+  ibv_req_notify_cq(cq, 0);
+  return armed = true;
+}
+
+/// Takes, without waiting, the completion events a wake-up left, and
+/// acknowledges them: the CQ is then to be armed again.
+inline void take_events(ibv_comp_channel* cc, ibv_cq* cq, bool& armed) {
+  ibv_cq* from = nullptr;
+  void* context = nullptr;
+  unsigned n = 0;
+  while (ibv_get_cq_event(cc, &from, &context) == 0) ++n;
+  if (n == 0) return;
+  ibv_ack_cq_events(cq, n);
+  armed = false;
 }
 
 }  // namespace uroce::rsockets
