@@ -147,6 +147,14 @@ void node_wide(Families& f, const json& st) {
             at(w, "doorbells"));
   f.counter("uroce_wait_rx_wakes_total", "sleeps the port's RX interrupt ended", "", at(w, "rx_wakes"));
   f.counter("uroce_wait_host_wakes_total", "sleeps the host netdev ended", "", at(w, "host_wakes"));
+  const json& in = at(st, "intake");
+  f.counter("uroce_intake_names_total", "queues applications named in their sessions' work rings", "", at(in, "names"));
+  f.counter("uroce_intake_foreign_names_total", "work-ring names that were not the session's own queues, ignored", "",
+            at(in, "foreign"));
+  f.counter("uroce_intake_overflows_total", "full work rings (every queue of the session looked at once)", "",
+            at(in, "overflows"));
+  f.counter("uroce_intake_looks_total", "queues the intake handed to the engine", "", at(in, "looks"));
+  f.counter("uroce_intake_scans_total", "looks at every queue of a session (older ABI, overflow)", "", at(in, "scans"));
   if (at(st, "cm").is_object())
     for (const auto& [k, v] : at(st, "cm").items()) {
       if (k == "connections")

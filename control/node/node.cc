@@ -33,6 +33,7 @@
 #include "drivers/host/host_tap.h"
 #include "drivers/pcap/pcap_io.h"
 #include "stack/pipeline/dataplane.h"
+#include "stack/pipeline/shard.h"
 #include "stack/pipeline/neigh.h"
 #include "stack/abi/qp_attr.h"
 #include "stack/transport/engine.h"
@@ -164,28 +165,6 @@ struct Node::Pipeline {
 
 namespace {
 
-/// Which shard owns a frame: RoCE by destination QP (an engine owns every
-/// `shards`-th QPN, see EngineConfig::qpn_stride), ARP and ICMPv6 (ND) to
-/// every shard so each learns neighbours, everything else to shard 0.
-int frame_owner(wire::ConstBytes f, std::uint16_t shards) {
-  wire::Packet pkt;
-  wire::ParseOptions o;
-  o.verify_icrc = false;  // the owner checks it
-  const auto st = wire::parse_frame(f, o, pkt);
-  if (st.ok()) return static_cast<int>((pkt.destqp - transport::kFirstQpn) % shards);
-  if (st.roce) return 0;
-  std::size_t off = 12;
-  std::uint16_t type = f.size() >= 14 ? static_cast<std::uint16_t>((f[12] << 8) | f[13]) : 0;
-  if (type == wire::kEtherTypeVlan && f.size() >= 18) {
-    type = static_cast<std::uint16_t>((f[16] << 8) | f[17]);
-    off = 16;
-  }
-  if (type == wire::kEtherTypeArp) return -1;
-  if (type == wire::kEtherTypeIpv6 && f.size() >= off + 2 + 40 && f[off + 2 + 6] == 58) return -1;
-  return 0;
-}
-
-
 /// The loop of a pipeline on a worker lcore. (A sharded port's shard 0,
 /// which also dispatches, may run here too when it is not the first port.)
 int run_pipeline(Node::Pipeline& p) {
@@ -193,7 +172,7 @@ int run_pipeline(Node::Pipeline& p) {
   while (!p.stop->load(std::memory_order_relaxed)) {
     const std::uint64_t now = now_ns();
     std::size_t work = 0;
-    if (p.shards > 1 && p.shard == 0) work += p.port->dispatch(frame_owner);
+    if (p.shards > 1 && p.shard == 0) work += p.port->dispatch(pipeline::frame_owner);
     work += p.dp->iterate(now);
     p.passed();
     p.dp->idle(work);
@@ -396,6 +375,11 @@ nlohmann::ordered_json Node::status() const {
   o["sessions"] = sessions_ ? sessions_->sessions() : 0;
   o["session_list"] = sessions_ ? sessions_->describe() : json::array();
   o["cm"] = sessions_ ? sessions_->cm_status() : json::object();
+  if (intake_) {
+    const pipeline::Intake::Counters& ic = intake_->counters();
+    o["intake"] = {{"names", ic.names}, {"foreign", ic.foreign}, {"overflows", ic.overflows}, {"looks", ic.looks},
+                   {"scans", ic.scans}};
+  }
   if (!pipes_.empty()) {
     const pipeline::IdleConfig& ic = pipes_[0]->dp->idle_config();
     o["wait"] = {{"busy_poll", ic.max_sleep_us == 0}, {"spin_us", ic.spin_us},       {"tick_us", ic.tick_us},
@@ -886,8 +870,7 @@ std::unique_ptr<Node> Node::start(const NodeOptions& o, bool embedded, std::stri
       ec.seed = seed + n->pipes_.size();
       ec.ipv4_checksum_offload = port->ipv4_checksum_offload();
       ec.ud_mtu = transport::mtu_bytes(abi::roce_active_mtu(port->link().mtu));
-      ec.qpn_stride = o.shards;
-      ec.qpn_offset = sh;
+      ec.qpns = {sh, o.shards};
       p->eng = std::make_unique<transport::Engine>(ec);
       p->neigh = std::make_unique<pipeline::Neighbors>(p->eng->neighbors(), ec.mac, ec.ip, ec.vlan_tci);
       p->neigh->answer = sh == 0;  // every shard learns; one answers
@@ -951,9 +934,11 @@ std::unique_ptr<Node> Node::start(const NodeOptions& o, bool embedded, std::stri
     }
   }
   if (!o.app_socket.empty()) {
+    n->intake_ = std::make_unique<pipeline::Intake>(*n->pipes_[0]->eng);
+    n->pipes_[0]->dp->set_intake(n->intake_.get());
     try {
       n->sessions_ = std::make_unique<SessionServer>(
-          n->io_, o.app_socket, o.app_socket_mode, *n->pipes_[0]->eng, o.limits,
+          n->io_, o.app_socket, o.app_socket_mode, *n->pipes_[0]->eng, *n->intake_, o.limits,
           [](void* ctx, const wire::IpAddr& ip) { static_cast<pipeline::Dataplane*>(ctx)->resolve(ip); },
           n->pipes_[0]->dp.get(), [](void* ctx) { return static_cast<pipeline::Dataplane*>(ctx)->link(); });
     } catch (const std::exception& e) {
@@ -1008,6 +993,8 @@ Node::~Node() {
   metrics_.reset();
   stage_.reset();
   sessions_.reset();
+  if (!pipes_.empty()) pipes_[0]->dp->set_intake(nullptr);
+  intake_.reset();
   pipes_.clear();
   ports_.clear();
   // The EAL stays up until the process exits (dpdk_port.h says why).
@@ -1016,7 +1003,7 @@ Node::~Node() {
 std::size_t Node::one_pass(std::uint64_t now) {
   Pipeline& p = *pipes_[0];
   std::size_t work = 0;
-  if (p.shards > 1) work += p.port->dispatch(frame_owner);
+  if (p.shards > 1) work += p.port->dispatch(pipeline::frame_owner);
   return work + p.dp->iterate(now);
 }
 
@@ -1077,7 +1064,7 @@ int Node::run(const volatile sig_atomic_t& stop) {
     // Going to block. Tell the applications first, then look at every ring
     // once more: a post published before they saw the flag is found here,
     // and one after it rings the doorbell (uroce_abi.h, the session page).
-    if (sessions_) sessions_->set_sleeping(true);
+    if (intake_) intake_->set_sleeping(true);
     if (rx_port) rx_port->rx_interrupt_arm();
     // A frame after this arm wakes the sleep; one before it is found by the
     // pass below (and the host netdev's by the read after it).
@@ -1090,7 +1077,7 @@ int Node::run(const volatile sig_atomic_t& stop) {
       main_pipe.dp->idle_sleep_ns(1, now);  // that pass found work: busy again
     }
     if (rx_port) rx_port->rx_interrupt_disarm();
-    if (sessions_) sessions_->set_sleeping(false);
+    if (intake_) intake_->set_sleeping(false);
   }
   return rc;
 }

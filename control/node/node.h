@@ -165,6 +165,7 @@ class Node {
   std::vector<std::unique_ptr<Pipeline>> pipes_;
   std::unique_ptr<host::HostTap> host_;  // the host netdev of pipeline 0, if any
   std::unique_ptr<Stage> stage_;
+  std::unique_ptr<pipeline::Intake> intake_;  // pipeline 0's: the sessions' posts (before sessions_, which registers in it)
   std::unique_ptr<SessionServer> sessions_;
   std::unique_ptr<ControlServer> ctl_;
   std::uint64_t ctl_refused_ = 0;  // control connections closed at once (too many, in all or from one uid)

@@ -129,19 +129,15 @@ struct SessionServer::Session {
   std::unique_ptr<asio::posix::stream_descriptor> bell;  // the daemon's end
   int cm_chan = -1;  // the CM event channel (minor 7): a Unix datagram socket rung per CM event
   std::uint64_t doorbells = 0, notify_failed = 0, events_failed = 0;
-  /// The page's posts word when the daemon last looked at the session's
-  /// queues; a client older than minor 5 does not write it, so its queues
-  /// are looked at on every step.
-  std::uint32_t posts_seen = 0;
-  bool legacy = false;
-  bool kick_again = false;
   std::vector<std::uint8_t> in;  // bytes received, not yet a whole message
   std::vector<int> in_fds;
 };
 
 SessionServer::SessionServer(asio::io_context& io, const std::string& path, unsigned mode, Engine& eng,
-                             const SessionLimits& limits, Resolve resolve, void* resolve_ctx, Link link)
-    : resolve_(resolve), resolve_ctx_(resolve_ctx), link_(link), acceptor_(io), eng_(eng), limits_(limits), accept_pause_(io),
+                             pipeline::Intake& intake, const SessionLimits& limits, Resolve resolve, void* resolve_ctx,
+                             Link link)
+    : resolve_(resolve), resolve_ctx_(resolve_ctx), link_(link), acceptor_(io), eng_(eng), intake_(intake), limits_(limits),
+      accept_pause_(io),
       path_(path) {
   ::unlink(path.c_str());
   asio::local::stream_protocol::endpoint ep(path);
@@ -467,7 +463,6 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
                                   std::to_string(limits_.max_sessions_per_uid) + ")");
         }
       }
-      s.legacy = m.minor < 5;  // does not write the posts word
       int page_fd = -1, pair[2] = {-1, -1};
       if (!make_shared(UROCE_SESSION_PAGE_BYTES, s.page_map, page_fd)) return fail(ENOMEM, "cannot create the session page");
       if (::socketpair(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, pair) != 0) {
@@ -479,7 +474,8 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
       s.page->magic = UROCE_ABI_MAGIC;
       s.page->major = UROCE_ABI_MAJOR;
       s.page->minor = UROCE_ABI_MINOR;
-      if (sleeping_) abi::announce_sleep(s.page);
+      // Its posts are the pipeline's from here, as its minor says it names them.
+      intake_.add_session(s.id, s.page, m.minor);
       s.bell = std::make_unique<asio::posix::stream_descriptor>(s.sock.get_executor(), pair[0]);
       s.hello = true;
       uroce_hello_reply r{};
@@ -635,7 +631,7 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
       // post completes before the next verb on a kernel device's queue
       // (rxe's UD sends complete at once): the completions waiting then
       // include those of the posts made before the resize.
-      for (auto& qp_entry : s.qps) (void)eng_.kick(qp_entry.second.qp);
+      for (auto& qp_entry : s.qps) (void)eng_.take_posts(qp_entry.second.qp);
       eng_.poll(now_ns());
       Mapping map;
       int fd = -1;
@@ -781,6 +777,7 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
       }
       s.srqs[r.handle] = {srq, map};
       srq->owner = &s.srqs[r.handle];
+      if (tm) intake_.add_tm_srq(s.id, r.handle, srq);
       const uroce_create_srq_reply rr{r.handle, srq->srq_num()};  // a library before minor 17 reads the handle alone
       send_reply(sock, h, 0, "", &rr, sizeof rr, fd);
       ::close(fd);
@@ -885,6 +882,7 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
       uroce_create_qp_reply r{handle, qp->qpn, sqn, rqn, sq_bytes};
       s.qps[handle] = {qp, map, handle, &s};
       qp->owner = &s.qps[handle];
+      intake_.add_qp(s.id, qp);
       send_reply(sock, h, 0, "", &r, sizeof r, fd);
       ::close(fd);
       return;
@@ -1004,7 +1002,7 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
         if (eng_.datagrams_unsent(q->second.qp)) {
           // Its datagrams first (finish_closing replies): an application may
           // post unsignaled sends and destroy at once (rdmacm-utils' mckey).
-          eng_.kick(q->second.qp);
+          eng_.take_posts(q->second.qp);
           closing_.push_back({s.id, m.handle, h, now_ms() + kClosingMs});
           return;
         }
@@ -1050,6 +1048,7 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
         auto q = s.srqs.find(m.handle);
         if (q == s.srqs.end()) return fail(EINVAL, "no such SRQ in this session");
         if (const int rc = eng_.destroy_srq(q->second.srq); rc != 0) return fail(rc, "the SRQ is still used by a QP");
+        intake_.remove_srq(q->second.srq);
         q->second.map.unmap();
         s.srqs.erase(q);
         return send_reply(sock, h, 0, "", nullptr, 0);
@@ -1307,6 +1306,7 @@ void SessionServer::close(Session& s) {
   // DREQ), its QPs go to ERR (peers not connected by CM then fail with
   // retry-exceeded, as with a dead host), then everything is freed.
   if (cm_) cm_->drop_owner(s.id, now_ns());
+  intake_.remove_session(s.id);  // nothing it posts is taken from here on
   for (auto& [h, q] : s.qps) {
     ibv_qp_attr a{};
     a.qp_state = IBV_QPS_ERR;
@@ -1379,6 +1379,7 @@ bool SessionServer::park(const Session& s, std::uint32_t qp_handle, const uroce_
 void SessionServer::destroy_qp(Session& s, std::uint32_t qp_handle) {
   auto q = s.qps.find(qp_handle);
   if (q == s.qps.end()) return;
+  intake_.remove_qp(q->second.qp);
   eng_.destroy_qp(q->second.qp);
   q->second.map.unmap();
   s.qps.erase(q);
@@ -1485,15 +1486,6 @@ void SessionServer::wait_bell(Session& s) {
   });
 }
 
-void SessionServer::set_sleeping(bool sleeping) {
-  sleeping_ = sleeping;
-  for (auto& [id, s] : sessions_) {
-    if (!s->page) continue;
-    if (sleeping) abi::announce_sleep(s->page);
-    else abi::announce_awake(s->page);
-  }
-}
-
 void SessionServer::watch_link() {
   if (link_ == nullptr) return;
   const std::uint64_t now = now_ms();
@@ -1541,23 +1533,6 @@ std::size_t SessionServer::step() {
         ++it;
       }
     }
-  }
-  // The engine reads the rings itself; all that is left here is to tell it
-  // which QPs' producers have published: those of a session whose posts
-  // word moved since the last look.
-  for (auto& [id, sp] : sessions_) {
-    Session& s = *sp;
-    if (!s.page) continue;
-    const std::uint32_t posts = std::atomic_ref<std::uint32_t>(s.page->posts).load(std::memory_order_acquire);
-    if (posts == s.posts_seen && !s.legacy && !s.kick_again) continue;
-    s.posts_seen = posts;
-    bool more = false;
-    // Tag-matching operations first: an ADD posted before a SEND that
-    // matches it is in the list when the SEND is taken.
-    for (auto& srq_entry : s.srqs)
-      if (srq_entry.second.srq->tm) work += eng_.run_tm_ops(*srq_entry.second.srq);
-    for (auto& qp_entry : s.qps) work += eng_.kick(qp_entry.second.qp, &more);
-    s.kick_again = more;  // a ring's worth was taken: look again next pass
   }
   return work;
 }

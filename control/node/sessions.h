@@ -24,6 +24,7 @@
 #include "stack/abi/ring.h"
 #include "stack/abi/session_proto.h"
 #include "stack/cm/agent.h"
+#include "stack/pipeline/intake.h"
 #include "stack/pipeline/port_io.h"
 #include "stack/transport/engine.h"
 #include "stack/wire/addr.h"
@@ -37,19 +38,17 @@ class SessionServer {
   /// `link()` says the port's link state and speed (QUERY of the port, and
   /// port events to every session when the state changes).
   using Link = pipeline::LinkInfo (*)(void* ctx);
+  /// `intake` is the pipeline's stage that takes the sessions' posts: each
+  /// session, QP and tag-matching SRQ is registered there as it is made.
   SessionServer(boost::asio::io_context& io, const std::string& path, unsigned mode, transport::Engine& eng,
-                const SessionLimits& limits, Resolve resolve = nullptr, void* resolve_ctx = nullptr,
+                pipeline::Intake& intake, const SessionLimits& limits, Resolve resolve = nullptr, void* resolve_ctx = nullptr,
                 Link link = nullptr);
   ~SessionServer();
-  /// The application stage: parked RTRs, the CM agent, and a kick to the
-  /// engine for each QP of a session that posted since. Returns the work done.
+  /// The control plane's share of a pass: parked RTRs, the CM agent, QPs
+  /// being destroyed, silent connections, faulted memory. (Posts never come
+  /// here: the pipeline's intake takes them.) Returns the work done.
   std::size_t step();
   [[nodiscard]] std::size_t sessions() const { return sessions_.size(); }
-  /// The daemon is about to block (true) or is awake again (false): written
-  /// to every session's page, so applications ring the doorbell only while
-  /// it sleeps (uroce_abi.h). After `true` the caller must run step() once
-  /// more before it blocks.
-  void set_sleeping(bool sleeping);
   /// Doorbells rung by applications so far, over all sessions.
   [[nodiscard]] std::uint64_t doorbells() const { return doorbells_; }
   /// Per session its id, the application's pid and uid, and what it holds.
@@ -129,6 +128,7 @@ class SessionServer {
   void watch_link();
   boost::asio::local::stream_protocol::acceptor acceptor_;
   transport::Engine& eng_;
+  pipeline::Intake& intake_;
   SessionLimits limits_;
   std::map<std::uint32_t, std::shared_ptr<Session>> sessions_;
   std::uint32_t next_session_ = 1;
@@ -152,7 +152,6 @@ class SessionServer {
   } refused_;
   std::uint64_t memory_fault_closes_ = 0;  // sessions closed because their memory faulted (sigbus_guard)
   std::uint64_t sigbus_seen_ = 0;  // sigbus_guard::caught() at the last look
-  bool sleeping_ = false;
   std::uint64_t doorbells_ = 0;
   std::string path_;
 };

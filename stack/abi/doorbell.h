@@ -37,20 +37,27 @@ inline bool is_unix_dgram(int fd) {
   return ::getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &len) == 0 && domain == AF_UNIX;
 }
 
-/// Producer: call after publishing entries. Bumps the page's posts word (so
-/// an awake consumer looks at this session's queues), then rings `doorbell`
-/// (one byte, non-blocking) when the consumer has said it may block.
-/// Returns whether it rang.
-inline bool kick(uroce_session_page* page, int doorbell) {
+/// Producer: call after publishing entries (and naming their queue in the
+/// work ring, work_ring.h). Rings `doorbell` (one byte, non-blocking) when
+/// the consumer has said it may block. Returns whether it rang.
+inline bool notify(uroce_session_page* page, int doorbell) {
   if (!page) return false;
-  // Release: a consumer that sees the new count (acquire) sees the entries
-  // published before it, even while it is awake and fences nothing.
-  std::atomic_ref<std::uint32_t>(page->posts).fetch_add(1, std::memory_order_release);
   std::atomic_thread_fence(std::memory_order_seq_cst);
   if (doorbell < 0) return false;
   if (sleeping_word(page).load(std::memory_order_relaxed) == 0) return false;
   (void)ring(doorbell);
   return true;
+}
+
+/// Producer, for a consumer before ABI minor 20 (no work ring): bumps the
+/// page's posts word (so an awake consumer looks at this session's queues),
+/// then notifies. Returns whether it rang.
+inline bool bump_posts(uroce_session_page* page, int doorbell) {
+  if (!page) return false;
+  // Release: a consumer that sees the new count (acquire) sees the entries
+  // published before it, even while it is awake and fences nothing.
+  std::atomic_ref<std::uint32_t>(page->posts).fetch_add(1, std::memory_order_release);
+  return notify(page, doorbell);
 }
 
 /// Consumer: announce that it may block. It must look at every ring once

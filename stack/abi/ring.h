@@ -126,6 +126,8 @@ class Ring {
   /// Producer: entries pushed and not yet released by the consumer.
   [[nodiscard]] std::uint32_t used() const { return prod_ - load(&h_->cons, std::memory_order_acquire); }
   [[nodiscard]] std::uint32_t handle() const { return h_->handle; }
+  /// The shared header (its work_queued word: work_ring.h).
+  [[nodiscard]] uroce_ring_header* header() const { return h_; }
 
   // CQ notification (a completion channel). The consumer arms: arm += 1,
   // then a full fence, then it polls once more. The producer, after pushing,
@@ -150,8 +152,13 @@ class Ring {
 
   /// QP send rings. The consumer (the daemon) publishes the QP's state at
   /// every change; the producer (the application) reads it before a post.
+  /// The fence after it orders the state before the consumer's next look at
+  /// the QP's queues (a flush in ERR), against the producer's publish-then-
+  /// look-at-the-state (work_ring.h): one of the two sees the other.
   void publish_qp_state(std::uint32_t state) {
-    if (h_) store(&h_->qp_state, state + 1, std::memory_order_release);
+    if (!h_) return;
+    store(&h_->qp_state, state + 1, std::memory_order_release);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
   }
   /// The published state, or -1 when none is (a daemon before minor 11).
   [[nodiscard]] int qp_state() const {

@@ -43,7 +43,7 @@ extern "C" {
 
 #define UROCE_ABI_MAGIC 0x45524f55u /* "UORE" read little-endian */
 #define UROCE_ABI_MAJOR 1
-#define UROCE_ABI_MINOR 19 /* 1: CQ notification words (arm, notified); 2: SRQs; 3: RDMA CM; 4: session page and doorbell;
+#define UROCE_ABI_MINOR 20 /* 1: CQ notification words (arm, notified); 2: SRQs; 3: RDMA CM; 4: session page and doorbell;
                             5: one queue per verbs queue (the daemon consumes a send entry when it completes), inline
                             data, the UD address vector, the posts word, async events; 6: UD QPs for applications,
                             address resolution (UROCE_MSG_RESOLVE); 7: CM event channel (UROCE_MSG_CM_CHANNEL);
@@ -61,7 +61,9 @@ extern "C" {
                             uroce_send_entry.xrc_srqn); 18: receive work queues (SRQs with a CQ and no
                             domain) and RSS QPs over them (uroce_create_qp_msg.rss_*); 19: tag matching
                             (tag-matching SRQs: uroce_create_srq_msg.tm_*, the operations ring, the
-                            tag of a completion in src_qp and tag_hi) */
+                            tag of a completion in src_qp and tag_hi); 20: the session's work ring
+                            (uroce_work_ring in the session page, work_queued in a ring's header): an
+                            application names the QPs it posted to, and the daemon looks at those alone */
 #define UROCE_ABI_CACHELINE 64
 #define UROCE_ABI_MAX_SGE 4
 #define UROCE_ABI_MAX_INLINE 64 /* inline bytes a send entry carries, in place of its SGEs */
@@ -87,7 +89,12 @@ struct uroce_ring_header {
    * the daemon (the consumer) at every change; 0: not published (a daemon
    * before minor 11). The application refuses posts the state forbids. */
   uint32_t qp_state;
-  uint8_t reserved2[UROCE_ABI_CACHELINE - 12];
+  /* Minor 20, QP send rings and tag-matching operations rings: 1 while the
+   * queue is named in the session's work ring (below) and not yet taken.
+   * The application sets it, 0 to 1, when it queues the name; the daemon
+   * clears it when it takes the name, before it looks at the queue. */
+  uint32_t work_queued;
+  uint8_t reserved2[UROCE_ABI_CACHELINE - 16];
 };
 
 struct uroce_sge {
@@ -262,6 +269,12 @@ UROCE_STATIC_ASSERT(sizeof(struct uroce_tm_op) == 80 && offsetof(struct uroce_tm
 UROCE_STATIC_ASSERT(offsetof(struct uroce_cq_entry, tag_hi) == 56, "cq entry tag_hi at 56");
 UROCE_STATIC_ASSERT(offsetof(struct uroce_ring_header, prod) == UROCE_ABI_CACHELINE, "prod on its own line");
 UROCE_STATIC_ASSERT(offsetof(struct uroce_ring_header, cons) == 2 * UROCE_ABI_CACHELINE, "cons on its own line");
+UROCE_STATIC_ASSERT(UROCE_UD_DGID_OFFSET == offsetof(struct uroce_send_entry, compare_add) &&
+                        UROCE_UD_DGID_OFFSET + 16 == offsetof(struct uroce_send_entry, remote_qkey),
+                    "UD DGID over compare_add and swap");
+UROCE_STATIC_ASSERT(UROCE_UD_DMAC_OFFSET == offsetof(struct uroce_send_entry, remote_addr) &&
+                        UROCE_UD_TCLASS_OFFSET + 1 <= offsetof(struct uroce_send_entry, rkey),
+                    "UD MAC and traffic class over remote_addr");
 UROCE_STATIC_ASSERT(offsetof(struct uroce_ring_header, notified) == UROCE_ABI_CACHELINE + 4, "notified beside prod");
 UROCE_STATIC_ASSERT(offsetof(struct uroce_ring_header, arm) == 2 * UROCE_ABI_CACHELINE + 4, "arm beside cons");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_sge) == 16, "sge is 16 bytes");
@@ -269,12 +282,6 @@ UROCE_STATIC_ASSERT(sizeof(struct uroce_send_entry) == 128, "send entry is 128 b
 UROCE_STATIC_ASSERT(offsetof(struct uroce_send_entry, seq) == 60, "send entry seq at 60");
 UROCE_STATIC_ASSERT(offsetof(struct uroce_send_entry, sg_list) == 64, "send entry SGEs at 64");
 UROCE_STATIC_ASSERT(offsetof(struct uroce_send_entry, inline_len) == 56, "send entry inline_len at 56");
-UROCE_STATIC_ASSERT(UROCE_UD_DGID_OFFSET == offsetof(struct uroce_send_entry, compare_add) &&
-                        UROCE_UD_DGID_OFFSET + 16 == offsetof(struct uroce_send_entry, remote_qkey),
-                    "UD DGID over compare_add and swap");
-UROCE_STATIC_ASSERT(UROCE_UD_DMAC_OFFSET == offsetof(struct uroce_send_entry, remote_addr) &&
-                        UROCE_UD_TCLASS_OFFSET + 1 <= offsetof(struct uroce_send_entry, rkey),
-                    "UD MAC and traffic class over remote_addr");
 UROCE_STATIC_ASSERT(UROCE_ABI_MAX_INLINE == sizeof(((struct uroce_send_entry*)0)->sg_list), "inline data fills sg_list");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_recv_entry) == 80, "recv entry is 80 bytes");
 UROCE_STATIC_ASSERT(offsetof(struct uroce_recv_entry, seq) == 12, "recv entry seq at 12");
@@ -313,6 +320,44 @@ struct uroce_session_page {
 };
 
 /*
+ * The work ring (minor 20), in the session page after its header: the
+ * names of the queues an application has published entries in, so the
+ * daemon looks at those queues alone, whatever else the session holds.
+ * Many producers (the application's threads, and its fork() children),
+ * one consumer (the daemon):
+ *   producer, after publishing entries in a queue: full fence; if the
+ *     queue's work_queued is 0, set it to 1 (atomic exchange), and if it
+ *     was 0 claim index i (compare-and-swap prod from i to i + 1, while
+ *     i - cons < UROCE_WORK_ENTRIES), write slot i's `what`, then its seq
+ *     = i + 1 (release). A full ring: set `overflow` instead, which makes
+ *     the daemon look at every queue of the session once. Then the
+ *     doorbell, as above.
+ *   daemon: slot cons is ready when its seq == cons + 1; it reads `what`,
+ *     stores cons + 1, clears the queue's work_queued, fences, and looks
+ *     at the queue. Either its look sees an entry, or the producer saw 0
+ *     and names the queue again: no post is left unseen.
+ * `what` is a QP number (a QP's send and receive queues), or
+ * UROCE_WORK_TM_SRQ | the session's handle of a tag-matching SRQ (its
+ * operations ring). The daemon checks every name: one that is not the
+ * session's own is counted and ignored.
+ */
+#define UROCE_WORK_ENTRIES 256u
+#define UROCE_WORK_TM_SRQ 0x80000000u
+struct uroce_work_slot {
+  uint32_t seq;
+  uint32_t what;
+};
+struct uroce_work_ring {
+  uint32_t prod;     /* claimed by producers (compare-and-swap) */
+  uint32_t overflow; /* set by a producer that found the ring full; cleared by the daemon */
+  uint8_t reserved0[UROCE_ABI_CACHELINE - 8];
+  uint32_t cons; /* written by the daemon only */
+  uint8_t reserved1[UROCE_ABI_CACHELINE - 4];
+  struct uroce_work_slot slots[UROCE_WORK_ENTRIES];
+};
+#define UROCE_WORK_RING_OFFSET (3u * UROCE_ABI_CACHELINE)
+
+/*
  * Async events (minor 5): the daemon sends one uroce_async_msg datagram
  * on the session's doorbell socket (the application's end is otherwise
  * only written) for each event, as ibv_get_async_event reports them.
@@ -327,6 +372,16 @@ UROCE_STATIC_ASSERT(sizeof(struct uroce_session_page) == 3 * UROCE_ABI_CACHELINE
 UROCE_STATIC_ASSERT(offsetof(struct uroce_session_page, posts) == 2 * UROCE_ABI_CACHELINE, "posts on its own line");
 UROCE_STATIC_ASSERT(offsetof(struct uroce_session_page, daemon_sleeping) == UROCE_ABI_CACHELINE,
                     "daemon_sleeping on its own line");
+UROCE_STATIC_ASSERT(UROCE_WORK_RING_OFFSET >= sizeof(struct uroce_session_page) &&
+                        UROCE_WORK_RING_OFFSET + sizeof(struct uroce_work_ring) <= UROCE_SESSION_PAGE_BYTES,
+                    "the work ring fits in the session page, after its header");
+UROCE_STATIC_ASSERT(offsetof(struct uroce_work_ring, cons) == UROCE_ABI_CACHELINE, "work ring cons on its own line");
+UROCE_STATIC_ASSERT(offsetof(struct uroce_ring_header, work_queued) == 2 * UROCE_ABI_CACHELINE + 12,
+                    "work_queued beside qp_state");
+
+static inline struct uroce_work_ring* uroce_session_work(struct uroce_session_page* p) {
+  return (struct uroce_work_ring*)((uint8_t*)p + UROCE_WORK_RING_OFFSET);
+}
 
 
 /* Whether a peer speaking (major, minor) can attach to us. */

@@ -143,15 +143,18 @@ std::size_t Dataplane::iterate(std::uint64_t now) {
   // every poll tick while busy (and on the first pass after any sleep).
   if (host_ && now - host_polled_ >= std::uint64_t{idle_cfg_.tick_us} * 1000) work += from_host(now);
   if (rx_fault_.active()) rx_fault_.release(now, [&](wire::ConstBytes f) { dispatch(f, now); });
-  // Stage 3: the transport (completer, responder, requester, timers), within
-  // what the port can take (a full loopback ring holds frames back in their
-  // QPs instead of dropping them).
+  // Stage 3: the application side (the control plane's own work: the CM
+  // agent, parked requests; or a bench's stage), before the transport, so
+  // what it posts goes out in this pass.
+  if (app_) work += app_(app_ctx_, now);
+  // Stage 4: the intake, what applications posted in their shared queues.
+  if (intake_) work += intake_->run();
+  // Stage 5: the transport (requester, timers), within what the port can
+  // take (a full loopback ring holds frames back in their QPs instead of
+  // dropping them). The completer and responder ran as frames came in.
   eng_.set_tx_room(port_.tx_room());
   eng_.poll(now);
-  // Stage 4: the application side.
-  if (app_) work += app_(app_ctx_, now);
-  // Stage 5: transmit.
-  eng_.poll(now);  // pick up what the app posted without waiting a loop
+  // Stage 6: transmit.
   const bool faulty = tx_fault_.active();
   work += eng_.drain_tx([&](const transport::TxFrame& f) {
     if (capture_ || faulty) {

@@ -1,9 +1,12 @@
 // One poll-mode pipeline: a flat loop of stages over one port and one
 // transport engine, as DPDK's l3fwd and TAS do:
 //
-//   rx burst -> dispatch (ARP/ND/ICMP here, RoCE to the engine, the rest
-//   dropped and counted) -> engine.poll (completer/responder/requester,
-//   timers) -> app hook -> tx flush -> adaptive idle
+//   rx burst -> dispatch (ARP/ND/ICMP here, RoCE to the engine's completer
+//   and responder, the rest dropped and counted) -> app hook (control work)
+//   -> intake (applications' posts, intake.h) -> engine.poll (requester,
+//   timers) -> tx flush -> adaptive idle
+//
+// One engine poll a pass: everything that posts runs before it.
 //
 // With a host port (set_host: the kernel's TAP netdev that carries the
 // RoCE address), the host answers ARP, ND and ICMP instead: every frame
@@ -16,6 +19,7 @@
 #include <cstdint>
 
 #include "stack/pipeline/fault.h"
+#include "stack/pipeline/intake.h"
 #include "stack/pipeline/neigh.h"
 #include "stack/pipeline/port_io.h"
 #include "stack/transport/engine.h"
@@ -96,6 +100,8 @@ class Dataplane {
     app_ = fn;
     app_ctx_ = ctx;
   }
+  /// The intake of applications' posts (the pipeline that serves sessions).
+  void set_intake(Intake* in) { intake_ = in; }
   void set_idle(const IdleConfig& c) { idle_cfg_ = c; }
   /// The host's netdev (the exception path), or nullptr for none. With one,
   /// the Neighbors given must not answer (the host does).
@@ -135,6 +141,7 @@ class Dataplane {
   std::uint64_t host_polled_ = 0;  // when the host port was last read
   AppHook app_ = nullptr;
   void* app_ctx_ = nullptr;
+  Intake* intake_ = nullptr;
   IdleConfig idle_cfg_{};
   std::uint64_t idle_since_ = 0;  // ns; 0 = busy
   std::uint64_t sleep_ns_ = 0;    // the last sleep asked for, once past warm_ms

@@ -268,7 +268,7 @@ void Engine::on_progress(Qp& qp, Psn una_before, std::uint64_t now) {
   // moved here and nothing else: with thousands of QPs, each with a message
   // or two in flight, that is one visit a message instead of two, and each
   // visit is a cache miss (docs/performance.md). Posts that come later
-  // activate it themselves (kick).
+  // activate it themselves (take_posts).
   const bool idle = qp.state == IBV_QPS_RTS && !qp.sr && r.cursor == qp.sq.tail() && qp.resp.out.empty();
   if (qp.active || !idle) {
     activate(qp);

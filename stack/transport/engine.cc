@@ -53,7 +53,7 @@ std::size_t TxFrame::copy_to(wire::Bytes out) const {
 
 Engine::Engine(const EngineConfig& cfg) : cfg_(cfg), mrs_(cfg.max_mrs, cfg.seed), tx_(cfg.tx_ring) {
   if (cc::find(cfg_.cc) == nullptr) cfg_.cc = "none";  // callers check the name first (the daemon's options do)
-  if (cfg_.qpn_stride == 0) cfg_.qpn_stride = 1;
+  if (cfg_.qpns.shards == 0) cfg_.qpns.shards = 1;
   // The port's own address, for QPs connected on this device (loopback):
   // the driver turns frames to its own MAC around.
   if (cfg_.ip != wire::IpAddr{}) neighbors_.add_static(cfg_.ip, cfg_.mac);
@@ -322,11 +322,12 @@ Qp* Engine::create_qp(Pd* pd, const QpInitAttr& attr_in) {
     if (oldest == nullptr) return nullptr;
     const std::uint32_t qpn = oldest->qpn;
     release(*oldest);
-    slot = qps_.begin() + (qpn - kFirstQpn - cfg_.qpn_offset) / cfg_.qpn_stride;
+    std::uint32_t idx = 0;
+    (void)cfg_.qpns.index(qpn, idx);
+    slot = qps_.begin() + idx;
   }
   auto qp = std::make_unique<Qp>();
-  qp->qpn = attr.gsi ? kGsiQpn
-                     : kFirstQpn + cfg_.qpn_offset + static_cast<std::uint32_t>(slot - qps_.begin()) * cfg_.qpn_stride;
+  qp->qpn = attr.gsi ? kGsiQpn : cfg_.qpns.qpn(static_cast<std::uint32_t>(slot - qps_.begin()));
   qp->type = attr.qp_type;
   qp->xrc = xrc;
   qp->xrcd = attr.xrcd;
@@ -383,8 +384,8 @@ Qp* Engine::create_qp(Pd* pd, const QpInitAttr& attr_in) {
 int Engine::destroy_qp(Qp* qp) {
   if (qp == nullptr || qp->quarantine_until) return EINVAL;
   const bool gsi = qp == gsi_.get();
-  const std::uint32_t idx = (qp->qpn - kFirstQpn - cfg_.qpn_offset) / cfg_.qpn_stride;
-  if (!gsi && (idx >= qps_.size() || qps_[idx].get() != qp)) return EINVAL;
+  std::uint32_t idx = 0;
+  if (!gsi && (!cfg_.qpns.index(qp->qpn, idx) || idx >= qps_.size() || qps_[idx].get() != qp)) return EINVAL;
   for (std::size_t i = 0; i < dead_qp_ctr_.v.size(); ++i) dead_qp_ctr_.v[i] += qp->ctr.v[i];
   std::erase(active_, qp);
   std::erase(ack_waiters_, qp);
@@ -450,7 +451,8 @@ void Engine::release(Qp& qp) {
   std::erase(active_, &qp);
   std::erase(ack_waiters_, &qp);
   wheel_.cancel(qp);
-  qps_[(qp.qpn - kFirstQpn - cfg_.qpn_offset) / cfg_.qpn_stride].reset();
+  std::uint32_t idx = 0;
+  if (cfg_.qpns.index(qp.qpn, idx) && idx < qps_.size()) qps_[idx].reset();
 }
 
 
@@ -461,9 +463,8 @@ Qp* Engine::find_qp(std::uint32_t qpn) const {
 
 Qp* Engine::slot_qp(std::uint32_t qpn) const {
   if (qpn == kGsiQpn) return gsi_.get();
-  const std::uint32_t d = qpn - kFirstQpn - cfg_.qpn_offset;
-  if (d % cfg_.qpn_stride != 0) return nullptr;
-  const std::uint32_t idx = d / cfg_.qpn_stride;
+  std::uint32_t idx = 0;
+  if (!cfg_.qpns.index(qpn, idx)) return nullptr;
   return idx < qps_.size() ? qps_[idx].get() : nullptr;
 }
 
@@ -666,8 +667,8 @@ ModifyResult Engine::modify_qp(Qp* qp, const ibv_qp_attr& a, int mask) {
   // The algorithm starts afresh on the path it now has (its MTU).
   if (to == IBV_QPS_RTR && from != IBV_QPS_RTR && qp->cc) set_cc(qp, qp->cc->name());
   // Sends an application published before RTS are refused now, in the old
-  // state, whether or not a kick came first: they never run.
-  if (to == IBV_QPS_RTS && !can_post_send(from)) kick(qp);
+  // state, whether or not they were taken before: they never run.
+  if (to == IBV_QPS_RTS && !can_post_send(from)) take_posts(qp);
   qp->state = to;
   qp->sq_ring.publish_qp_state(to);  // the application's posts check it
   // The headers of its packets, from what this modify set (spec_for's fields).
@@ -847,7 +848,7 @@ int Engine::post_send(Qp* qp, const SendWr& wr) {
   }
   if (!send_entry_ok(*qp, e)) return EINVAL;
   if (qp->sq_ring.used() >= qp->cap.max_send_wr || !qp->sq_ring.push(e)) return ENOMEM;
-  kick(qp);
+  take_posts(qp);
   return 0;
 }
 
@@ -923,14 +924,14 @@ std::size_t Engine::fetch_sends(Qp& qp) {
   return n;
 }
 
-std::size_t Engine::kick(Qp* qp, bool* more) {
+std::size_t Engine::take_posts(Qp* qp, bool* more) {
   if (qp == nullptr || qp->quarantine_until) return 0;
   if (!can_post_send(qp->state) || qp->state == IBV_QPS_RESET) {
     // Posted where verbs refuses a post (sends before RTS, receives in
     // RESET): the application hears of each as a LOC_QP_OP_ERR completion,
     // in order, and nothing touches the wire. One ring's worth per call, so
     // a producer that refills as fast as this refuses cannot keep the
-    // engine here; `more` tells the caller to kick again.
+    // engine here; `more` tells the caller to look again.
     std::size_t n = 0;
     uroce_send_entry e;
     const std::uint32_t cap = qp->sq_ring.valid() ? qp->sq_ring.capacity() : 0;

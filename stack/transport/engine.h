@@ -23,6 +23,7 @@
 #include "stack/abi/qp_attr.h"
 #include "stack/abi/session_proto.h"
 #include "stack/transport/counters.h"
+#include "stack/transport/qpn_space.h"
 #include "stack/transport/objects.h"
 #include "stack/transport/qp.h"
 #include "stack/transport/fifo.h"
@@ -50,10 +51,9 @@ struct EngineConfig {
   std::uint64_t cnp_interval_ns = 50'000;
   std::uint8_t cnp_dscp = 48;
   std::uint16_t vlan_tci = 0;  // 802.1Q tag on every frame; 0 = untagged
-  /// Sharding: this engine owns QPNs kFirstQpn + offset + k * stride, so
-  /// several engines (one per lcore) can share a port without overlap.
-  std::uint32_t qpn_stride = 1;
-  std::uint32_t qpn_offset = 0;
+  /// Sharding: the QPNs this engine owns (qpn_space.h), so several engines
+  /// (one per lcore) can share a port without overlap.
+  QpnSpace qpns{};
   /// The port computes IPv4 header checksums (TX offload): frames leave the
   /// engine with the field zero. (It is not covered by the ICRC.)
   bool ipv4_checksum_offload = false;
@@ -272,7 +272,7 @@ class Engine {
   // ---- Data path ----
   // Every verbs queue is one abi::Ring (stack/abi/ring.h), shared with an
   // application or placed in the heap. post_* are the heap rings' producer;
-  // an application produces into its shared rings itself and calls kick().
+  // an application produces into its shared rings itself and calls take_posts().
   /// Posts a send WR. 0, or an errno: EINVAL (bad WR or QP state), ENOMEM (SQ full).
   int post_send(Qp* qp, const SendWr& wr);
   int post_recv(Qp* qp, const RecvWr& wr);
@@ -280,11 +280,11 @@ class Engine {
   int poll_cq(Cq* cq, std::span<ibv_wc> out) { return cq->poll(out); }
   /// The QP's producer has published entries: the engine takes the new send
   /// entries (validating each into its shadow) and starts them, or flushes
-  /// them in ERR. Receive entries need no kick: the responder reads the
+  /// them in ERR. Receive entries need no look: the responder reads the
   /// ring when a request needs one. Returns the entries taken. Takes at
   /// most one ring's worth; `more` is set when the producer may have
-  /// published more meanwhile (kick again on the next pass).
-  std::size_t kick(Qp* qp, bool* more = nullptr);
+  /// published more meanwhile (look again on the next pass).
+  std::size_t take_posts(Qp* qp, bool* more = nullptr);
   /// Whether a UD or UC QP that may send still has posted work not yet on
   /// the wire (nothing waits for such a send once it left: a destroy can
   /// let it go first, as a NIC has it in hand by then).
@@ -569,7 +569,7 @@ class Engine {
   std::vector<std::unique_ptr<Xrcd>> xrcds_;
   std::unordered_map<std::uint32_t, Srq*> xrc_srqs_;  // XRC SRQs by number (filled on the control path)
   std::uint32_t next_srq_num_ = 0;
-  std::vector<std::unique_ptr<Qp>> qps_;  // index = qpn - kFirstQpn
+  std::vector<std::unique_ptr<Qp>> qps_;  // index: cfg_.qpns.index(qpn)
   std::unique_ptr<Qp> gsi_;               // QP1, when the CM agent made it
   std::size_t qps_live_ = 0;
   std::size_t quarantined_ = 0;  // QPs in quarantine; poll() frees the expired ones
@@ -672,6 +672,5 @@ inline void Engine::complete_recv(Qp& qp, const RecvWqe& w, ibv_wc_status status
   qp.ctr.inc(QpCounter::completions);
 }
 
-inline constexpr std::uint32_t kFirstQpn = 0x11;  // QP0/QP1 are special in IBTA
 
 }  // namespace uroce::transport

@@ -75,8 +75,8 @@ struct SendWqeHead {
 struct alignas(64) SendWqe : SendWqeHead {
   Sge sge[kMaxSge]{};
   MemRef local[kMaxSge]{};  // where each SGE's bytes are (MemRef), set when the WQE starts
-  // Only some operations: atomics, FLUSH and binds (compare_add, swap;
-  // a bind's MR in remote_qpn), UD (ah, remote_qpn, remote_qkey), inline.
+  // Only some operations: atomics (compare_add, swap), FLUSH (its length
+  // in compare_add), binds (bind), UD (ah, remote_qpn, remote_qkey), inline.
   std::uint64_t compare_add = 0;
   std::uint64_t swap = 0;
   std::uint32_t remote_qpn = 0;
@@ -216,6 +216,9 @@ class Qp {
   /// work queue the frame in hand hashed to, set as each arrives.
   std::unique_ptr<RssConf> rss;
   void* owner = nullptr;  // the control plane's tag (its record of the QP), handed back in async events
+  /// The work source (a session, pipeline/intake.h) whose work ring may name
+  /// this QP; 0 for none.
+  std::uint32_t poster = 0;
   /// Nonzero once destroyed: until then (ns) the QPN is held back, and a
   /// retry of a message it already took is ACKed again (QPN quarantine).
   std::uint64_t quarantine_until = 0;

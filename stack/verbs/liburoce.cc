@@ -32,6 +32,7 @@
 #include "stack/abi/fd_msg.h"
 #include "stack/abi/qp_attr.h"
 #include "stack/abi/ring.h"
+#include "stack/abi/work_ring.h"
 #include "stack/abi/session_proto.h"
 #include "stack/abi/wc_status.h"
 #include "stack/verbs/embedded.h"
@@ -344,10 +345,33 @@ struct uroce_context {
   // doorbell only while the page says the daemon may block.
   uroce_session_page* page = nullptr;
   int bell = -1;
-  /// After publishing entries in any of this session's rings.
-  void kick() const {
-    (void)abi::kick(page, bell);
+  /// After publishing entries in the queue whose ring header is `queue`:
+  /// names it (`what`, uroce_abi.h's work ring) for a daemon of minor 20 or
+  /// later; an older one looks at every queue of a session whose posts word
+  /// moved. Then the doorbell, if the daemon may be asleep.
+  void posted(uroce_ring_header* queue, std::uint32_t what) const {
+    if (minor >= 20) {
+      if (page && queue) (void)abi::queue_work(page, queue, what);
+      (void)abi::notify(page, bell);
+    } else {
+      (void)abi::bump_posts(page, bell);
+    }
     (void)embedded_progress();  // embedded mode: the post goes out now, on this thread
+  }
+  /// After publishing receives: a daemon of minor 20 or later needs no name
+  /// (the responder reads receive queues as requests come) unless the QP
+  /// is in ERR, where the new receives are to be flushed. `queue` is the
+  /// QP's send ring header, whose state is the QP's.
+  void posted_recv(const abi::Ring<uroce_send_entry>* sq, std::uint32_t qpn) const {
+    if (minor < 20) {
+      (void)abi::bump_posts(page, bell);
+      (void)embedded_progress();
+      return;
+    }
+    // The receives are published; the fence orders that before the look at
+    // the state, against the daemon's state change before its flush.
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (sq && sq->valid() && sq->qp_state() == IBV_QPS_ERR) posted(sq->header(), qpn);
   }
   // For async events, which name a CQ or QP by its session handle.
   std::map<std::uint32_t, uroce_cq*> cqs;
@@ -1754,7 +1778,7 @@ int uroce_post_send(uroce_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
       const ibv_mw_bind_info& b = wr->bind_mw.bind_info;
       if (wr->bind_mw.mw == nullptr) {
         if (bad) *bad = wr;
-        qp->ctx->kick();
+        qp->ctx->posted(qp->sq.header(), qp->qpn);
         return set_error(EINVAL, "a bind names no memory window");
       }
       e.imm_or_inv = wr->bind_mw.mw->rkey;
@@ -1773,7 +1797,7 @@ int uroce_post_send(uroce_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
       const auto* ah = reinterpret_cast<const uroce_ah*>(wr->wr.ud.ah);
       if (ah == nullptr || ah->magic != uroce_ah::kAhMagic) {
         if (bad) *bad = wr;
-        qp->ctx->kick();
+        qp->ctx->posted(qp->sq.header(), qp->qpn);
         return set_error(EINVAL, "a UD send needs an address handle from ibv_create_ah");
       }
       e.remote_qpn = wr->wr.ud.remote_qpn;
@@ -1803,7 +1827,7 @@ int uroce_post_send(uroce_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
       for (int i = 0; i < wr->num_sge; ++i) len += wr->sg_list[i].length;
       if (len > UROCE_ABI_MAX_INLINE) {
         if (bad) *bad = wr;
-        qp->ctx->kick();
+        qp->ctx->posted(qp->sq.header(), qp->qpn);
         return set_error(EINVAL, "inline data over 64 bytes (max_inline_data)");
       }
       auto* out = reinterpret_cast<std::uint8_t*>(e.sg_list);
@@ -1819,11 +1843,11 @@ int uroce_post_send(uroce_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
     }
     if (!qp->sq.push(e)) {
       if (bad) *bad = wr;
-      qp->ctx->kick();  // what was posted before this one
+      qp->ctx->posted(qp->sq.header(), qp->qpn);  // what was posted before this one
       return set_error(ENOMEM, "send queue full");
     }
   }
-  qp->ctx->kick();
+  qp->ctx->posted(qp->sq.header(), qp->qpn);
   return 0;
 }
 
@@ -1849,7 +1873,7 @@ int uroce_post_recv(uroce_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
   // often leave it unset).
   const std::uint32_t max_sge = qp->init.cap.max_recv_sge ? qp->init.cap.max_recv_sge : UROCE_ABI_MAX_SGE;
   const int rc = push_recvs(qp->rq, wr, bad, static_cast<int>(max_sge));
-  qp->ctx->kick();
+  qp->ctx->posted_recv(&qp->sq, qp->qpn);
   return rc;
 }
 
@@ -1934,7 +1958,7 @@ int uroce_post_srq_ops(uroce_srq* srq, ibv_ops_wr* wr, ibv_ops_wr** bad) {
     }
   }
   if (rc && bad) *bad = wr;
-  srq->ctx->kick();
+  srq->ctx->posted(srq->ops.header(), UROCE_WORK_TM_SRQ | srq->handle);
   return rc;
 }
 
@@ -2025,7 +2049,7 @@ int uroce_destroy_srq(uroce_srq* srq) {
 
 int uroce_post_srq_recv(uroce_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad) {
   const int rc = push_recvs(srq->ring, wr, bad, UROCE_ABI_MAX_SGE);
-  srq->ctx->kick();
+  srq->ctx->posted_recv(nullptr, 0);  // an SRQ's receives are read as requests come
   return rc;
 }
 

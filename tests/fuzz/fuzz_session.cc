@@ -60,6 +60,7 @@ int open_fds() {
 struct Rig {
   boost::asio::io_context io;
   std::unique_ptr<transport::Engine> eng;
+  std::unique_ptr<pipeline::Intake> intake;
   std::unique_ptr<control::SessionServer> srv;
   std::string path;
   int baseline_fds = -1;
@@ -76,7 +77,8 @@ struct Rig {
     lim.max_cqs = 16;
     lim.max_mrs = 16;
     lim.max_mr_bytes = 1 << 20;
-    srv = std::make_unique<control::SessionServer>(io, path, 0600, *eng, lim);
+    intake = std::make_unique<pipeline::Intake>(*eng);
+    srv = std::make_unique<control::SessionServer>(io, path, 0600, *eng, *intake, lim);
   }
   /// The server's loop until it has nothing left to do (at most 4 passes):
   /// a Unix socket delivers at once, so one pass with work is the usual.
@@ -89,7 +91,7 @@ struct Rig {
   void turn() {
     for (int i = 0; i < 4; ++i) {
       (void)io.poll();
-      std::size_t work = srv->step();
+      std::size_t work = srv->step() + intake->run();
       eng->poll(1'000'000);
       work += eng->drain_tx([](const transport::TxFrame&) {});
       if (work == 0) break;

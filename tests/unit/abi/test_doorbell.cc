@@ -63,7 +63,7 @@ bool wait_readable(int fd) {
 }
 
 /// The producer's side of both protocols: kEntries entries in order, with
-/// `signal(ring)` after each push (kick, or take_notify and ring).
+/// `signal(ring)` after each push (bump_posts, or take_notify and ring).
 template <typename E, typename Signal>
 std::thread start_producer(Ring<E>& prod, std::atomic<bool>& blocking, Signal signal) {
   return std::thread([&prod, &blocking, signal]() mutable {
@@ -130,7 +130,7 @@ TEST(Doorbell, NoLostWakeUpAcrossAMillionPosts) {
   std::uint32_t rung = 0;
   std::atomic<bool> blocking{false};
   std::thread producer = start_producer(r.prod, blocking, [&](Ring<uroce_recv_entry>&) {
-    if (kick(&page, bell.fd[1])) ++rung;
+    if (bump_posts(&page, bell.fd[1])) ++rung;
   });
   const Consumed c = consume(
       r.cons, bell.fd[0], blocking, [&] { announce_sleep(&page); }, [&] { announce_awake(&page); });
@@ -145,16 +145,16 @@ TEST(Doorbell, NoLostWakeUpAcrossAMillionPosts) {
 TEST(Doorbell, RingsOnlyWhileTheConsumerMaySleep) {
   uroce_session_page page{};
   Pair bell;
-  EXPECT_FALSE(kick(&page, bell.fd[1])) << "an awake consumer is not rung";
+  EXPECT_FALSE(bump_posts(&page, bell.fd[1])) << "an awake consumer is not rung";
   EXPECT_EQ(drain(bell.fd[0]), 0u);
   announce_sleep(&page);
   EXPECT_EQ(page.sleeps, 1u);
-  EXPECT_TRUE(kick(&page, bell.fd[1]));
-  EXPECT_TRUE(kick(&page, bell.fd[1]));
+  EXPECT_TRUE(bump_posts(&page, bell.fd[1]));
+  EXPECT_TRUE(bump_posts(&page, bell.fd[1]));
   EXPECT_EQ(drain(bell.fd[0]), 2u);
   announce_awake(&page);
-  EXPECT_FALSE(kick(&page, bell.fd[1]));
-  EXPECT_FALSE(kick(nullptr, bell.fd[1])) << "an old daemon without a page: never rung";
+  EXPECT_FALSE(bump_posts(&page, bell.fd[1]));
+  EXPECT_FALSE(bump_posts(nullptr, bell.fd[1])) << "an old daemon without a page: never rung";
 }
 
 TEST(Doorbell, NoLostCqNotificationAcrossAMillionCompletions) {

@@ -11,6 +11,8 @@
 #include "stack/pipeline/dataplane.h"
 #include "stack/pipeline/fault.h"
 #include "stack/pipeline/neigh.h"
+#include "stack/pipeline/shard.h"
+#include "stack/transport/qpn_space.h"
 #include "stack/wire/builder.h"
 #include "stack/wire/parser.h"
 
@@ -139,6 +141,64 @@ std::vector<std::uint8_t> roce_frame(std::uint32_t qpn, std::uint32_t psn) {
   std::vector<std::uint8_t> pl(16, 1);
   EXPECT_EQ(wire::build_frame(f, s, pl), f.size());
   return f;
+}
+
+// Sharding: a frame goes to the engine that owns its DestQP, by the one
+// formula the engines number their QPs with; what every shard must learn
+// from goes to all; the rest to shard 0.
+TEST(Shard, RoceGoesToTheEngineThatOwnsItsDestQp) {
+  for (std::uint16_t shards : {1, 2, 3, 4, 7}) {
+    for (std::uint32_t sh = 0; sh < shards; ++sh) {
+      const transport::QpnSpace space{sh, shards};
+      for (std::uint32_t i : {0u, 1u, 5u, 1000u}) {
+        const std::uint32_t qpn = space.qpn(i);
+        std::uint32_t back = 99;
+        ASSERT_TRUE(space.index(qpn, back));
+        EXPECT_EQ(back, i);
+        EXPECT_EQ(frame_owner(roce_frame(qpn, 1), shards), static_cast<int>(sh)) << qpn << " of " << shards;
+        const transport::QpnSpace next{(sh + 1) % shards, shards};
+        if (shards > 1) {
+          EXPECT_FALSE(next.index(qpn, back));
+        }
+      }
+    }
+  }
+  // Tagged, and over IPv6.
+  wire::FrameSpec s;
+  s.opcode = wire::op::kRcSendOnly;
+  s.destqp = transport::QpnSpace{2, 4}.qpn(9);
+  s.vlan = true;
+  s.vlan_tci = 7;
+  s.ipver = wire::IpVersion::kV6;
+  IpAddr::parse("fd00::1", s.dst);
+  IpAddr::parse("fd00::2", s.src);
+  std::vector<std::uint8_t> f(wire::frame_len(s, 8));
+  std::vector<std::uint8_t> pl(8, 1);
+  ASSERT_EQ(wire::build_frame(f, s, pl), f.size());
+  EXPECT_EQ(frame_owner(f, 4), 2);
+}
+
+TEST(Shard, NeighbourDiscoveryGoesToEveryShardAndTheRestToShardZero) {
+  EXPECT_EQ(frame_owner(arp_request(kMacB, IpAddr::from_v4(10, 0, 0, 2), IpAddr::from_v4(10, 0, 0, 1)), 4), -1);
+  EXPECT_EQ(frame_owner(arp_request(kMacB, IpAddr::from_v4(10, 0, 0, 2), IpAddr::from_v4(10, 0, 0, 1), 5), 4), -1);
+  // An IPv6 neighbour solicitation.
+  transport::NeighborTable t;
+  IpAddr me, them;
+  IpAddr::parse("fd00::1", me);
+  IpAddr::parse("fd00::2", them);
+  Neighbors n(t, kMacA, me);
+  std::vector<std::uint8_t> ns(128);
+  ns.resize(n.build_request(them, ns));
+  ASSERT_GT(ns.size(), 0u);
+  EXPECT_EQ(frame_owner(ns, 4), -1);
+  // UDP to another port, a truncated RoCE frame, a runt: shard 0.
+  auto f = roce_frame(transport::QpnSpace{3, 4}.qpn(1), 1);
+  EXPECT_EQ(frame_owner(f, 4), 3);
+  auto other = f;
+  other[14 + 20 + 2] = 0x13;  // UDP destination port 0x13b7, not 4791
+  EXPECT_EQ(frame_owner(other, 4), 0);
+  EXPECT_EQ(frame_owner(wire::ConstBytes(f.data(), 14 + 20 + 8 + 4), 4), 0);
+  EXPECT_EQ(frame_owner(wire::ConstBytes(f.data(), 10), 4), 0);
 }
 
 TEST(Fault, ParsesAndRefusesSpecs) {

@@ -130,10 +130,10 @@ INSTANTIATE_TEST_SUITE_P(Cc, NoAllocCc,
 
 // The same through rings an application shares: A's QP and CQ are placed in
 // memory the test holds, the test is the application (it publishes send
-// entries, kicks, and consumes completions from the CQ ring), under the same
+// entries, bumps the posts word, and consumes completions from the CQ ring), under the same
 // loss. Nothing on the engine's side of a shared ring allocates either, nor
 // the doorbell protocol (stack/abi/doorbell.h) around it: the test plays the
-// daemon too, announcing its sleep before each batch, so every kick rings.
+// daemon too, announcing its sleep before each batch, so every bump rings.
 TEST(NoAlloc, SharedRingsAllocateNothingAfterWarmUp) {
   Pair p(9, 4u << 20);
   std::vector<std::uint64_t> sq_mem(uroce_ring_bytes(64, sizeof(uroce_send_entry)) / 8 + 8),
@@ -202,8 +202,8 @@ TEST(NoAlloc, SharedRingsAllocateNothingAfterWarmUp) {
         ++want_b;
       }
       if (!app_sq.push(e)) ++failures;
-      rung += abi::kick(&page, bell[0]);
-      p.A().kick(a);
+      rung += abi::bump_posts(&page, bell[0]);
+      p.A().take_posts(a);
     }
     heard += abi::drain(bell[1]);
     abi::announce_awake(&page);
@@ -243,7 +243,7 @@ TEST(NoAlloc, SharedRingsAllocateNothingAfterWarmUp) {
   EXPECT_EQ(failures, 0);
   EXPECT_EQ(done_a, posted);
   EXPECT_GT(a->ctr[transport::QpCounter::retransmitted_pkts], 0u);  // the recovery paths ran
-  EXPECT_EQ(rung - rung_before, 100u * 32) << "every kick rang: the daemon had announced its sleep";
+  EXPECT_EQ(rung - rung_before, 100u * 32) << "every bump rang: the daemon had announced its sleep";
   EXPECT_EQ(heard, rung) << "every ring was heard";
   EXPECT_EQ(page.posts, posted) << "every post bumped the posts word";
   EXPECT_NO_ALLOCATIONS("on the data path of a shared ring");

@@ -104,7 +104,7 @@ struct Shared : ::testing::Test {
 TEST_F(Shared, WorkPostedInTheRingRunsAndCompletesIntoTheSharedCq) {
   for (std::uint32_t i = 0; i < 512; ++i) p.node[0].mem[i] = static_cast<std::uint8_t>(i * 3 + 1);
   ASSERT_TRUE(sq.app.push(write_entry(7, 0, 4096, 512)));
-  EXPECT_EQ(p.A().kick(a), 1u) << "the engine takes the published entry itself";
+  EXPECT_EQ(p.A().take_posts(a), 1u) << "the engine takes the published entry itself";
   std::vector<uroce_cq_entry> got;
   ASSERT_TRUE(wait_cqes(1, got));
   EXPECT_EQ(got[0].wr_id, 7u);
@@ -122,7 +122,7 @@ TEST_F(Shared, TheRingIsTheWholeSendQueueSoAFullRingIsBackPressure) {
   std::uint32_t pushed = 0;
   while (pushed < 40 && sq.app.push(write_entry(pushed, 0, 0, 64))) {
     ++pushed;
-    p.A().kick(a);
+    p.A().take_posts(a);
   }
   EXPECT_EQ(pushed, 16u) << "a slot returns to the producer only when its WQE completes";
   EXPECT_EQ(a->sq.size(), 16u);
@@ -135,7 +135,7 @@ TEST_F(Shared, TheRingIsTheWholeSendQueueSoAFullRingIsBackPressure) {
 TEST_F(Shared, AnEntryRewrittenAfterItWasTakenChangesNothing) {
   for (std::uint32_t i = 0; i < 256; ++i) p.node[0].mem[i] = static_cast<std::uint8_t>(0x40 + i);
   ASSERT_TRUE(sq.app.push(write_entry(1, 0, 8192, 256)));
-  ASSERT_EQ(p.A().kick(a), 1u);
+  ASSERT_EQ(p.A().take_posts(a), 1u);
   // The hostile application rewrites the published slot: another address,
   // a huge length, another opcode. The engine checked its own copy.
   uroce_send_entry* s = sq.slot(0);
@@ -156,7 +156,7 @@ TEST_F(Shared, AMalformedEntryCompletesWithLocQpOpErrAndTheQpGoesToErr) {
   bad.opcode = 200;
   ASSERT_TRUE(sq.app.push(bad));
   ASSERT_TRUE(sq.app.push(write_entry(6, 0, 0, 64)));
-  p.A().kick(a);
+  p.A().take_posts(a);
   std::vector<uroce_cq_entry> got;
   ASSERT_TRUE(wait_cqes(2, got));
   EXPECT_EQ(got[0].wr_id, 5u);
@@ -178,7 +178,7 @@ TEST_F(Shared, HeaderAndIndicesOutOfRangeAreNotTrusted) {
   }
   // And claims every SQ slot holds the entry at some far index.
   for (std::uint32_t k = 0; k < 16; ++k) sq.slot(k)->seq = 0x7ffffff0u + k;
-  EXPECT_EQ(p.A().kick(a), 0u) << "no slot holds the entry at the engine's own index";
+  EXPECT_EQ(p.A().take_posts(a), 0u) << "no slot holds the entry at the engine's own index";
   // A receive slot with a valid seq at the engine's index but 200 SGEs.
   uroce_recv_entry* r = rq.slot(0);
   std::memset(r, 0, sizeof *r);
@@ -210,7 +210,7 @@ TEST_F(Shared, ACqConsumerIndexOutOfRangeHurtsOnlyThatCq) {
   cqr.header()->entries = 0xffffffffu;
   cqr.header()->prod = 0x12345678u;
   ASSERT_TRUE(sq.app.push(write_entry(3, 0, 0, 64)));
-  p.A().kick(a);
+  p.A().take_posts(a);
   std::vector<uroce_cq_entry> got;
   ASSERT_TRUE(wait_cqes(1, got));
   EXPECT_EQ(got[0].wr_id, 3u);
@@ -219,7 +219,7 @@ TEST_F(Shared, ACqConsumerIndexOutOfRangeHurtsOnlyThatCq) {
 
 TEST(SharedHostile, AProducerThatRefillsAsFastAsTheEngineRefusesCannotHoldIt) {
   // A QP left in INIT, whose application republishes the next slot as soon
-  // as the engine gives the last one back: each kick takes one ring's worth
+  // as the engine gives the last one back: each take_posts takes one ring's worth
   // at most, and says there may be more.
   Pair p{5, 1 << 16};
   SharedRing<uroce_send_entry> sq{16, UROCE_RING_SEND};
@@ -251,19 +251,19 @@ TEST(SharedHostile, AProducerThatRefillsAsFastAsTheEngineRefusesCannotHoldIt) {
   const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
   while (std::chrono::steady_clock::now() < until) {
     bool more = false;
-    const std::size_t n = p.A().kick(q, &more);
+    const std::size_t n = p.A().take_posts(q, &more);
     worst = std::max(worst, n);
     if (n >= 16 && !more) always_more = false;
   }
   stop = true;
   hostile.join();
-  EXPECT_LE(worst, 16u) << "one kick took more than one ring's worth: the producer held the engine";
+  EXPECT_LE(worst, 16u) << "one take_posts took more than one ring's worth: the producer held the engine";
   EXPECT_GT(worst, 0u);
   EXPECT_TRUE(always_more) << "a pass that took a whole ring's worth must ask to be called again";
 }
 
 TEST_F(Shared, SendsPostedBeforeRtsAreRefusedWhetherOrNotAKickCameFirst) {
-  // A fresh shared-ring QP brought to RTR, a WRITE published, no kick, then RTS.
+  // A fresh shared-ring QP brought to RTR, a WRITE published, not taken, then RTS.
   SharedRing<uroce_send_entry> sq2{16, UROCE_RING_SEND};
   SharedRing<uroce_recv_entry> rq2{16, UROCE_RING_RECV};
   QpInitAttr ia;
@@ -305,13 +305,13 @@ TEST_F(Shared, AnArmedCqIsNotifiedOncePerArm) {
   cq->want_notify(true);
   std::vector<uroce_cq_entry> got;
   ASSERT_TRUE(sq.app.push(write_entry(1, 0, 0, 64)));
-  p.A().kick(a);
+  p.A().take_posts(a);
   ASSERT_TRUE(wait_cqes(1, got));
   EXPECT_EQ(h.notified, 0) << "not armed: no notification";
   cqr.app.arm_notify();
   for (std::uint64_t i = 2; i < 5; ++i) {
     ASSERT_TRUE(sq.app.push(write_entry(i, 0, 0, 64)));
-    p.A().kick(a);
+    p.A().take_posts(a);
   }
   ASSERT_TRUE(wait_cqes(4, got));
   EXPECT_EQ(h.notified, 1) << "armed once: notified once, however many completions came";
@@ -387,7 +387,7 @@ TEST(SharedOrder, ASendSlotIsFreeBeforeItsCompletionIsVisible) {
   e.remote_addr = p.addr(1, 0);
   e.rkey = p.rkey(1);
   ASSERT_TRUE(sq.app.push(e));
-  p.A().kick(a);
+  p.A().take_posts(a);
   uroce_cq_entry c{};
   const bool done = p.wire.run_until([&] { return app_cq.pop(c); }, 100'000'000);
 
