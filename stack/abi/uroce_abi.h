@@ -111,18 +111,22 @@ struct uroce_sge {
  * it, and never reads the slot again.
  *   IBV_SEND_INLINE: the data (inline_len <= UROCE_ABI_MAX_INLINE bytes) is
  *     in place of sg_list, and num_sge is 0.
- *   UD: the address vector is in place of remote_addr and compare_add..swap,
- *     which a UD send does not use (as a hardware WQE's datagram segment
- *     carries its address vector); see UROCE_UD_DGID_OFFSET.
- *   IBV_WR_BIND_MW (minor 8; RC and UC, num_sge 0): imm_or_inv is the
- *     window's R_Key now, rkey its new one, remote_addr and compare_add the
- *     range (in the MR's address space), swap the window's access flags,
- *     remote_qpn the MR's L_Key. IBV_WR_LOCAL_INV: imm_or_inv is the key
- *     to invalidate. Both complete in order with the WQEs around them.
- *   UROCE_WR_FLUSH (minor 9; RC, num_sge 0): remote_addr and rkey name the
- *     target, compare_add its length, imm_or_inv the FETH's bits (the
- *     placement type, UROCE_FLUSH_GLOBAL, in bits 0-3; the selectivity
- *     level, UROCE_FLUSH_RANGE or UROCE_FLUSH_MR, in bits 4-5).
+ *   What the operation needs is in `op`, one layout per kind of operation,
+ *   each field named for what it is (stack/abi/send_entry.h writes them all):
+ *     op.rdma: SEND, RDMA WRITE and READ (with immediate or invalidation),
+ *       ATOMIC WRITE;
+ *     op.atomic: compare-and-swap and fetch-and-add;
+ *     op.bind (minor 8; RC and UC, num_sge 0): IBV_WR_BIND_MW. imm_or_inv
+ *       is the window's R_Key now;
+ *     op.flush (minor 9; RC, num_sge 0): UROCE_WR_FLUSH. imm_or_inv holds
+ *       the FETH's bits (the placement type, UROCE_FLUSH_GLOBAL, in bits
+ *       0-3; the selectivity level, UROCE_FLUSH_RANGE or UROCE_FLUSH_MR, in
+ *       bits 4-5);
+ *     op.ud: a UD send's address vector and remote QP, as a hardware
+ *       WQE's datagram segment carries them.
+ *   IBV_WR_LOCAL_INV: imm_or_inv is the key to invalidate; `op` is unused.
+ *   The layouts name the bytes that earlier minors used for the same
+ *   things, so every minor's entries read alike.
  */
 /* IBTA 1.5's FLUSH (Memory Placement Extensions), with rdma-core 45's
  * numbers; rdma-core 44's header, which uroce builds against, has none. */
@@ -134,41 +138,85 @@ struct uroce_sge {
 #define UROCE_FLUSH_PERSISTENT 2u          /* persistence (uroce has no persistent memory: refused) */
 #define UROCE_FLUSH_RANGE 0u               /* selectivity levels: the range, or the whole MR */
 #define UROCE_FLUSH_MR 1u
+/* 40 bytes each. xrc_srqn (minor 17): on an XRC send QP, the XRC SRQ the
+ * request is for (its XRCETH); else 0. */
+struct uroce_send_rdma {
+  uint64_t remote_addr;
+  uint32_t rkey;
+  uint32_t reserved0;
+  uint64_t reserved1[2];
+  uint32_t reserved2;
+  uint32_t xrc_srqn;
+};
+struct uroce_send_atomic {
+  uint64_t remote_addr;
+  uint32_t rkey;
+  uint32_t reserved0;
+  uint64_t compare_add;
+  uint64_t swap;
+  uint32_t reserved1;
+  uint32_t xrc_srqn;
+};
+struct uroce_send_bind {
+  uint64_t addr;     /* the window's range, in the MR's address space */
+  uint32_t new_rkey; /* the window's R_Key once bound */
+  uint32_t mr_lkey;  /* the MR it is bound to */
+  uint64_t length;
+  uint32_t access; /* the window's access flags (IBV_ACCESS_*) */
+  uint32_t reserved0;
+  uint64_t reserved1;
+};
+struct uroce_send_flush {
+  uint64_t remote_addr;
+  uint32_t rkey;
+  uint32_t reserved0;
+  uint64_t length;
+  uint64_t reserved1;
+  uint32_t reserved2;
+  uint32_t xrc_srqn;
+};
+struct uroce_send_ud {
+  uint8_t dmac[6]; /* the next hop's MAC */
+  uint8_t traffic_class;
+  uint8_t reserved0;
+  uint32_t reserved1;
+  uint32_t remote_qpn;
+  uint8_t dgid[16]; /* an IPv4-mapped or IPv6 address */
+  uint32_t remote_qkey;
+  uint32_t reserved2;
+};
 struct uroce_send_entry {
   uint64_t wr_id;
   uint8_t opcode;      /* enum ibv_wr_opcode */
   uint8_t num_sge;     /* <= UROCE_ABI_MAX_SGE */
   uint16_t send_flags; /* enum ibv_send_flags */
-  uint32_t imm_or_inv; /* immediate data (host order) or the rkey to invalidate */
-  uint64_t remote_addr;
-  uint32_t rkey;
-  uint32_t remote_qpn; /* UD */
-  uint64_t compare_add;
-  uint64_t swap;
-  uint32_t remote_qkey; /* UD */
-  uint32_t xrc_srqn;    /* minor 17, XRC send QPs: the XRC SRQ the request is for (its XRCETH); else 0 */
-  uint32_t inline_len;  /* IBV_SEND_INLINE: the bytes in place of sg_list */
+  uint32_t imm_or_inv; /* immediate data (host order), the rkey to invalidate, a bind's window, FLUSH's FETH */
+  union {
+    struct uroce_send_rdma rdma;
+    struct uroce_send_atomic atomic;
+    struct uroce_send_bind bind;
+    struct uroce_send_flush flush;
+    struct uroce_send_ud ud;
+  } op;
+  uint32_t inline_len; /* IBV_SEND_INLINE: the bytes in place of sg_list */
   uint32_t seq; /* valid flag: entry index + 1, written last */
   struct uroce_sge sg_list[UROCE_ABI_MAX_SGE];
 };
-
-/* The UD address vector, in the fields a UD send does not use: the
- * destination GID (16 bytes, an IPv4-mapped or IPv6 address) in place of
- * compare_add and swap, the next hop's MAC (6 bytes) and the traffic class
- * (1 byte) in place of remote_addr. */
-#define UROCE_UD_DGID_OFFSET 32
-#define UROCE_UD_DMAC_OFFSET 16
-#define UROCE_UD_TCLASS_OFFSET 22
-
-/* Writes a UD send entry's address vector: the one writer, for liburoce and
- * the engine's heap rings alike. */
-static inline void uroce_send_entry_set_av(struct uroce_send_entry* e, const uint8_t dgid[16], const uint8_t dmac[6],
-                                           uint8_t traffic_class) {
-  uint8_t* b = (uint8_t*)e;
-  memcpy(b + UROCE_UD_DGID_OFFSET, dgid, 16);
-  memcpy(b + UROCE_UD_DMAC_OFFSET, dmac, 6);
-  b[UROCE_UD_TCLASS_OFFSET] = traffic_class;
-}
+/* Where earlier minors had each field: the layouts must not move them. */
+UROCE_STATIC_ASSERT(sizeof(struct uroce_send_entry) == 128, "send entry is 128 bytes");
+UROCE_STATIC_ASSERT(offsetof(struct uroce_send_entry, op) + offsetof(struct uroce_send_rdma, rkey) == 24, "rkey at 24");
+UROCE_STATIC_ASSERT(offsetof(struct uroce_send_entry, op) + offsetof(struct uroce_send_rdma, xrc_srqn) == 52, "xrc_srqn at 52");
+UROCE_STATIC_ASSERT(offsetof(struct uroce_send_entry, op) + offsetof(struct uroce_send_atomic, compare_add) == 32, "compare_add at 32");
+UROCE_STATIC_ASSERT(offsetof(struct uroce_send_entry, op) + offsetof(struct uroce_send_atomic, swap) == 40, "swap at 40");
+UROCE_STATIC_ASSERT(offsetof(struct uroce_send_entry, op) + offsetof(struct uroce_send_bind, mr_lkey) == 28, "a bind's MR at 28");
+UROCE_STATIC_ASSERT(offsetof(struct uroce_send_entry, op) + offsetof(struct uroce_send_bind, access) == 40, "a bind's access at 40");
+UROCE_STATIC_ASSERT(offsetof(struct uroce_send_entry, op) + offsetof(struct uroce_send_flush, length) == 32, "FLUSH's length at 32");
+UROCE_STATIC_ASSERT(offsetof(struct uroce_send_entry, op) + offsetof(struct uroce_send_ud, dmac) == 16, "UD MAC at 16");
+UROCE_STATIC_ASSERT(offsetof(struct uroce_send_entry, op) + offsetof(struct uroce_send_ud, traffic_class) == 22, "UD class at 22");
+UROCE_STATIC_ASSERT(offsetof(struct uroce_send_entry, op) + offsetof(struct uroce_send_ud, remote_qpn) == 28, "UD QPN at 28");
+UROCE_STATIC_ASSERT(offsetof(struct uroce_send_entry, op) + offsetof(struct uroce_send_ud, dgid) == 32, "UD GID at 32");
+UROCE_STATIC_ASSERT(offsetof(struct uroce_send_entry, op) + offsetof(struct uroce_send_ud, remote_qkey) == 48, "UD Q_Key at 48");
+UROCE_STATIC_ASSERT(offsetof(struct uroce_send_entry, inline_len) == 56, "inline_len at 56");
 
 /* Bytes of shared memory a ring of `entries` entries of `entry_size` needs. */
 static inline size_t uroce_ring_bytes(uint32_t entries, uint32_t entry_size) {
@@ -269,12 +317,6 @@ UROCE_STATIC_ASSERT(sizeof(struct uroce_tm_op) == 80 && offsetof(struct uroce_tm
 UROCE_STATIC_ASSERT(offsetof(struct uroce_cq_entry, tag_hi) == 56, "cq entry tag_hi at 56");
 UROCE_STATIC_ASSERT(offsetof(struct uroce_ring_header, prod) == UROCE_ABI_CACHELINE, "prod on its own line");
 UROCE_STATIC_ASSERT(offsetof(struct uroce_ring_header, cons) == 2 * UROCE_ABI_CACHELINE, "cons on its own line");
-UROCE_STATIC_ASSERT(UROCE_UD_DGID_OFFSET == offsetof(struct uroce_send_entry, compare_add) &&
-                        UROCE_UD_DGID_OFFSET + 16 == offsetof(struct uroce_send_entry, remote_qkey),
-                    "UD DGID over compare_add and swap");
-UROCE_STATIC_ASSERT(UROCE_UD_DMAC_OFFSET == offsetof(struct uroce_send_entry, remote_addr) &&
-                        UROCE_UD_TCLASS_OFFSET + 1 <= offsetof(struct uroce_send_entry, rkey),
-                    "UD MAC and traffic class over remote_addr");
 UROCE_STATIC_ASSERT(offsetof(struct uroce_ring_header, notified) == UROCE_ABI_CACHELINE + 4, "notified beside prod");
 UROCE_STATIC_ASSERT(offsetof(struct uroce_ring_header, arm) == 2 * UROCE_ABI_CACHELINE + 4, "arm beside cons");
 UROCE_STATIC_ASSERT(sizeof(struct uroce_sge) == 16, "sge is 16 bytes");

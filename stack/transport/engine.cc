@@ -1,5 +1,6 @@
 #include "stack/transport/engine.h"
 
+#include "stack/abi/send_entry.h"
 #include "stack/abi/wc_status.h"
 
 #include <algorithm>
@@ -788,12 +789,12 @@ bool send_entry_ok(const Qp& qp, const uroce_send_entry& e) {
     // No data; a known placement type and selectivity level, nothing else in the FETH.
     const std::uint32_t type = e.imm_or_inv & 0xf, level = (e.imm_or_inv >> 4) & 3;
     return e.num_sge == 0 && !inl && type != 0 && (type & ~3u) == 0 && level <= UROCE_FLUSH_MR &&
-           (e.imm_or_inv & ~0x3fu) == 0 && e.compare_add <= 0xffffffffu;
+           (e.imm_or_inv & ~0x3fu) == 0 && e.op.flush.length <= 0xffffffffu;
   }
   if (e.opcode == IBV_WR_ATOMIC_WRITE) {
     // Exactly 8 bytes, from one SGE or inline, to an 8-byte aligned address.
     const std::uint64_t len = inl ? e.inline_len : (e.num_sge == 1 ? e.sg_list[0].length : 0);
-    if (len != 8 || (e.remote_addr & 7) != 0) return false;
+    if (len != 8 || (e.op.rdma.remote_addr & 7) != 0) return false;
   }
   return true;
 }
@@ -802,50 +803,44 @@ bool send_entry_ok(const Qp& qp, const uroce_send_entry& e) {
 
 int Engine::post_send(Qp* qp, const SendWr& wr) {
   if (qp == nullptr || !can_post_send(qp->state)) return EINVAL;
-  // The heap ring's producer: the WR as an entry, checked as the engine
-  // checks every entry it takes.
-  uroce_send_entry e{};
+  // The heap ring's producer: the WR as verbs has it, written by the one
+  // encoder (abi/send_entry.h), then checked as the engine checks every
+  // entry it takes.
   if (wr.sg_list.size() > kMaxSge || wr.opcode > 0xff) return EINVAL;
-  e.wr_id = wr.wr_id;
-  e.opcode = static_cast<std::uint8_t>(wr.opcode);
-  e.send_flags = static_cast<std::uint16_t>(wr.send_flags);
-  e.imm_or_inv = wr.opcode == IBV_WR_SEND_WITH_INV ? wr.invalidate_rkey : wr.imm_data;
-  e.remote_addr = wr.remote_addr;
-  e.rkey = wr.rkey;
-  e.compare_add = wr.compare_add;
-  e.swap = wr.swap;
-  e.remote_qpn = wr.remote_qpn;
-  e.remote_qkey = wr.remote_qkey;
-  e.xrc_srqn = wr.xrc_srqn;
-  if (wr.opcode == IBV_WR_LOCAL_INV) e.imm_or_inv = wr.invalidate_rkey;
-  if (wr.opcode == IBV_WR_BIND_MW) {  // the entry's layout for a bind (uroce_abi.h)
-    e.imm_or_inv = wr.bind_mw_rkey;
-    e.rkey = wr.bind_new_rkey;
-    e.remote_addr = wr.bind_addr;
-    e.compare_add = wr.bind_length;
-    e.swap = wr.bind_access;
-    e.remote_qpn = wr.bind_mr_lkey;
-  }
-  if (wr.send_flags & IBV_SEND_INLINE) {
-    // Copied now: the buffers may be reused as soon as post_send returns.
-    std::uint64_t len = 0;
-    for (const auto& sg : wr.sg_list) len += sg.length;
-    if (len > qp->cap.max_inline_data || len > kMaxInline) return EINVAL;
-    auto* out = reinterpret_cast<std::uint8_t*>(e.sg_list);
-    for (const auto& sg : wr.sg_list) {
-      std::memcpy(out, reinterpret_cast<const void*>(sg.addr), sg.length);
-      out += sg.length;
-    }
-    e.inline_len = static_cast<std::uint32_t>(len);
+  ibv_sge sg[kMaxSge];
+  for (std::size_t i = 0; i < wr.sg_list.size(); ++i)
+    sg[i] = {wr.sg_list[i].addr, wr.sg_list[i].length, wr.sg_list[i].lkey};
+  ibv_send_wr v{};
+  v.wr_id = wr.wr_id;
+  v.opcode = wr.opcode;
+  v.send_flags = wr.send_flags;
+  v.sg_list = sg;
+  v.num_sge = static_cast<int>(wr.sg_list.size());
+  if (wr.opcode == IBV_WR_SEND_WITH_INV || wr.opcode == IBV_WR_LOCAL_INV) v.invalidate_rkey = wr.invalidate_rkey;
+  else v.imm_data = htonl(wr.imm_data);
+  ibv_mw mw{};
+  ibv_mr mr{};
+  if (wr.opcode == IBV_WR_BIND_MW) {
+    mw.rkey = wr.bind_mw_rkey;
+    mr.lkey = wr.bind_mr_lkey;
+    v.bind_mw.mw = &mw;
+    v.bind_mw.rkey = wr.bind_new_rkey;
+    v.bind_mw.bind_info = {&mr, wr.bind_addr, wr.bind_length, wr.bind_access};
+  } else if (qp->type == IBV_QPT_UD) {
+    v.wr.ud.remote_qpn = wr.remote_qpn;
+    v.wr.ud.remote_qkey = wr.remote_qkey;
+  } else if (wr.opcode == IBV_WR_ATOMIC_CMP_AND_SWP || wr.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD ||
+             wr.opcode == static_cast<ibv_wr_opcode>(UROCE_WR_FLUSH)) {
+    v.wr.atomic = {wr.remote_addr, wr.compare_add, wr.opcode == static_cast<ibv_wr_opcode>(UROCE_WR_FLUSH) ? wr.imm_data : wr.swap,
+                   wr.rkey};
   } else {
-    e.num_sge = static_cast<std::uint8_t>(wr.sg_list.size());
-    for (std::size_t i = 0; i < wr.sg_list.size(); ++i)
-      e.sg_list[i] = {wr.sg_list[i].addr, wr.sg_list[i].length, wr.sg_list[i].lkey};
+    v.wr.rdma = {wr.remote_addr, wr.rkey};
   }
-  if (qp->type == IBV_QPT_UD) {
-    if (wr.ah == nullptr) return EINVAL;
-    uroce_send_entry_set_av(&e, wr.ah->dgid.b.data(), wr.ah->dmac.data(), wr.ah->traffic_class);
-  }
+  v.qp_type.xrc.remote_srqn = wr.xrc_srqn;
+  abi::SendAv av;
+  if (wr.ah) av = {wr.ah->dgid.b.data(), wr.ah->dmac.data(), wr.ah->traffic_class};
+  uroce_send_entry e;
+  if (abi::encode_send(v, {qp->type == IBV_QPT_UD, qp->xrc == Xrc::kSend}, &av, e) != nullptr) return EINVAL;
   if (!send_entry_ok(*qp, e)) return EINVAL;
   if (qp->sq_ring.used() >= qp->cap.max_send_wr || !qp->sq_ring.push(e)) return ENOMEM;
   take_posts(qp);
@@ -879,36 +874,38 @@ void Engine::fill_send_wqe(const Qp& qp, const uroce_send_entry& e, SendWqe& w) 
   }
   w.imm = e.imm_or_inv;
   w.invalidate_rkey = e.imm_or_inv;
+  // Each operation's fields from its own layout (abi/send_entry.h wrote them).
   if (qp.type == IBV_QPT_UD) {
-    const auto* b = reinterpret_cast<const std::uint8_t*>(&e);
-    std::memcpy(w.ah.dgid.b.data(), b + UROCE_UD_DGID_OFFSET, 16);
-    std::memcpy(w.ah.dmac.data(), b + UROCE_UD_DMAC_OFFSET, 6);
-    w.ah.traffic_class = b[UROCE_UD_TCLASS_OFFSET];
-    w.remote_qpn = e.remote_qpn;
-    w.remote_qkey = e.remote_qkey;
-  } else {
-    w.remote_addr = e.remote_addr;
-    w.rkey = e.rkey;
-    if (w.kind == WqeKind::kAtomic || w.kind == WqeKind::kLocal || e.opcode == UROCE_WR_FLUSH) {
-      w.compare_add = e.compare_add;
-      w.swap = e.swap;
-    }
-    if (w.kind == WqeKind::kLocal) w.remote_qpn = e.remote_qpn;  // a bind's MR
-    if (qp.xrc == Xrc::kSend) w.xrc_srqn = e.xrc_srqn & 0xffffffu;
+    std::memcpy(w.ah.dgid.b.data(), e.op.ud.dgid, 16);
+    std::memcpy(w.ah.dmac.data(), e.op.ud.dmac, 6);
+    w.ah.traffic_class = e.op.ud.traffic_class;
+    w.remote_qpn = e.op.ud.remote_qpn;
+    w.remote_qkey = e.op.ud.remote_qkey;
+    return;
   }
+  if (e.opcode == IBV_WR_BIND_MW) {
+    w.bind = {e.imm_or_inv, e.op.bind.new_rkey, e.op.bind.mr_lkey, e.op.bind.addr, e.op.bind.length, e.op.bind.access};
+  } else if (e.opcode == UROCE_WR_FLUSH) {
+    w.remote_addr = e.op.flush.remote_addr;
+    w.rkey = e.op.flush.rkey;
+    w.compare_add = e.op.flush.length;
+  } else if (w.kind == WqeKind::kAtomic) {
+    w.remote_addr = e.op.atomic.remote_addr;
+    w.rkey = e.op.atomic.rkey;
+    w.compare_add = e.op.atomic.compare_add;
+    w.swap = e.op.atomic.swap;
+  } else if (w.kind != WqeKind::kLocal) {
+    w.remote_addr = e.op.rdma.remote_addr;
+    w.rkey = e.op.rdma.rkey;
+  }
+  // The same place in every layout that has one (uroce_abi.h).
+  if (qp.xrc == Xrc::kSend) w.xrc_srqn = e.op.rdma.xrc_srqn & 0xffffffu;
 }
 
 ibv_wc_status Engine::exec_local(Qp& qp, const SendWqe& w) {
   if (w.opcode == IBV_WR_LOCAL_INV)
     return mrs_.invalidate(w.invalidate_rkey, qp.pd, qp.handle) ? IBV_WC_SUCCESS : IBV_WC_LOC_QP_OP_ERR;
-  MwBind b;
-  b.mw_rkey = w.invalidate_rkey;
-  b.new_rkey = w.rkey;
-  b.mr_lkey = w.remote_qpn;
-  b.addr = w.remote_addr;
-  b.length = w.compare_add;
-  b.access = static_cast<unsigned>(w.swap);
-  return mrs_.bind(b, qp.pd, qp.handle);
+  return mrs_.bind(w.bind, qp.pd, qp.handle);
 }
 
 std::size_t Engine::fetch_sends(Qp& qp) {

@@ -79,6 +79,7 @@ struct alignas(64) SendWqe : SendWqeHead {
   // in compare_add), binds (bind), UD (ah, remote_qpn, remote_qkey), inline.
   std::uint64_t compare_add = 0;
   std::uint64_t swap = 0;
+  MwBind bind{};
   std::uint32_t remote_qpn = 0;
   std::uint32_t remote_qkey = 0;
   std::uint32_t xrc_srqn = 0;  // an XRC send QP's: the XRC SRQ its request is for

@@ -9,6 +9,7 @@
 
 #include <infiniband/tm_types.h>
 
+#include "stack/abi/send_entry.h"
 #include "stack/transport/engine.h"
 #include "stack/wire/be.h"
 
@@ -155,13 +156,18 @@ void Engine::complete_internal(Qp& qp, ibv_wc_status status) {
   TagEntry& t = tm.tags[idx];
   if (status == IBV_WC_SUCCESS) {
     // The data is in: the sender hears so by a FIN (a TMH alone).
-    uroce_send_entry fin{};
+    Tmh tmh{};
+    tmh.opcode = IBV_TMH_FIN;
+    tmh.tag.set(t.tag);
+    ibv_sge sg{reinterpret_cast<std::uint64_t>(&tmh), UROCE_TMH_BYTES, 0};
+    ibv_send_wr fin{};
+    fin.opcode = IBV_WR_SEND;
     fin.send_flags = IBV_SEND_INLINE;
-    fin.inline_len = UROCE_TMH_BYTES;
-    auto* tmh = reinterpret_cast<Tmh*>(fin.sg_list);
-    tmh->opcode = IBV_TMH_FIN;
-    tmh->tag.set(t.tag);
-    if (!push_internal(qp, IBV_WR_SEND, idx, fin)) status = IBV_WC_TM_RNDV_INCOMPLETE;
+    fin.sg_list = &sg;
+    fin.num_sge = 1;
+    uroce_send_entry e;
+    if (abi::encode_send(fin, {}, nullptr, e) != nullptr || !push_internal(qp, IBV_WR_SEND, idx, e))
+      status = IBV_WC_TM_RNDV_INCOMPLETE;
   }
   push_tm_cqe(*qp.recv_cq, t.buf.wr_id, status, IBV_WC_TM_RECV, status == IBV_WC_SUCCESS ? len : 0,
               status == IBV_WC_SUCCESS ? IBV_WC_TM_DATA_VALID : 0, qp.qpn, 0, 0);
@@ -266,19 +272,23 @@ void Engine::tm_finish(Qp& qp, std::uint32_t byte_len, unsigned flags, std::uint
   // RNDV: matched now, the data after the READ (complete_internal).
   push_tm_cqe(*qp.recv_cq, t.buf.wr_id, IBV_WC_SUCCESS, IBV_WC_TM_RECV, 0, flags | IBV_WC_TM_MATCH, qp.qpn,
               s.tm_msg_tag, s.tm_ctx);
-  uroce_send_entry rd{};
-  rd.remote_addr = s.rndv_va;
-  rd.rkey = s.rndv_rkey;
+  ibv_sge sg[kMaxSge];
+  ibv_send_wr rd{};
+  rd.opcode = IBV_WR_RDMA_READ;
+  rd.sg_list = sg;
+  rd.wr.rdma = {s.rndv_va, s.rndv_rkey};
   // The tag's buffer, cut to the length the sender offers.
   std::uint64_t left = s.rndv_len;
-  for (std::uint32_t i = 0; i < t.buf.nsge && left > 0; ++i) {
+  for (std::uint32_t i = 0; i < t.buf.nsge && i < kMaxSge && left > 0; ++i) {
     const auto take = static_cast<std::uint32_t>(std::min<std::uint64_t>(left, t.buf.sge[i].length));
-    rd.sg_list[rd.num_sge++] = {t.buf.sge[i].addr, take, t.buf.sge[i].lkey};
+    sg[rd.num_sge++] = {t.buf.sge[i].addr, take, t.buf.sge[i].lkey};
     left -= take;
   }
+  uroce_send_entry e;
   ibv_wc_status st = IBV_WC_SUCCESS;
   if (left > 0) st = IBV_WC_LOC_LEN_ERR;  // more than the tag's buffer holds
-  else if (!push_internal(qp, IBV_WR_RDMA_READ, s.tm_tag, rd)) st = IBV_WC_TM_RNDV_INCOMPLETE;
+  else if (abi::encode_send(rd, {}, nullptr, e) != nullptr || !push_internal(qp, IBV_WR_RDMA_READ, s.tm_tag, e))
+    st = IBV_WC_TM_RNDV_INCOMPLETE;
   if (st != IBV_WC_SUCCESS) {
     push_tm_cqe(*qp.recv_cq, t.buf.wr_id, st, IBV_WC_TM_RECV, 0, 0, qp.qpn, 0, 0);
     tm.release(t);

@@ -32,6 +32,7 @@
 #include "stack/abi/fd_msg.h"
 #include "stack/abi/qp_attr.h"
 #include "stack/abi/ring.h"
+#include "stack/abi/send_entry.h"
 #include "stack/abi/work_ring.h"
 #include "stack/abi/session_proto.h"
 #include "stack/abi/wc_status.h"
@@ -1760,86 +1761,19 @@ int uroce_post_send(uroce_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
     if (bad) *bad = wr;
     return set_error(EINVAL, "the QP is not ready to send (not in RTS)");
   }
+  const abi::SendTarget to{qp->init.qp_type == IBV_QPT_UD, qp->init.qp_type == IBV_QPT_XRC_SEND};
   for (; wr; wr = wr->next) {
-    if (wr->num_sge < 0 || wr->num_sge > UROCE_ABI_MAX_SGE) {
-      if (bad) *bad = wr;
-      return set_error(EINVAL, "too many SGEs");
-    }
-    uroce_send_entry e{};
-    e.wr_id = wr->wr_id;
-    if (qp->init.qp_type == IBV_QPT_XRC_SEND) e.xrc_srqn = wr->qp_type.xrc.remote_srqn;
-    e.opcode = static_cast<std::uint8_t>(wr->opcode);
-    e.num_sge = static_cast<std::uint8_t>(wr->num_sge);
-    e.send_flags = static_cast<std::uint16_t>(wr->send_flags);
-    if (wr->opcode == IBV_WR_SEND_WITH_IMM || wr->opcode == IBV_WR_RDMA_WRITE_WITH_IMM) e.imm_or_inv = ntohl(wr->imm_data);
-    if (wr->opcode == IBV_WR_SEND_WITH_INV || wr->opcode == IBV_WR_LOCAL_INV) e.imm_or_inv = wr->invalidate_rkey;
-    if (wr->opcode == IBV_WR_BIND_MW) {
-      // The entry's layout for a bind (uroce_abi.h); the daemon checks it all.
-      const ibv_mw_bind_info& b = wr->bind_mw.bind_info;
-      if (wr->bind_mw.mw == nullptr) {
-        if (bad) *bad = wr;
-        qp->ctx->posted(qp->sq.header(), qp->qpn);
-        return set_error(EINVAL, "a bind names no memory window");
-      }
-      e.imm_or_inv = wr->bind_mw.mw->rkey;
-      e.rkey = wr->bind_mw.rkey;
-      e.remote_addr = b.addr;
-      e.compare_add = b.length;
-      e.swap = b.mw_access_flags;
-      e.remote_qpn = b.mr ? b.mr->lkey : 0;
-      e.num_sge = 0;
-      e.send_flags &= ~IBV_SEND_INLINE;
-    } else if (wr->opcode == IBV_WR_LOCAL_INV) {
-      e.num_sge = 0;
-      e.send_flags &= ~IBV_SEND_INLINE;
-    } else if (qp->init.qp_type == IBV_QPT_UD) {
-      // The address vector, where a UD send entry carries it.
+    abi::SendAv av;
+    if (to.ud) {
+      // The address vector, from the AH (the entry carries it: uroce_abi.h's op.ud).
       const auto* ah = reinterpret_cast<const uroce_ah*>(wr->wr.ud.ah);
-      if (ah == nullptr || ah->magic != uroce_ah::kAhMagic) {
-        if (bad) *bad = wr;
-        qp->ctx->posted(qp->sq.header(), qp->qpn);
-        return set_error(EINVAL, "a UD send needs an address handle from ibv_create_ah");
-      }
-      e.remote_qpn = wr->wr.ud.remote_qpn;
-      e.remote_qkey = wr->wr.ud.remote_qkey;
-      uroce_send_entry_set_av(&e, ah->dgid, ah->dmac, ah->traffic_class);
-    } else if (wr->opcode == static_cast<ibv_wr_opcode>(UROCE_WR_FLUSH)) {
-      // rdma-core 44's work request has no FLUSH fields: the atomic ones carry it (uroce_verbs.h).
-      e.remote_addr = wr->wr.atomic.remote_addr;
-      e.rkey = wr->wr.atomic.rkey;
-      e.compare_add = wr->wr.atomic.compare_add;
-      e.imm_or_inv = static_cast<std::uint32_t>(wr->wr.atomic.swap);
-    } else if (wr->opcode == IBV_WR_ATOMIC_CMP_AND_SWP || wr->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) {
-      e.remote_addr = wr->wr.atomic.remote_addr;
-      e.rkey = wr->wr.atomic.rkey;
-      e.compare_add = wr->wr.atomic.compare_add;
-      e.swap = wr->wr.atomic.swap;
-    } else {
-      e.remote_addr = wr->wr.rdma.remote_addr;
-      e.rkey = wr->wr.rdma.rkey;
+      if (ah != nullptr && ah->magic == uroce_ah::kAhMagic) av = {ah->dgid, ah->dmac, ah->traffic_class};
     }
-    if (wr->opcode == IBV_WR_BIND_MW || wr->opcode == IBV_WR_LOCAL_INV || wr->opcode == static_cast<ibv_wr_opcode>(UROCE_WR_FLUSH)) {
-      // No data: whatever sg_list holds is not read.
-    } else if (wr->send_flags & IBV_SEND_INLINE) {
-      // The bytes go in the entry, in place of its SGEs: the buffers may be
-      // reused as soon as this returns, and need no MR.
-      std::size_t len = 0;
-      for (int i = 0; i < wr->num_sge; ++i) len += wr->sg_list[i].length;
-      if (len > UROCE_ABI_MAX_INLINE) {
-        if (bad) *bad = wr;
-        qp->ctx->posted(qp->sq.header(), qp->qpn);
-        return set_error(EINVAL, "inline data over 64 bytes (max_inline_data)");
-      }
-      auto* out = reinterpret_cast<std::uint8_t*>(e.sg_list);
-      for (int i = 0; i < wr->num_sge; ++i) {
-        std::memcpy(out, reinterpret_cast<const void*>(wr->sg_list[i].addr), wr->sg_list[i].length);
-        out += wr->sg_list[i].length;
-      }
-      e.num_sge = 0;
-      e.inline_len = static_cast<std::uint32_t>(len);
-    } else {
-      for (int i = 0; i < wr->num_sge; ++i)
-        e.sg_list[i] = {wr->sg_list[i].addr, wr->sg_list[i].length, wr->sg_list[i].lkey};
+    uroce_send_entry e;
+    if (const char* why = abi::encode_send(*wr, to, &av, e)) {
+      if (bad) *bad = wr;
+      qp->ctx->posted(qp->sq.header(), qp->qpn);  // what was posted before this one
+      return set_error(EINVAL, why);
     }
     if (!qp->sq.push(e)) {
       if (bad) *bad = wr;

@@ -60,7 +60,7 @@ TEST(Ring, ProducerAndConsumerOnTwoMappingsAndTwoThreads) {
     while (got < kCount) {
       if (!cons.pop(e)) continue;
       // Every field written by the producer is there: nothing torn, nothing stale.
-      if (e.wr_id != got || e.remote_addr != got * 3 || e.sg_list[3].lkey != static_cast<std::uint32_t>(got ^ 0x5a5a) ||
+      if (e.wr_id != got || e.op.rdma.remote_addr != got * 3 || e.sg_list[3].lkey != static_cast<std::uint32_t>(got ^ 0x5a5a) ||
           e.opcode != static_cast<std::uint8_t>(got))
         ++bad;
       ++got;
@@ -70,7 +70,7 @@ TEST(Ring, ProducerAndConsumerOnTwoMappingsAndTwoThreads) {
   for (std::uint64_t i = 0; i < kCount;) {
     uroce_send_entry e{};
     e.wr_id = i;
-    e.remote_addr = i * 3;
+    e.op.rdma.remote_addr = i * 3;
     e.opcode = static_cast<std::uint8_t>(i);
     e.sg_list[3].lkey = static_cast<std::uint32_t>(i ^ 0x5a5a);
     if (prod.push(e)) {

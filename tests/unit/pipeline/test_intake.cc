@@ -82,8 +82,8 @@ struct IntakeTest : ::testing::Test {
     e.opcode = IBV_WR_RDMA_WRITE;
     e.num_sge = 1;
     e.sg_list[0] = {p.addr(0, 0), 64, p.node[0].mr->lkey};
-    e.remote_addr = p.addr(1, 0);
-    e.rkey = p.rkey(1);
+    e.op.rdma.remote_addr = p.addr(1, 0);
+    e.op.rdma.rkey = p.rkey(1);
     return e;
   }
   /// What liburoce does for a send: publish, then name the queue.

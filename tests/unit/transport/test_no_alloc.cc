@@ -193,9 +193,14 @@ TEST(NoAlloc, SharedRingsAllocateNothingAfterWarmUp) {
       e.num_sge = 1;
       e.sg_list[0] = {p.addr(0, 65536 * static_cast<std::uint64_t>(i % 16)),
                       atomic ? 8u : static_cast<std::uint32_t>((posted * 977) % 5000), p.node[0].mr->lkey};
-      e.remote_addr = atomic ? p.addr(1, 2u << 20) : p.addr(1, 65536 * static_cast<std::uint64_t>(i % 16));
-      e.rkey = p.rkey(1);
-      e.compare_add = 3;
+      if (atomic) {
+        e.op.atomic.remote_addr = p.addr(1, 2u << 20);
+        e.op.atomic.rkey = p.rkey(1);
+        e.op.atomic.compare_add = 3;
+      } else {
+        e.op.rdma.remote_addr = p.addr(1, 65536 * static_cast<std::uint64_t>(i % 16));
+        e.op.rdma.rkey = p.rkey(1);
+      }
       if (op == IBV_WR_SEND) {
         Sge r = p.sge(1, (1u << 20) + 8192 * static_cast<std::uint64_t>(i % 16), 8192);
         if (p.B().post_recv(b, RecvWr{e.wr_id, {&r, 1}}) != 0) ++failures;

@@ -85,8 +85,8 @@ struct Shared : ::testing::Test {
     e.send_flags = IBV_SEND_SIGNALED;
     e.num_sge = 1;
     e.sg_list[0] = {p.addr(0, loff), len, p.node[0].mr->lkey};
-    e.remote_addr = p.addr(1, roff);
-    e.rkey = p.rkey(1);
+    e.op.rdma.remote_addr = p.addr(1, roff);
+    e.op.rdma.rkey = p.rkey(1);
     return e;
   }
   /// Runs the wire until the application's CQ ring holds n entries (it pops them into out).
@@ -139,7 +139,7 @@ TEST_F(Shared, AnEntryRewrittenAfterItWasTakenChangesNothing) {
   // The hostile application rewrites the published slot: another address,
   // a huge length, another opcode. The engine checked its own copy.
   uroce_send_entry* s = sq.slot(0);
-  s->remote_addr = p.addr(1, 0);
+  s->op.rdma.remote_addr = p.addr(1, 0);
   s->sg_list[0].length = 0xffffffff;
   s->num_sge = 200;
   s->opcode = IBV_WR_RDMA_READ;
@@ -384,8 +384,8 @@ TEST(SharedOrder, ASendSlotIsFreeBeforeItsCompletionIsVisible) {
   e.send_flags = IBV_SEND_SIGNALED;
   e.num_sge = 1;
   e.sg_list[0] = {p.addr(0, 0), 64, p.node[0].mr->lkey};
-  e.remote_addr = p.addr(1, 0);
-  e.rkey = p.rkey(1);
+  e.op.rdma.remote_addr = p.addr(1, 0);
+  e.op.rdma.rkey = p.rkey(1);
   ASSERT_TRUE(sq.app.push(e));
   p.A().take_posts(a);
   uroce_cq_entry c{};
