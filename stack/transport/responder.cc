@@ -10,16 +10,6 @@ namespace uroce::transport {
 using wire::Psn;
 namespace op = wire::op;
 
-namespace {
-
-constexpr std::uint8_t kAckSyndrome = 0x1f;  // ACK, credit count invalid (as rxe sends)
-constexpr std::uint8_t kNakSeq = 0x60;
-constexpr std::uint8_t kNakInvalid = 0x61;
-constexpr std::uint8_t kNakAccess = 0x62;
-constexpr std::uint8_t kNakOp = 0x63;
-
-}  // namespace
-
 void Engine::on_request(Qp& qp, const wire::Packet& pkt, std::uint64_t /*now*/) {
   if (qp.type == IBV_QPT_RC) [[likely]] {
     on_rc_request(qp, pkt);
@@ -45,7 +35,7 @@ void Engine::on_quarantined(Qp& qp, const wire::Packet& pkt, std::uint64_t now) 
   const bool dup = pkt.info->has(wire::kOpRequest) && !pkt.info->has(wire::kOpRead) &&
                    !pkt.info->has(wire::kOpAtomic) && distance(qp.resp.epsn, pkt.psn) < 0 &&
                    pkt.src == qp.remote_ip;
-  if (!dup || !queue_ack(qp, kAckSyndrome, qp.resp.epsn - 1)) {
+  if (!dup || !queue_ack(qp, wire::kAethCreditInvalid, qp.resp.epsn - 1)) {
     port_ctr_.inc(PortCounter::rx_quarantined);
     return;
   }
@@ -71,7 +61,7 @@ void Engine::on_quarantined(Qp& qp, const wire::Packet& pkt, std::uint64_t now) 
   if (s.nak_sent && !pkt.info->has(wire::kOpRead) && !pkt.info->has(wire::kOpAtomic)) {
     // The gap is filled: tell the requester now, on top of the coalesced
     // ACK below, so recovery does not hinge on a single feedback frame.
-    queue_ack(qp, kAckSyndrome, pkt.psn);
+    queue_ack(qp, wire::kAethCreditInvalid, pkt.psn);
   }
   s.nak_sent = false;
   // READ and atomic requests are answered by their responses.
@@ -84,7 +74,7 @@ void Engine::on_rc_out_of_order(Qp& qp, const wire::Packet& pkt) {
     // Ahead of what we expect: something was lost. One NAK per gap, naming
     // the first missing PSN (IBTA 9.7.5.1.2); the rest are dropped.
     qp.ctr.inc(QpCounter::out_of_sequence);
-    if (!s.nak_sent && queue_ack(qp, kNakSeq, s.epsn)) s.nak_sent = true;  // counted when sent
+    if (!s.nak_sent && queue_ack(qp, wire::nak_syndrome(wire::NakCode::kPsnSeqError), s.epsn)) s.nak_sent = true;  // counted when sent
     return;
   }
   qp.ctr.inc(QpCounter::duplicate_request);
@@ -95,7 +85,7 @@ void Engine::on_rc_refused(Qp& qp, const wire::Packet& pkt, Exec e) {
   switch (e) {
     case Exec::kRnr:
       // No receive WQE: ask the requester to come back later (9.7.5.2.8).
-      if (queue_ack(qp, static_cast<std::uint8_t>(0x20 | (qp.min_rnr_timer & 31)), pkt.psn))
+      if (queue_ack(qp, wire::rnr_nak_syndrome(qp.min_rnr_timer), pkt.psn))
         qp.ctr.inc(QpCounter::send_rnr_err);
       break;
     case Exec::kDrop: break;
@@ -104,7 +94,9 @@ void Engine::on_rc_refused(Qp& qp, const wire::Packet& pkt, Exec e) {
 }
 
 void Engine::responder_error(Qp& qp, const wire::Packet& pkt, Exec e) {
-  const std::uint8_t syn = e == Exec::kNakAccess ? kNakAccess : e == Exec::kNakOp ? kNakOp : kNakInvalid;
+  const std::uint8_t syn = wire::nak_syndrome(e == Exec::kNakAccess ? wire::NakCode::kRemoteAccessError
+                                              : e == Exec::kNakOp   ? wire::NakCode::kRemoteOperationalError
+                                                                    : wire::NakCode::kInvalidRequest);
   // Responses already owed for earlier requests (READ data, atomic results,
   // a coalesced ACK) go out first, in order; then the NAK; then the QP
   // moves to ERR, which discards whatever could not be sent.
@@ -551,7 +543,7 @@ void Engine::settle_pending_ack(Qp& qp) {
   *t = RespTx{};
   t->kind = RespTx::Kind::kAck;
   t->psn = s.ack_psn;
-  t->syndrome = kAckSyndrome;
+  t->syndrome = wire::kAethCreditInvalid;
   s.ack_pending = false;
 }
 
@@ -589,7 +581,7 @@ bool Engine::send_ack(Qp& qp, std::uint8_t syndrome, Psn psn) {
 bool Engine::send_atomic_ack(Qp& qp, Psn psn, std::uint64_t orig) {
   TxFrame* f = tx_slot();
   if (f == nullptr) return false;
-  wire::ExtFields ext = aeth(kAckSyndrome, qp.resp.msn);
+  wire::ExtFields ext = aeth(wire::kAethCreditInvalid, qp.resp.msn);
   ext.atomic_ack_orig = orig;
   finish_packet(*f, qp, {op::kRcAtomicAck, false, false, psn}, ext, 0);
   return true;
@@ -601,9 +593,9 @@ void Engine::run_responses(Qp& qp) {
     RespTx& rt = s.out.front();
     if (rt.kind == RespTx::Kind::kAck) {
       if (!send_ack(qp, rt.syndrome, rt.psn)) return;
-      if (rt.syndrome != kAckSyndrome) {  // NAKs and RNR NAKs
+      if (rt.syndrome != wire::kAethCreditInvalid) {  // NAKs and RNR NAKs
         qp.ctr.inc(QpCounter::sent_naks);
-        if (rt.syndrome == kNakSeq) qp.ctr.inc(QpCounter::sent_seq_naks);
+        if (rt.syndrome == wire::nak_syndrome(wire::NakCode::kPsnSeqError)) qp.ctr.inc(QpCounter::sent_seq_naks);
       }
       s.out.pop();
       continue;
@@ -624,7 +616,7 @@ void Engine::run_responses(Qp& qp) {
         // memory that is gone.
         qp.ctr.inc(QpCounter::remote_access_err);
         rt.kind = RespTx::Kind::kAck;
-        rt.syndrome = kNakAccess;
+        rt.syndrome = wire::nak_syndrome(wire::NakCode::kRemoteAccessError);
         continue;
       }
       src = p;
@@ -642,11 +634,11 @@ void Engine::run_responses(Qp& qp) {
       unbuilt(*f);
       qp.ctr.inc(QpCounter::remote_access_err);
       rt.kind = RespTx::Kind::kAck;
-      rt.syndrome = kNakAccess;
+      rt.syndrome = wire::nak_syndrome(wire::NakCode::kRemoteAccessError);
       continue;
     }
     if (payload && !src.odp()) f->seg[f->nseg++] = {src.p, payload};
-    finish_packet(*f, qp, {opcode, false, false, rt.psn}, aeth(kAckSyndrome, s.msn), payload);
+    finish_packet(*f, qp, {opcode, false, false, rt.psn}, aeth(wire::kAethCreditInvalid, s.msn), payload);
     ++rt.pkt;
     ++rt.psn;
     if (last) s.out.pop();
@@ -675,7 +667,7 @@ void Engine::flush_acks() {
     // otherwise overtake READ responses and look as if they were lost.
     if (s.ack_pending && !s.out.empty()) run_responses(*qp);
     if (s.ack_pending && qp->state != IBV_QPS_ERR && qp->state != IBV_QPS_RESET &&
-        (!s.out.empty() || !send_ack(*qp, kAckSyndrome, s.ack_psn))) {
+        (!s.out.empty() || !send_ack(*qp, wire::kAethCreditInvalid, s.ack_psn))) {
       ack_waiters_[keep++] = qp;  // TX ring full: try again next poll
       continue;
     }

@@ -13,7 +13,6 @@ using wire::Psn;
 namespace op = wire::op;
 
 namespace {
-constexpr std::uint8_t kAckSyndrome = 0x1f;  // ACK, credit count invalid (as the go-back-N responder sends)
 constexpr std::uint32_t kBits = Bitmap256::kBits;
 }  // namespace
 
@@ -269,7 +268,7 @@ bool Engine::sr_quiet(const Qp& qp) {
 bool Engine::send_sr_ack(Qp& qp) {
   TxFrame* f = tx_slot();
   if (f == nullptr) return false;
-  wire::ExtFields ext = aeth(kAckSyndrome, qp.resp.msn);
+  wire::ExtFields ext = aeth(wire::kAethCreditInvalid, qp.resp.msn);
   ext.sack_base = qp.resp.epsn.value();
   ext.sack_bits = qp.sr->got.words();
   finish_packet(*f, qp, {op::kSrAck, false, false, qp.resp.epsn - 1}, ext, 0);

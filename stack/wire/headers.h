@@ -232,7 +232,16 @@ enum class NakCode : std::uint8_t {
   kRemoteOperationalError = 3,
   kInvalidRdRequest = 4,
 };
-/// The "invalid credit count" code that rxe always sends (9.7.7.2.5).
+/// The "invalid credit count" code that rxe always sends (9.7.7.2.5): the
+/// syndrome of every ACK uroce sends.
 inline constexpr std::uint8_t kAethCreditInvalid = 0x1f;
+/// A NAK's syndrome: class 3 and its code.
+[[nodiscard]] constexpr std::uint8_t nak_syndrome(NakCode c) {
+  return static_cast<std::uint8_t>(0x60 | static_cast<std::uint8_t>(c));
+}
+/// An RNR NAK's syndrome: class 1 and the minimum RNR timer's 5-bit code.
+[[nodiscard]] constexpr std::uint8_t rnr_nak_syndrome(std::uint8_t timer) {
+  return static_cast<std::uint8_t>(0x20 | (timer & 31));
+}
 
 }  // namespace uroce::wire
