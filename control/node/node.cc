@@ -879,6 +879,9 @@ std::unique_ptr<Node> Node::start(const NodeOptions& o, bool embedded, std::stri
       pipeline::PortIo& pio =
           o.shards > 1 ? port->shard(static_cast<std::uint16_t>(sh)) : static_cast<pipeline::PortIo&>(*port);
       p->dp = std::make_unique<pipeline::Dataplane>(*p->eng, pio, *p->neigh, ec.seed);
+      // The engine's one neighbour wait asks through this pipeline's port.
+      p->eng->set_resolver([](void* ctx, const wire::IpAddr& ip) { static_cast<pipeline::Dataplane*>(ctx)->resolve(ip); },
+                           p->dp.get());
       p->dp->rx_faults().configure(o.fault_rx);
       p->dp->tx_faults().configure(o.fault_tx);
       p->dp->set_idle(o.idle);
@@ -939,8 +942,7 @@ std::unique_ptr<Node> Node::start(const NodeOptions& o, bool embedded, std::stri
     try {
       n->sessions_ = std::make_unique<SessionServer>(
           n->io_, o.app_socket, o.app_socket_mode, *n->pipes_[0]->eng, *n->intake_, o.limits,
-          [](void* ctx, const wire::IpAddr& ip) { static_cast<pipeline::Dataplane*>(ctx)->resolve(ip); },
-          n->pipes_[0]->dp.get(), [](void* ctx) { return static_cast<pipeline::Dataplane*>(ctx)->link(); });
+          [](void* ctx) { return static_cast<pipeline::Dataplane*>(ctx)->link(); }, n->pipes_[0]->dp.get());
     } catch (const std::exception& e) {
       err = "--app-socket " + o.app_socket + ": " + e.what();
       return nullptr;

@@ -134,9 +134,8 @@ struct SessionServer::Session {
 };
 
 SessionServer::SessionServer(asio::io_context& io, const std::string& path, unsigned mode, Engine& eng,
-                             pipeline::Intake& intake, const SessionLimits& limits, Resolve resolve, void* resolve_ctx,
-                             Link link)
-    : resolve_(resolve), resolve_ctx_(resolve_ctx), link_(link), acceptor_(io), eng_(eng), intake_(intake), limits_(limits),
+                             pipeline::Intake& intake, const SessionLimits& limits, Link link, void* link_ctx)
+    : link_(link), link_ctx_(link_ctx), acceptor_(io), eng_(eng), intake_(intake), limits_(limits),
       accept_pause_(io),
       path_(path) {
   ::unlink(path.c_str());
@@ -152,7 +151,7 @@ SessionServer::SessionServer(asio::io_context& io, const std::string& path, unsi
   cc.ca_guid = (std::uint64_t{mac[0] ^ 2u} << 56) | (std::uint64_t{mac[1]} << 48) | (std::uint64_t{mac[2]} << 40) |
                (0xfffeull << 24) | (std::uint64_t{mac[3]} << 16) | (std::uint64_t{mac[4]} << 8) | mac[5];
   cc.seed = static_cast<std::uint64_t>(::getpid()) ^ static_cast<std::uint64_t>(now_ns());
-  cm_ = std::make_unique<cm::CmAgent>(eng, cc, resolve, resolve_ctx);
+  cm_ = std::make_unique<cm::CmAgent>(eng, cc);
   eng_.set_hooks(&SessionServer::on_cq_notify, &SessionServer::on_async_event, this);
   cm_->set_event_hook(&SessionServer::on_cm_event, this);
 }
@@ -901,7 +900,7 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
       if ((mask & IBV_QP_QKEY) && (a.qkey & 0x80000000u))
         return fail(EPERM, "a Q_Key with the high bit set is controlled (IBTA 10.2.5): not for applications");
       const ModifyResult res = eng_.modify_qp(q->second.qp, a, mask);
-      if (res.err == EHOSTUNREACH && resolve_ != nullptr) {
+      if (res.err == EHOSTUNREACH && eng_.resolves()) {
         // Resolve the peer (ARP or ND) and answer when it is known, as a
         // kernel RDMA stack does while it resolves the address.
         wire::IpAddr dgid;
@@ -986,7 +985,7 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
         std::memcpy(r.mac, mac.data(), 6);
         return send_reply(sock, h, 0, "", &r, sizeof r);
       }
-      if (resolve_ == nullptr) return fail(EHOSTUNREACH, "no neighbour entry for the GID, and no way to resolve it");
+      if (!eng_.resolves()) return fail(EHOSTUNREACH, "no neighbour entry for the GID, and no way to resolve it");
       if (!park(s, 0, h, ibv_qp_attr{}, 0, dgid))
         return fail(EAGAIN, "too many requests already waiting for address resolution; try again");
       return;
@@ -1186,7 +1185,7 @@ void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_
       uroce_query_msg m;
       if (!take(m)) return;
       if (m.object == UROCE_OBJ_PORT) {
-        const pipeline::LinkInfo l = link_ ? link_(resolve_ctx_) : pipeline::LinkInfo{};
+        const pipeline::LinkInfo l = link_ ? link_(link_ctx_) : pipeline::LinkInfo{};
         const uroce_port_attr r{static_cast<std::uint32_t>(l.up ? IBV_PORT_ACTIVE : IBV_PORT_DOWN), l.speed_mbps, l.mtu};
         return send_reply(sock, h, 0, "", &r, sizeof r);
       }
@@ -1366,12 +1365,10 @@ bool SessionServer::park(const Session& s, std::uint32_t qp_handle, const uroce_
     return false;
   }
   if (mine >= limits_.max_pending_rtr || pending_.size() >= limits_.max_pending_rtr_total) return false;
+  // The engine's one neighbour wait asks (and asks again) for as long as
+  // this request waits; each pass looks the neighbour up again.
   const std::uint64_t t = now_ms();
-  // One resolution per destination, however many requests wait for it: the
-  // first ARP/ND goes now, the next after 100 ms, then doubling to 1 s, as
-  // the kernel's neighbour code retries.
-  auto [r, fresh] = resolving_.try_emplace(dgid, Resolution{t + 100, 100});
-  if (fresh) resolve_(resolve_ctx_, dgid);
+  eng_.want_neighbor(dgid, now_ns(), now_ns() + 3'000'000'000ull);
   pending_.push_back({s.id, qp_handle, h, a, mask, dgid, t + 3000});
   return true;
 }
@@ -1440,22 +1437,6 @@ std::size_t SessionServer::retry_pending() {
     }
     ++i;
   }
-  // Resend each destination's request on its backoff; forget destinations
-  // nobody waits for any more.
-  for (auto it = resolving_.begin(); it != resolving_.end();) {
-    bool waited_for = false;
-    for (const PendingRequest& p : pending_) waited_for = waited_for || p.dgid == it->first;
-    if (!waited_for) {
-      it = resolving_.erase(it);
-      continue;
-    }
-    if (t >= it->second.next_ms) {
-      resolve_(resolve_ctx_, it->first);
-      it->second.interval_ms = std::min<std::uint64_t>(it->second.interval_ms * 2, 1000);
-      it->second.next_ms = t + it->second.interval_ms;
-    }
-    ++it;
-  }
   return done;
 }
 
@@ -1491,7 +1472,7 @@ void SessionServer::watch_link() {
   const std::uint64_t now = now_ms();
   if (now - link_checked_ms_ < 200) return;
   link_checked_ms_ = now;
-  const bool up = link_(resolve_ctx_).up;
+  const bool up = link_(link_ctx_).up;
   if (up == link_up_) return;
   link_up_ = up;
   const uroce_async_msg ev{static_cast<std::uint32_t>(up ? IBV_EVENT_PORT_ACTIVE : IBV_EVENT_PORT_ERR), 1};

@@ -33,16 +33,13 @@ namespace uroce::control {
 
 class SessionServer {
  public:
-  /// `resolve(ip)` sends an ARP request or neighbour solicitation for ip.
-  using Resolve = void (*)(void* ctx, const wire::IpAddr& ip);
   /// `link()` says the port's link state and speed (QUERY of the port, and
   /// port events to every session when the state changes).
   using Link = pipeline::LinkInfo (*)(void* ctx);
   /// `intake` is the pipeline's stage that takes the sessions' posts: each
   /// session, QP and tag-matching SRQ is registered there as it is made.
   SessionServer(boost::asio::io_context& io, const std::string& path, unsigned mode, transport::Engine& eng,
-                pipeline::Intake& intake, const SessionLimits& limits, Resolve resolve = nullptr, void* resolve_ctx = nullptr,
-                Link link = nullptr);
+                pipeline::Intake& intake, const SessionLimits& limits, Link link = nullptr, void* link_ctx = nullptr);
   ~SessionServer();
   /// The control plane's share of a pass: parked RTRs, the CM agent, QPs
   /// being destroyed, silent connections, faulted memory. (Posts never come
@@ -92,11 +89,6 @@ class SessionServer {
     wire::IpAddr dgid;
     std::uint64_t deadline_ms;
   };
-  /// A destination being resolved for parked requests: when to ask again.
-  struct Resolution {
-    std::uint64_t next_ms, interval_ms;
-  };
-  std::map<wire::IpAddr, Resolution> resolving_;
   std::size_t retry_pending();
   /// Parks a request until dgid resolves (false: the bounds are reached).
   bool park(const Session& s, std::uint32_t qp_handle, const uroce_msg_hdr& h, const ibv_qp_attr& a, int mask,
@@ -118,9 +110,8 @@ class SessionServer {
   std::size_t finish_closing();
   void destroy_qp(Session& s, std::uint32_t qp_handle);
   std::unique_ptr<cm::CmAgent> cm_;  // RDMA CM on QP1, for every session
-  Resolve resolve_;
-  void* resolve_ctx_;  // also link_'s
   Link link_;
+  void* link_ctx_;
   bool link_up_ = true;                // as last told to the sessions
   std::uint64_t link_checked_ms_ = 0;  // when step() last asked
   /// Asks about the link every 200 ms; a change goes to every session as

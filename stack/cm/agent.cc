@@ -51,8 +51,7 @@ void copy_priv(std::uint8_t* dst, std::size_t cap, wire::ConstBytes priv) {
 
 }  // namespace
 
-CmAgent::CmAgent(transport::Engine& eng, const CmConfig& cfg, Resolve resolve, void* resolve_ctx)
-    : eng_(eng), cfg_(cfg), resolve_(resolve), resolve_ctx_(resolve_ctx), rng_(cfg.seed) {
+CmAgent::CmAgent(transport::Engine& eng, const CmConfig& cfg) : eng_(eng), cfg_(cfg), rng_(cfg.seed) {
   next_comm_id = [this] {
     std::uint32_t v;
     do v = static_cast<std::uint32_t>(splitmix(rng_));
@@ -138,7 +137,7 @@ void CmAgent::send(const wire::IpAddr& dst, const Mad& m, std::uint64_t now) {
     return;
   }
   // The peer's MAC is not known yet: ask, and send when it is.
-  if (resolve_) resolve_(resolve_ctx_, dst);
+  eng_.want_neighbor(dst, now, now + cfg_.resolve_ns);
   pending_.push_back({dst, m, now + cfg_.resolve_ns});
 }
 

@@ -102,9 +102,9 @@ const char* to_string(CmCounter c);
 
 class CmAgent {
  public:
-  /// Asks the neighbour layer to resolve ip (ARP / neighbour solicitation).
-  using Resolve = void (*)(void* ctx, const wire::IpAddr& ip);
-  CmAgent(transport::Engine& eng, const CmConfig& cfg, Resolve resolve = nullptr, void* resolve_ctx = nullptr);
+  /// A MAD to a peer whose MAC is not known waits for it through the
+  /// engine's one neighbour wait (Engine::want_neighbor).
+  CmAgent(transport::Engine& eng, const CmConfig& cfg);
   ~CmAgent();
   CmAgent(const CmAgent&) = delete;
   CmAgent& operator=(const CmAgent&) = delete;
@@ -243,8 +243,6 @@ class CmAgent {
 
   transport::Engine& eng_;
   CmConfig cfg_;
-  Resolve resolve_;
-  void* resolve_ctx_;
   EventHook event_hook_ = nullptr;
   void* event_hook_ctx_ = nullptr;
   transport::Pd* pd_ = nullptr;

@@ -1494,6 +1494,11 @@ void Engine::poll(std::uint64_t now) {
       if (q && q->quarantine_until && q->quarantine_until <= now) release(*q);
     }
   }
+  // Neighbours still waited for, asked again on their backoff.
+  if (neighbors_.waiting())
+    neighbors_.due(now, [this](const wire::IpAddr& ip) {
+      if (resolver_) resolver_(resolver_ctx_, ip);
+    });
   // QPs whose time has come join those with work.
   wheel_.expire(now, [this](Qp& qp) { activate(qp); });
   if (!metered()) {

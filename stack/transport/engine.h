@@ -262,6 +262,19 @@ class Engine {
   NeighborTable& neighbors() { return neighbors_; }
   /// A static entry in it (configuration, tests).
   void set_neighbor(const wire::IpAddr& ip, const wire::MacAddr& mac) { neighbors_.add_static(ip, mac); }
+  /// Sends an ARP request or neighbour solicitation (the pipeline's).
+  using Resolver = void (*)(void* ctx, const wire::IpAddr& ip);
+  void set_resolver(Resolver fn, void* ctx) {
+    resolver_ = fn;
+    resolver_ctx_ = ctx;
+  }
+  /// Someone needs ip's MAC until `until` (ns, as `now`): asked at once if
+  /// nobody was waiting, then again on poll() on a backoff while anybody
+  /// waits (neighbor_table.h). The caller looks neighbor() up again itself.
+  [[nodiscard]] bool resolves() const { return resolver_ != nullptr; }
+  void want_neighbor(const wire::IpAddr& ip, std::uint64_t now, std::uint64_t until) {
+    if (neighbors_.want(ip, now, until) && resolver_) resolver_(resolver_ctx_, ip);
+  }
   /// The entry for ip, if there is one.
   bool neighbor(const wire::IpAddr& ip, wire::MacAddr& mac) const {
     const auto m = neighbors_.lookup(ip);
@@ -613,6 +626,8 @@ class Engine {
   bool tx_full_ = false;          // tx_slot() found the TX ring full (poll's per-QP note)
   std::vector<Qp*> ack_waiters_;  // QPs with a coalesced ACK pending
   NeighborTable neighbors_;
+  Resolver resolver_ = nullptr;
+  void* resolver_ctx_ = nullptr;
   struct McastAttach {
     wire::IpAddr gid;
     Qp* qp;
