@@ -90,17 +90,14 @@ void Engine::on_response(Qp& qp, const wire::Packet& pkt, std::uint64_t now) {
         // were lost on the way: go back to them now rather than on timeout.
         if (!qp.sq.empty() && qp.sq.front().started && needs_response(qp.sq.front()) &&
             !is_before(p, waiting_psn(qp.sq.front()))) {
-          if (progress) {
-            r.retry_left = qp.retry_cnt;
-            r.retry_pending = false;
-          }
+          if (progress) renew_retries(qp);
           if (!r.retry_pending) retry_or_fail(qp, now, false);
           return;
         }
         break;
       }
       case AethKind::kRnrNak: {
-        if (ack_upto(qp, p - 1)) r.retry_left = qp.retry_cnt;
+        if (ack_upto(qp, p - 1)) renew_retries(qp);
         qp.ctr.inc(QpCounter::rcvd_rnr_err);
         if (qp.rnr_retry != 7) {  // 7: retry for ever (IBTA 9.7.5.2.8)
           if (r.rnr_left == 0) {
@@ -120,11 +117,7 @@ void Engine::on_response(Qp& qp, const wire::Packet& pkt, std::uint64_t now) {
       case AethKind::kNak: {
         // A NAK acknowledges everything before it: that is progress, and
         // resets the retry budget before this retry is counted.
-        if (ack_upto(qp, p - 1)) {
-          r.retry_left = qp.retry_cnt;
-          r.rnr_left = qp.rnr_retry;
-          r.retry_pending = false;
-        }
+        if (ack_upto(qp, p - 1)) renew_retries(qp);
         const unsigned code = syn & 31;
         if (code == static_cast<unsigned>(wire::NakCode::kPsnSeqError)) {
           qp.ctr.inc(QpCounter::rcvd_seq_err);
@@ -164,10 +157,7 @@ void Engine::on_response(Qp& qp, const wire::Packet& pkt, std::uint64_t now) {
     if (p != want) {
       if (is_before(want, p)) {
         // A response went missing: start again from it (9.7.5.2.7).
-        if (progress) {
-          r.retry_left = qp.retry_cnt;
-          r.retry_pending = false;
-        }
+        if (progress) renew_retries(qp);
         if (!r.retry_pending) retry_or_fail(qp, now, false, want);
       } else {
         qp.ctr.inc(QpCounter::unexpected_resp);
@@ -252,13 +242,17 @@ void Engine::on_response(Qp& qp, const wire::Packet& pkt, std::uint64_t now) {
   if (progress) on_progress(qp, una_before, now);
 }
 
+void Engine::renew_retries(Qp& qp) {
+  qp.req.retry_pending = false;
+  qp.req.retry_left = qp.retry_cnt;
+  qp.req.rnr_left = qp.rnr_retry;
+}
+
 void Engine::on_progress(Qp& qp, Psn una_before, std::uint64_t now) {
   Requester& r = qp.req;
   on_acked(qp, una_before, now);
   // Forward progress resets the retry budget and restarts the timer.
-  r.retry_pending = false;
-  r.retry_left = qp.retry_cnt;
-  r.rnr_left = qp.rnr_retry;
+  renew_retries(qp);
   r.retry_deadline = 0;
   r.charge_at = 0;
   if (r.una != r.sent_hi) arm_retry(qp, now);

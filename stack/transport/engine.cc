@@ -660,8 +660,7 @@ ModifyResult Engine::modify_qp(Qp* qp, const ibv_qp_attr& a, int mask) {
     if (qp->sr) *qp->sr = SrState{};
   }
   if (to == IBV_QPS_RTS && from == IBV_QPS_RTR) {
-    qp->req.retry_left = qp->retry_cnt;
-    qp->req.rnr_left = qp->rnr_retry;
+    renew_retries(*qp);
     qp->udp_sport = wire::udp_sport_for(qp->qpn, qp->dest_qp_num);
   }
   if (to == IBV_QPS_RTR && qp->type == IBV_QPT_UD) qp->udp_sport = wire::udp_sport_for(qp->qpn, qp->qpn);

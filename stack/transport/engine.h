@@ -570,6 +570,10 @@ class Engine {
   /// una moved on from `una_before`: the round-trip sample, if the probe
   /// is now acknowledged, and the congestion control's ACK hook.
   void on_acked(Qp& qp, wire::Psn una_before, std::uint64_t now);
+  /// Forward progress (an ACK, a NAK's or RNR NAK's implied ACK, a
+  /// response): the retry and RNR budgets are whole again, and no retry
+  /// waits. The one reset of the budgets, wherever progress is seen.
+  void renew_retries(Qp& qp);
   /// Forward progress from `una_before`: on_acked, the retry budget reset,
   /// the timer restarted.
   void on_progress(Qp& qp, wire::Psn una_before, std::uint64_t now);
