@@ -33,21 +33,16 @@ void Dataplane::dispatch(wire::ConstBytes frame, std::uint64_t now) {
       return;
     case Neighbors::Verdict::kNotMine: break;
   }
-  // With a VLAN configured, only that VLAN's frames are ours (and without
-  // one, only untagged frames).
-  const std::uint16_t want_vid = eng_.config().vlan_tci & 0x0fff;
-  std::uint16_t vid = 0;
-  if (frame.size() >= 18 && frame[12] == 0x81 && frame[13] == 0x00) vid = ((frame[14] & 0x0f) << 8) | frame[15];
-  if (vid != want_vid) {
-    inc(DpCounter::rx_other);
-    return;
-  }
-  // Everything else goes to the transport, which parses it, counts RoCE
-  // frames it refuses by reason, steers non-RoCE frames a flow rule matches
-  // to a raw packet QP, and counts the other non-RoCE frames as rx_not_roce.
+  // Everything else goes to the transport, which parses it, drops another
+  // VLAN's frames (only the port's VLAN is ours, or untagged frames without
+  // one), counts RoCE frames it refuses by reason, steers non-RoCE frames a
+  // flow rule matches to a raw packet QP, and counts the other non-RoCE
+  // frames as rx_not_roce.
   if (capture_) capture_(capture_ctx_, frame, false, now);
   const transport::RxVerdict v = eng_.rx(frame, now);
-  if (v == transport::RxVerdict::kRaw) {
+  if (v == transport::RxVerdict::kWrongVlan) {
+    inc(DpCounter::rx_other);
+  } else if (v == transport::RxVerdict::kRaw) {
     // A flow rule steered it to a raw packet QP (counted there: rx_raw).
   } else if (v != transport::RxVerdict::kNotRoce) {
     inc(DpCounter::rx_roce);

@@ -46,6 +46,7 @@ namespace uroce::transport {
 #define UROCE_PORT_COUNTERS(X)                                        \
   X(rx_frames, "frames handed to the engine")                        \
   X(rx_not_roce, "frames that are not RoCEv2, dropped")              \
+  X(rx_wrong_vlan, "frames of another VLAN than the port's (or tagged where it is untagged), dropped") \
   X(rx_raw, "frames a flow rule steered to a raw packet QP")         \
   X(rx_raw_no_recv, "frames for a raw packet QP with no receive posted, dropped") \
   X(rx_malformed, "malformed RoCEv2 frames, dropped")                \

@@ -1317,6 +1317,10 @@ RxVerdict Engine::rx(wire::ConstBytes frame, std::uint64_t now) {
   wire::Packet pkt;
   wire::ParseOptions opts;
   const wire::ParseStatus st = wire::parse_frame(frame, opts, pkt);
+  // With a VLAN configured only that VLAN's frames are the port's, and
+  // without one only untagged frames: the one look at the tag (the parse's).
+  if ((pkt.has_vlan ? pkt.vlan_tci & 0x0fff : 0) != (cfg_.vlan_tci & 0x0fff))
+    return drop(PortCounter::rx_wrong_vlan, RxVerdict::kWrongVlan);
   if (!st.ok()) {
     if (!st.roce) {
       if (!flows_.empty() && rx_raw(frame)) return RxVerdict::kRaw;
@@ -1347,7 +1351,7 @@ RxVerdict Engine::to_qp(Qp* qp, const wire::Packet& pkt, std::uint64_t now) {
     // peer (a UD QP has none: from anyone), to its congestion control.
     if (qp == nullptr || qp->quarantine_until || qp == gsi_.get() ||
         (qp->type != IBV_QPT_UD && !(pkt.src == qp->remote_ip)))
-      return drop(PortCounter::rx_cnp_dropped, RxVerdict::kCnp);
+      return drop(PortCounter::rx_cnp_dropped, RxVerdict::kCnpDropped);
     port_ctr_.inc(PortCounter::rx_cnp);
     qp->ctr.inc(QpCounter::cnp_received);
     cc_event(*qp, [now](cc::Algorithm& a) { a.on_cnp(now); });
@@ -1367,7 +1371,7 @@ RxVerdict Engine::to_qp(Qp* qp, const wire::Packet& pkt, std::uint64_t now) {
     return drop(PortCounter::rx_bad_pkey, RxVerdict::kBadPkey);
   if (wire::is_sr_opcode(pkt.opcode)) {
     // uroce's selective repeat: only for an RC QP set to it, from its peer.
-    if (!qp->sr || qp->type != IBV_QPT_RC) return drop(PortCounter::rx_wrong_transport, RxVerdict::kMalformed);
+    if (!qp->sr || qp->type != IBV_QPT_RC) return drop(PortCounter::rx_wrong_transport, RxVerdict::kWrongTransport);
     if (!(pkt.src == qp->remote_ip)) return drop(PortCounter::rx_wrong_peer, RxVerdict::kWrongPeer);
     if (pkt.payload_len > qp->mtu) return drop(PortCounter::rx_malformed, RxVerdict::kMalformed);
     qp->ctr.inc(QpCounter::rcvd_pkts);
@@ -1390,7 +1394,7 @@ RxVerdict Engine::to_qp(Qp* qp, const wire::Packet& pkt, std::uint64_t now) {
     // RC's opcode of the same offset (its headers where the XRC opcode has them).
     const bool req = pkt.info->has(wire::kOpRequest);
     if (t != wire::Transport::kXrc || qp->xrc != (req ? Xrc::kRecv : Xrc::kSend))
-      return drop(PortCounter::rx_wrong_transport, RxVerdict::kMalformed);
+      return drop(PortCounter::rx_wrong_transport, RxVerdict::kWrongTransport);
     wire::Packet rc = pkt;
     rc.opcode = static_cast<std::uint8_t>(pkt.opcode - wire::op::kXrcBase);
     return deliver(*qp, rc, now);

@@ -134,11 +134,15 @@ struct TxFrame {
 };
 
 /// What Engine::rx did with a frame.
+/// What became of a received frame: each verdict but kToQp, kQuarantined
+/// and kRaw is exactly one drop counter, named beside it.
 enum class RxVerdict : std::uint8_t {
   kToQp,         // handed to a QP's responder or completer
   kQuarantined,  // for a destroyed QP in quarantine (re-ACKed or dropped)
-  kCnp,          // a CNP for a live RC/UC QP (counted: cnp_received; no reaction yet)
+  kCnp,          // a CNP for a live QP, from its peer (rx_cnp; its congestion control reacts)
+  kCnpDropped,   // a CNP for no live QP or from another host (rx_cnp_dropped)
   kNotRoce,      // not RoCEv2 at all: the caller's (rx_not_roce)
+  kWrongVlan,    // another VLAN's, or tagged where the port is untagged (rx_wrong_vlan)
   kMalformed,    // rx_malformed
   kBadIcrc,      // rx_icrc_err
   kWrongDst,     // rx_wrong_dst
@@ -146,6 +150,7 @@ enum class RxVerdict : std::uint8_t {
   kBadState,     // rx_bad_state
   kBadPkey,      // rx_bad_pkey
   kWrongPeer,    // rx_wrong_peer
+  kWrongTransport,  // an opcode of another transport than the QP's (rx_wrong_transport)
   kRaw,          // not RoCEv2, and a flow rule steered it to a raw packet QP (rx_raw)
 };
 

@@ -210,8 +210,8 @@ TEST(Cnp, ReceivedOnlyFromTheQpsPeer) {
   const auto stranger = cnp(wire::IpAddr::from_v4(10, 0, 0, 99), q.a->qpn);
   const auto nobody = cnp(p.B().config().ip, q.a->qpn + 1000);
   EXPECT_EQ(p.A().rx(good, p.wire.now()), RxVerdict::kCnp);
-  EXPECT_EQ(p.A().rx(stranger, p.wire.now()), RxVerdict::kCnp);
-  EXPECT_EQ(p.A().rx(nobody, p.wire.now()), RxVerdict::kCnp);
+  EXPECT_EQ(p.A().rx(stranger, p.wire.now()), RxVerdict::kCnpDropped);
+  EXPECT_EQ(p.A().rx(nobody, p.wire.now()), RxVerdict::kCnpDropped);
   EXPECT_EQ(q.a->ctr[QpCounter::cnp_received], 1u);
   EXPECT_EQ(p.A().counters()[PortCounter::rx_cnp], 1u);
   EXPECT_EQ(p.A().counters()[PortCounter::rx_cnp_dropped], 2u);

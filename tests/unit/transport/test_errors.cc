@@ -1409,8 +1409,10 @@ class HeaderChecks : public Errors {};
 
 TEST_F(HeaderChecks, RxSaysWhatItDidWithEachFrame) {
   const QpPair q = p.connect();
-  auto frame = [&](std::uint32_t destqp, const wire::IpAddr& dst, std::uint16_t pkey) {
+  auto frame = [&](std::uint32_t destqp, const wire::IpAddr& dst, std::uint16_t pkey, std::uint16_t vlan = 0) {
     wire::FrameSpec s;
+    s.vlan = vlan != 0;
+    s.vlan_tci = vlan;
     s.eth_src = p.node[0].eng->config().mac;
     s.eth_dst = p.node[1].eng->config().mac;
     s.ipver = wire::IpVersion::kV4;
@@ -1437,6 +1439,10 @@ TEST_F(HeaderChecks, RxSaysWhatItDidWithEachFrame) {
   EXPECT_EQ(rx(bad_icrc), RxVerdict::kBadIcrc);
   const std::vector<std::uint8_t> arp(60, 0);
   EXPECT_EQ(rx(arp), RxVerdict::kNotRoce);
+  // B's port is untagged: a tagged frame is another VLAN's, whatever it holds.
+  const auto wrong_vlan = p.B().counters()[PortCounter::rx_wrong_vlan];
+  EXPECT_EQ(rx(frame(q.b->qpn, b_ip, 0xffff, 7)), RxVerdict::kWrongVlan);
+  EXPECT_EQ(p.B().counters()[PortCounter::rx_wrong_vlan], wrong_vlan + 1);
 }
 
 TEST_F(HeaderChecks, ResponderDropsAWriteWithAForeignPkeyOrAnotherDestination) {

@@ -266,7 +266,7 @@ TEST(SelectiveRepeat, ItsFramesAreDroppedByAGoBackNQp) {
   // The same addressing in the other pair (its QPNs match: both engines number alike).
   ASSERT_EQ(plain.b->qpn, q.b->qpn);
   const auto before = p.B().counters()[PortCounter::rx_wrong_transport];
-  EXPECT_EQ(p.B().rx(frames[0], p.wire.now()), RxVerdict::kMalformed);
+  EXPECT_EQ(p.B().rx(frames[0], p.wire.now()), RxVerdict::kWrongTransport);
   EXPECT_EQ(p.B().counters()[PortCounter::rx_wrong_transport], before + 1);
 }
 
