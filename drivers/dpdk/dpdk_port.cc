@@ -61,7 +61,7 @@ struct Port::Queue : pipeline::PortIo {
   void rx_done() override;
   bool tx(const transport::TxFrame& f) override;
   bool tx_raw(wire::ConstBytes frame) override;
-  void tx_flush() override;
+  void tx_push() override;
   [[nodiscard]] std::uint32_t tx_room() const override;
   [[nodiscard]] wire::MacAddr mac() const override { return mac_; }
   [[nodiscard]] pipeline::LinkInfo link() const override;
@@ -287,7 +287,7 @@ Port::~Port() {
     Impl& m = *td->m;
     for (auto& q : m.queues) {
       q->rx_done();
-      q->tx_flush();
+      q->tx_push();
     }
     rte_eth_dev_stop(m.port_id);
     rte_eth_dev_close(m.port_id);
@@ -334,7 +334,7 @@ void Port::rx_interrupt_disarm() {
 void Port::rx_done() { impl_->queues[0]->rx_done(); }
 bool Port::tx(const transport::TxFrame& f) { return impl_->queues[0]->tx(f); }
 bool Port::tx_raw(wire::ConstBytes frame) { return impl_->queues[0]->tx_raw(frame); }
-void Port::tx_flush() { impl_->queues[0]->tx_flush(); }
+void Port::tx_push() { impl_->queues[0]->tx_push(); }
 std::uint32_t Port::tx_room() const { return impl_->queues[0]->tx_room(); }
 namespace {
 pipeline::LinkInfo link_of(std::uint16_t port_id, std::uint32_t mtu_given) {
@@ -461,7 +461,7 @@ bool Port::Queue::loop_back(rte_mbuf* b) {
 
 bool Port::Queue::tx(const transport::TxFrame& f) {
   Queue& m = *this;
-  if (m.ntx == kBurst) tx_flush();
+  if (m.ntx == kBurst) tx_push();
   const bool self = f.hdr_len >= 6 && to_self(f.hdr);  // copied: a looped frame must not borrow memory
   if (dev->zero_copy && !self) {
     std::size_t payload = 0;
@@ -553,7 +553,7 @@ bool Port::Queue::tx_zero_copy(const transport::TxFrame& f) {
 
 bool Port::Queue::tx_raw(wire::ConstBytes frame) {
   Queue& m = *this;
-  if (m.ntx == kBurst) tx_flush();
+  if (m.ntx == kBurst) tx_push();
   rte_mbuf* b = rte_pktmbuf_alloc(dev->pool);
   if (b == nullptr) {
     ++m.st.tx_dropped;
@@ -571,7 +571,7 @@ bool Port::Queue::tx_raw(wire::ConstBytes frame) {
   return true;
 }
 
-void Port::Queue::tx_flush() {
+void Port::Queue::tx_push() {
   Queue& m = *this;
   if (funnel != nullptr) {
     const unsigned n = m.ntx ? rte_ring_mp_enqueue_burst(funnel, reinterpret_cast<void**>(m.txb), m.ntx, nullptr) : 0;

@@ -72,7 +72,7 @@ class Port : public pipeline::PortIo {
   void rx_done() override;
   bool tx(const transport::TxFrame& f) override;
   bool tx_raw(wire::ConstBytes frame) override;
-  void tx_flush() override;
+  void tx_push() override;
   [[nodiscard]] std::uint32_t tx_room() const override;
   [[nodiscard]] wire::MacAddr mac() const override { return mac_; }
   [[nodiscard]] pipeline::LinkInfo link() const override;

@@ -49,7 +49,7 @@ class HostTap : public pipeline::PortIo {
   void rx_done() override {}
   bool tx(const transport::TxFrame& f) override;
   bool tx_raw(wire::ConstBytes frame) override;
-  void tx_flush() override {}
+  void tx_push() override {}
   [[nodiscard]] wire::MacAddr mac() const override { return mac_; }
 
   /// The netdev's name as the kernel gave it.

@@ -53,14 +53,14 @@ std::uint64_t Fabric::mac_key(const std::uint8_t* mac) {
 }
 
 int Fabric::add_switch(const SwitchSpec& s) {
-  Node n;
+  Device n;
   n.spec = s;
   nodes_.push_back(std::move(n));
   return static_cast<int>(nodes_.size() - 1);
 }
 
 int Fabric::add_host(transport::Engine* e, int sw, const LinkSpec& l) {
-  Node n;
+  Device n;
   n.host = true;
   n.eng = e;
   nodes_.push_back(std::move(n));
@@ -100,7 +100,7 @@ void Fabric::finish() {
     }
     const std::uint64_t key = mac_key(nodes_[h].eng->config().mac.data());
     for (std::size_t s = 0; s < nodes_.size(); ++s) {
-      Node& n = nodes_[s];
+      Device& n = nodes_[s];
       if (n.host || dist[s] < 0) continue;
       for (std::size_t k = 0; k < n.ports.size(); ++k)
         if (dist[n.ports[k].peer] == dist[s] - 1) {
@@ -109,7 +109,7 @@ void Fabric::finish() {
         }
     }
   }
-  for (Node& n : nodes_) {
+  for (Device& n : nodes_) {
     n.ingress_bytes.assign(n.ports.size(), 0);
     n.pause_sent.assign(n.ports.size(), false);
     for (Port& p : n.ports) p.q.reserve(frames_.size());
@@ -143,7 +143,7 @@ std::uint32_t Fabric::alloc(const std::uint8_t* d, std::uint32_t len) {
 }
 
 void Fabric::enqueue(int node, int port, std::uint32_t slot, int ingress) {
-  Node& n = nodes_[node];
+  Device& n = nodes_[node];
   Port& p = n.ports[port];
   Frame& f = frames_[slot];
   if (!n.host) {
@@ -196,7 +196,7 @@ void Fabric::start_tx(int node, int port) {
   push(Event{now_ + ser, 0, Ev::kTxDone, node, port, kNone});
 }
 
-void Fabric::release_ingress(Node& sw, const Frame& f) {
+void Fabric::release_ingress(Device& sw, const Frame& f) {
   if (f.ingress < 0) return;
   sw.ingress_bytes[f.ingress] -= f.len;
   if (sw.pause_sent[f.ingress] && sw.ingress_bytes[f.ingress] <= sw.spec.pfc_xon_bytes) {
@@ -207,7 +207,7 @@ void Fabric::release_ingress(Node& sw, const Frame& f) {
 }
 
 void Fabric::tx_done(int node, int port) {
-  Node& n = nodes_[node];
+  Device& n = nodes_[node];
   Port& p = n.ports[port];
   const std::uint32_t slot = p.q[p.q_head++];
   if (p.q_head == p.q.size()) {  // empty: reuse the storage from the start
@@ -227,7 +227,7 @@ void Fabric::tx_done(int node, int port) {
 }
 
 void Fabric::arrive(int node, int in_port, std::uint32_t slot) {
-  Node& n = nodes_[node];
+  Device& n = nodes_[node];
   const Frame& f = frames_[slot];
   if (n.host) {
     n.eng->rx(wire::ConstBytes(data(slot), f.len), now_);
@@ -246,7 +246,7 @@ void Fabric::arrive(int node, int in_port, std::uint32_t slot) {
 }
 
 void Fabric::poll_host(int node) {
-  Node& n = nodes_[node];
+  Device& n = nodes_[node];
   n.dirty = false;
   n.eng->poll(now_);
   n.eng->drain_tx([&](const transport::TxFrame& tf) {
@@ -294,7 +294,7 @@ bool Fabric::run_until(const std::function<bool()>& done, std::uint64_t max_ns) 
     std::uint64_t next = heap_.empty() ? UINT64_MAX : heap_.front().t;
     if (sample_) next = std::min(next, next_sample_);
     for (const int h : hosts_) {
-      Node& n = nodes_[h];
+      Device& n = nodes_[h];
       const Port& nic = n.ports[0];
       const bool room = nic.q.size() - nic.q_head < n.eng->config().tx_ring;
       if (!room) continue;  // tx_done marks it dirty

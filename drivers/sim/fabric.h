@@ -99,7 +99,7 @@ class Fabric {
   [[nodiscard]] const PortStats& host_port_stats(int h) const;
 
  private:
-  struct Node;
+  struct Device;
   struct Port {
     int node = -1;       // owner
     int peer = -1;       // the node at the other end
@@ -113,7 +113,7 @@ class Fabric {
     double loss = 0;      // random loss at enqueue (set_loss)
     PortStats st;
   };
-  struct Node {
+  struct Device {
     bool host = false;
     transport::Engine* eng = nullptr;
     SwitchSpec spec;
@@ -145,12 +145,12 @@ class Fabric {
   void start_tx(int node, int port);
   void tx_done(int node, int port);
   void poll_host(int h);
-  void release_ingress(Node& sw, const Frame& f);
+  void release_ingress(Device& sw, const Frame& f);
   std::uint32_t alloc(const std::uint8_t* data, std::uint32_t len);
   std::uint8_t* data(std::uint32_t slot) { return &pool_[std::size_t{slot} * max_frame_]; }
   static std::uint64_t mac_key(const std::uint8_t* mac);
 
-  std::vector<Node> nodes_;
+  std::vector<Device> nodes_;
   std::vector<int> hosts_;  // host id -> node
   std::unique_ptr<std::uint8_t[]> pool_;
   std::vector<Frame> frames_;

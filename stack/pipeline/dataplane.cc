@@ -163,7 +163,7 @@ std::size_t Dataplane::iterate(std::uint64_t now) {
     if (port_.tx(f)) inc(DpCounter::tx_frames);
   });
   if (faulty) tx_fault_.release(now, [&](wire::ConstBytes g) { send_raw(g, now); });
-  port_.tx_flush();
+  port_.tx_push();
   return work;
 }
 

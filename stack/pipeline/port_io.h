@@ -33,7 +33,7 @@ class PortIo {
   /// Queues raw bytes (ARP replies, injected or delayed frames).
   virtual bool tx_raw(wire::ConstBytes frame) = 0;
   /// Sends what is queued.
-  virtual void tx_flush() = 0;
+  virtual void tx_push() = 0;
   /// Frames it can take now without dropping any (the dataplane gives the
   /// engine no more); unbounded where the driver cannot tell.
   [[nodiscard]] virtual std::uint32_t tx_room() const { return UINT32_MAX; }

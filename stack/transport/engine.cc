@@ -675,7 +675,7 @@ ModifyResult Engine::modify_qp(Qp* qp, const ibv_qp_attr& a, int mask) {
   if (qp->type == IBV_QPT_UD || qp->type == IBV_QPT_RAW_PACKET || to == IBV_QPS_RESET || to == IBV_QPS_INIT ||
       !qp->tmpl.build(spec_for(*qp, 0, Psn{})))
     qp->tmpl.clear();
-  if (to == IBV_QPS_ERR && from != IBV_QPS_ERR) flush(*qp);
+  if (to == IBV_QPS_ERR && from != IBV_QPS_ERR) flush_wqes(*qp);
   if (to == IBV_QPS_RTS) activate(*qp);
   return {};
 }
@@ -953,7 +953,7 @@ std::size_t Engine::take_posts(Qp* qp, bool* more) {
   }
   const std::size_t n = fetch_sends(*qp);
   if (qp->state == IBV_QPS_ERR) {
-    flush(*qp);  // and what was posted to the RQ meanwhile
+    flush_wqes(*qp);  // and what was posted to the RQ meanwhile
     // flush takes one ring's worth of each; what a refilling producer
     // published meanwhile is looked at again on the next pass.
     if (more && (qp->rq.depth() > 0 || qp->sq_ring.pending() > 0)) *more = true;
@@ -972,7 +972,7 @@ bool Engine::datagrams_unsent(const Qp* qp) const {
 int Engine::post_recv(Qp* qp, const RecvWr& wr) {
   if (qp == nullptr || qp->srq != nullptr || qp->state == IBV_QPS_RESET) return EINVAL;
   if (const int rc = qp->rq.post(wr)) return rc;
-  if (qp->state == IBV_QPS_ERR) flush(*qp);
+  if (qp->state == IBV_QPS_ERR) flush_wqes(*qp);
   return 0;
 }
 
@@ -1117,10 +1117,10 @@ void Engine::set_error(Qp& qp) {
   if (qp.state == IBV_QPS_ERR) return;
   qp.state = IBV_QPS_ERR;
   qp.sq_ring.publish_qp_state(IBV_QPS_ERR);
-  flush(qp);
+  flush_wqes(qp);
 }
 
-void Engine::flush(Qp& qp) {
+void Engine::flush_wqes(Qp& qp) {
   // IBTA 10.3.1.8: in ERR every outstanding WQE completes with WR_FLUSH_ERR.
   qp.req.retry_deadline = qp.req.rnr_until = 0;
   fetch_sends(qp);  // what is still in the ring is flushed too
@@ -1486,7 +1486,7 @@ void Engine::loop_to_group(const TxFrame& f, const wire::IpAddr& group, std::uin
 
 void Engine::poll(std::uint64_t now) {
   last_now_ = now;
-  flush_acks();
+  send_coalesced_acks();
   // Quarantined numbers whose time is up are freed a few slots a pass, so
   // they do not pile up (their memory, the status) until the table fills.
   // Nothing to look at, and nothing done, while none is quarantined.

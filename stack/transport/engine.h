@@ -393,7 +393,7 @@ class Engine {
 
   // engine.cc
   void set_error(Qp& qp);
-  void flush(Qp& qp);
+  void flush_wqes(Qp& qp);
   void activate(Qp& qp);
   /// The earliest time `qp` must be looked at again without an event (0: none).
   [[nodiscard]] std::uint64_t deadline_of(const Qp& qp, std::uint64_t now) const;
@@ -550,7 +550,7 @@ class Engine {
   void run_responses(Qp& qp);
   void schedule_ack(Qp& qp, wire::Psn psn);
   [[gnu::noinline]] void list_for_ack(Qp& qp);  // schedule_ack's first ACK of a burst
-  void flush_acks();
+  void send_coalesced_acks();
   void responder_error(Qp& qp, const wire::Packet& pkt, Exec e);
 
   // selective.cc

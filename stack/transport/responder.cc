@@ -659,7 +659,7 @@ void Engine::list_for_ack(Qp& qp) {
   ack_waiters_.push_back(&qp);  // capacity reserved for every QP: no allocation
 }
 
-void Engine::flush_acks() {
+void Engine::send_coalesced_acks() {
   std::size_t keep = 0;
   for (Qp* qp : ack_waiters_) {
     Responder& s = qp->resp;

@@ -15,7 +15,7 @@ namespace uroce::testing {
 
 using namespace uroce::transport;
 
-struct Node {
+struct Side {
   std::unique_ptr<Engine> eng;
   Pd* pd = nullptr;
   Cq* cq = nullptr;  // send and receive completions
@@ -63,7 +63,7 @@ class Pair {
       c.max_qps = max_qps;
       c.seed = seed * 2 + static_cast<std::uint64_t>(i);
       if (configure) configure(i, c);
-      Node& n = node[i];
+      Side& n = node[i];
       n.eng = std::make_unique<Engine>(c);
       n.pd = n.eng->alloc_pd();
       n.cq = n.eng->create_cq(1u << 16);
@@ -148,7 +148,7 @@ class Pair {
   }
 
   sim::SimWire wire;
-  Node node[2];
+  Side node[2];
 };
 
 }  // namespace uroce::testing

@@ -35,7 +35,7 @@ struct CmPair : ::testing::Test {
     };
   }
   Qp* new_qp(int side) {
-    testing::Node& n = p.node[side];
+    testing::Side& n = p.node[side];
     QpInitAttr ia;
     ia.send_cq = ia.recv_cq = n.cq;
     return n.eng->create_qp(n.pd, ia);
@@ -87,8 +87,8 @@ struct CmPair : ::testing::Test {
   }
   /// A SEND of `len` bytes from qb to qa, checked on arrival.
   void send_and_check(Qp* qb, Qp* qa, std::uint32_t len) {
-    testing::Node& na = p.node[0];
-    testing::Node& nb = p.node[1];
+    testing::Side& na = p.node[0];
+    testing::Side& nb = p.node[1];
     for (std::uint32_t i = 0; i < len; ++i) nb.mem[i] = static_cast<std::uint8_t>(i * 7 + 1);
     const Sge rs{reinterpret_cast<std::uint64_t>(na.mem.data()), len, na.mr->lkey};
     ASSERT_EQ(p.A().post_recv(qa, RecvWr{1, {&rs, 1}}), 0);
@@ -321,8 +321,8 @@ TEST_F(CmPair, SidrResolvesAUdQpAndItsQkey) {
   EXPECT_STREQ(reinterpret_cast<const char*>(e.private_data), "ok");
   EXPECT_EQ(b->connections(), 0u);  // nothing to keep on the asking side
   // The datagram, to what the answer named.
-  testing::Node& na = p.node[0];
-  testing::Node& nb = p.node[1];
+  testing::Side& na = p.node[0];
+  testing::Side& nb = p.node[1];
   for (int i = 0; i < 300; ++i) nb.mem[static_cast<std::size_t>(i)] = static_cast<std::uint8_t>(i * 3);
   const Sge rs{reinterpret_cast<std::uint64_t>(na.mem.data()), 300 + 40, na.mr->lkey};
   ASSERT_EQ(p.A().post_recv(q.a, RecvWr{1, {&rs, 1}}), 0);

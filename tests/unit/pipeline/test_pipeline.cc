@@ -317,7 +317,7 @@ class MemPort : public PortIo {
     peer->inbox_.emplace_back(f.begin(), f.end());
     return true;
   }
-  void tx_flush() override {}
+  void tx_push() override {}
   MacAddr mac() const override { return mac_; }
   /// The frames sent to this port and not yet received, oldest first.
   [[nodiscard]] const std::deque<std::vector<std::uint8_t>>& inbox() const { return inbox_; }
