@@ -38,6 +38,7 @@
 
 #include "stack/abi/fd_msg.h"
 #include "stack/abi/session_proto.h"
+#include "stack/abi/work_ring.h"
 #include "stack/verbs/uroce_verbs.h"
 
 namespace {
@@ -294,7 +295,8 @@ int hostile(const char* sa, const char* sb) {
 /// One raw request with descriptors; returns the reply's status (or -1)
 /// and the first descriptor that came back in *got.
 int raw_call_fds(int sock, std::uint16_t type, std::uint32_t seq, const void* body, std::uint32_t len,
-                 const int* send_fds, std::size_t nfds, int* got = nullptr) {
+                 const int* send_fds, std::size_t nfds, int* got = nullptr, void* reply = nullptr,
+                 std::size_t reply_len = 0) {
   std::uint8_t out[UROCE_MSG_MAX];
   uroce_msg_hdr h{UROCE_MSG_MAGIC, UROCE_ABI_MAJOR, type, len, seq};
   std::memcpy(out, &h, sizeof h);
@@ -308,13 +310,15 @@ int raw_call_fds(int sock, std::uint16_t type, std::uint32_t seq, const void* bo
   if (n < static_cast<ssize_t>(sizeof(uroce_msg_hdr) + sizeof(uroce_reply_status))) return -1;
   uroce_reply_status st;
   std::memcpy(&st, in + sizeof(uroce_msg_hdr), sizeof st);
+  const std::size_t at = sizeof(uroce_msg_hdr) + sizeof st;
+  if (reply) std::memcpy(reply, in + at, std::min(reply_len, static_cast<std::size_t>(n) - at));
   return st.err;
 }
 
 /// The same with at most one descriptor (-1 for none).
 int raw_call(int sock, std::uint16_t type, std::uint32_t seq, const void* body, std::uint32_t len, int send_fd,
-             int* got = nullptr) {
-  return raw_call_fds(sock, type, seq, body, len, &send_fd, send_fd >= 0 ? 1 : 0, got);
+             int* got = nullptr, void* reply = nullptr, std::size_t reply_len = 0) {
+  return raw_call_fds(sock, type, seq, body, len, &send_fd, send_fd >= 0 ? 1 : 0, got, reply, reply_len);
 }
 
 int count_fds(int pid) {
@@ -1456,8 +1460,10 @@ int rings(const char* sa, const char* sb) {
   auto* page = hfd[0] >= 0 ? static_cast<uroce_session_page*>(::mmap(nullptr, UROCE_SESSION_PAGE_BYTES,
                                                                       PROT_READ | PROT_WRITE, MAP_SHARED, hfd[0], 0))
                            : nullptr;
-  auto posted = [&] {  // what liburoce does after a post: the posts word, and the doorbell if the daemon sleeps
-    if (page && page != MAP_FAILED) __atomic_fetch_add(&page->posts, 1, __ATOMIC_SEQ_CST);
+  std::uint32_t qpn = 0;
+  uroce_ring_header* named = nullptr;  // the hostile QP's send ring header, once mapped
+  auto posted = [&] {  // what liburoce does after a post: name the QP in the work ring, and ring the doorbell
+    if (page && page != MAP_FAILED && named) (void)uroce::abi::queue_work(page, named, qpn);
     const char byte = 1;
     (void)::send(hfd[1], &byte, 1, MSG_DONTWAIT);
   };
@@ -1471,7 +1477,9 @@ int rings(const char* sa, const char* sb) {
   qm.qp_type = IBV_QPT_RC;
   qm.max_send_wr = qm.max_recv_wr = 16;
   int qfd = -1;
-  check(raw_call(s, UROCE_MSG_CREATE_QP, 4, &qm, sizeof qm, -1, &qfd) == 0 && qfd >= 0, "CREATE_QP");
+  uroce_create_qp_reply qr{};
+  check(raw_call(s, UROCE_MSG_CREATE_QP, 4, &qm, sizeof qm, -1, &qfd, &qr, sizeof qr) == 0 && qfd >= 0, "CREATE_QP");
+  qpn = qr.qpn;
   struct stat st {};
   const std::size_t qlen = qfd >= 0 && ::fstat(qfd, &st) == 0 ? static_cast<std::size_t>(st.st_size) : 0;
   const std::size_t clen = cfd >= 0 && ::fstat(cfd, &st) == 0 ? static_cast<std::size_t>(st.st_size) : 0;
@@ -1510,6 +1518,7 @@ int rings(const char* sa, const char* sb) {
   }
   auto* sqh = reinterpret_cast<uroce_ring_header*>(q);
   auto* sqe = reinterpret_cast<uroce_send_entry*>(q + sizeof(uroce_ring_header));
+  named = sqh;
   // 1. Malformed entries: an unknown opcode, 200 SGEs, 4 KiB of "inline" data.
   for (std::uint32_t i = 0; i < 3; ++i) {
     uroce_send_entry e{};
@@ -1573,6 +1582,30 @@ int rings(const char* sa, const char* sb) {
     usleep(2000);
   }
   check(victim_round(a, b, round++), "victim unaffected by ring headers and indices out of range");
+  // 3b. The session's work ring (minor 20): the victims' QP numbers and
+  // numbers nobody has named in it, its indices and overflow word thrown
+  // about, every slot claiming to be ready. The daemon names only the
+  // session's own QPs (the others are counted: intake.foreign).
+  if (page && page != MAP_FAILED) {
+    uroce_work_ring* w = uroce_session_work(page);
+    const std::uint32_t victims[4] = {uroce_qp_num(a.qp), uroce_qp_num(b.qp), 0xffffff, UROCE_WORK_TM_SRQ | 7};
+    for (int k = 0; k < 200; ++k) {
+      for (std::uint32_t i = 0; i < UROCE_WORK_ENTRIES; ++i) {
+        w->slots[i].what = victims[(i + static_cast<std::uint32_t>(k)) % 4];
+        // Even rounds: every slot ready on the ring's first lap (the daemon's
+        // own index is there); odd ones: wild.
+        const std::uint32_t seq = (k & 1) ? static_cast<std::uint32_t>(k) * 7919u + i : i + 1;
+        __atomic_store_n(&w->slots[i].seq, seq, __ATOMIC_RELEASE);
+      }
+      __atomic_store_n(&w->prod, static_cast<std::uint32_t>(k) * 0x9e3779b9u, __ATOMIC_RELEASE);
+      __atomic_store_n(&w->cons, ~static_cast<std::uint32_t>(k), __ATOMIC_RELEASE);
+      __atomic_store_n(&w->overflow, static_cast<std::uint32_t>(k & 1), __ATOMIC_RELEASE);
+      const char byte = 1;
+      (void)::send(hfd[1], &byte, 1, MSG_DONTWAIT);
+      usleep(500);
+    }
+  }
+  check(victim_round(a, b, round++), "victim unaffected by a work ring full of other QPs' names and wild indices");
   // 4. The hostile session goes away with its rings in that state.
   ::munmap(q, qlen);
   ::munmap(c, clen);

@@ -119,10 +119,13 @@ app_mode() {
 
 echo "== hostile rings: malformed, rewritten and out-of-range entries and indices in a session's own rings"
 w0=$(jget "$(ctl "$TMP/a.ctl" status)" port.bad_wqe)
+f0=$(jget "$(ctl "$TMP/a.ctl" status)" intake.foreign)
 app_mode rings "only the hostile session's QP suffers; the victim pair checks every byte throughout"
 w1=$(jget "$(ctl "$TMP/a.ctl" status)" port.bad_wqe)
-echo "  work requests refused as malformed: $((w1 - w0))"
+f1=$(jget "$(ctl "$TMP/a.ctl" status)" intake.foreign)
+echo "  work requests refused as malformed: $((w1 - w0)); work-ring names that were not the session's: $((f1 - f0))"
 check "rings: the malformed entries are counted (port.bad_wqe)" "[ $((w1 - w0)) -ge 1 ]"
+check "rings: names of other sessions' QPs in a work ring are ignored and counted (intake.foreign)" "[ $((f1 - f0)) -ge 1 ]"
 check "daemon A is alive after the hostile rings" "kill -0 $A_PID"
 
 echo "== CQ overflow: an async event, its QP to ERR, counted"
