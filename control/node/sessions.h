@@ -14,6 +14,9 @@
 
 #include <boost/asio.hpp>
 #include <nlohmann/json.hpp>
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <string>
@@ -77,6 +80,54 @@ class SessionServer {
   static void on_cm_event(void* ctx, std::uint32_t owner);
   void on_readable(const std::shared_ptr<Session>& s);
   void handle(Session& s, const uroce_msg_hdr& h, const std::uint8_t* body, std::vector<int>& fds);
+  /// One request being served: its header, the session's socket, the
+  /// descriptors that came with it (the handler takes the ones it keeps),
+  /// and its body.
+  struct Req {
+    const uroce_msg_hdr& h;
+    int sock;
+    std::vector<int>& fds;
+    const std::uint8_t* body;
+    /// Answers the request with an error and why.
+    void fail(int err, const std::string& why) const;
+    /// Copies the body into `m`, or answers that it is too short. Fields a
+    /// newer minor appended after `min` bytes read as zero when an older
+    /// library leaves them out.
+    template <class M>
+    bool take(M& m, std::size_t min = sizeof(M)) const {
+      if (h.len < min) {
+        fail(EINVAL, "message too short for its type");
+        return false;
+      }
+      std::memset(&m, 0, sizeof m);
+      std::memcpy(&m, body, std::min<std::size_t>(h.len, sizeof m));
+      return true;
+    }
+  };
+  // One handler per request type (handle() dispatches): each answers its
+  // request, with an error and why when it refuses it.
+  void on_hello(Session& s, const Req& req);
+  void on_alloc_pd(Session& s, const Req& req);
+  void on_reg_mr(Session& s, const Req& req);
+  void on_create_flow(Session& s, const Req& req);
+  void on_reg_mr_odp(Session& s, const Req& req);
+  void on_rereg_mr(Session& s, const Req& req);
+  void on_alloc_mw(Session& s, const Req& req);
+  void on_resize_cq(Session& s, const Req& req);
+  void on_create_cq(Session& s, const Req& req);
+  void on_open_xrcd(Session& s, const Req& req);
+  void on_create_srq(Session& s, const Req& req);
+  void on_create_qp(Session& s, const Req& req);
+  void on_modify_qp(Session& s, const Req& req);
+  void on_set_qp_opt(Session& s, const Req& req);
+  void on_mcast(Session& s, const Req& req);
+  void on_resolve(Session& s, const Req& req);
+  void on_destroy(Session& s, const Req& req);
+  void on_cm_call(Session& s, const Req& req);
+  void on_cm_unlisten(Session& s, const Req& req);
+  void on_cm_channel(Session& s, const Req& req);
+  void on_cm_event(Session& s, const Req& req);
+  void on_query(Session& s, const Req& req);
   void close(Session& s);
 
   /// A request waiting for the MAC of `dgid` (ARP/ND in flight): a
