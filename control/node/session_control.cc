@@ -25,8 +25,6 @@ using namespace transport;
 using namespace sessions_internal;
 
 void SessionServer::on_hello(Session& s, const Req& req) {
-  const uroce_msg_hdr& h = req.h;
-  const int sock = req.sock;
   uroce_hello_msg m;
   if (!req.take(m)) return;
   if (!uroce_abi_compatible(m.major, m.minor)) return req.fail(EPROTO, "ABI major version mismatch");
@@ -71,14 +69,13 @@ void SessionServer::on_hello(Session& s, const Req& req) {
   std::memcpy(r.mac, eng_.config().mac.data(), 6);
   r.minor = UROCE_ABI_MINOR;
   const int give[2] = {page_fd.get(), theirs.get()};
-  send_reply_fds(sock, h, 0, "", &r, sizeof r, give, 2);
+  req.reply_fds(0, "", &r, sizeof r, give, 2);
   wait_bell(s);
   return;
 }
 
 void SessionServer::on_modify_qp(Session& s, const Req& req) {
   const uroce_msg_hdr& h = req.h;
-  const int sock = req.sock;
   uroce_modify_qp_msg m;
   if (!req.take(m, offsetof(uroce_modify_qp_msg, flow_label))) return;  // minor 4 sends 64 bytes
   auto q = s.qps.find(m.qp);
@@ -101,12 +98,10 @@ void SessionServer::on_modify_qp(Session& s, const Req& req) {
       return req.fail(EAGAIN, "too many requests already waiting for address resolution; try again");
     return;
   }
-  return send_reply(sock, h, res.err, res.err ? res.why : "", nullptr, 0);
+  return req.reply(res.err, res.err ? res.why : "", nullptr, 0);
 }
 
 void SessionServer::on_set_qp_opt(Session& s, const Req& req) {
-  const uroce_msg_hdr& h = req.h;
-  const int sock = req.sock;
   uroce_qp_opt_msg m;
   if (!req.take(m)) return;
   auto q = s.qps.find(m.qp);
@@ -117,12 +112,12 @@ void SessionServer::on_set_qp_opt(Session& s, const Req& req) {
     const int rc = eng_.set_cc(q->second.qp, name);
     // The engine's one refusal of a known name: an algorithm that needs ACKs, on UD.
     if (rc == EOPNOTSUPP) return req.fail(rc, cc::ud_refusal(name));
-    return send_reply(sock, h, rc, rc ? "refused" : "", nullptr, 0);
+    return req.reply(rc, rc ? "refused" : "", nullptr, 0);
   }
   if (m.opt == UROCE_QP_OPT_SR) {
     if (m.value > 1) return req.fail(EINVAL, "selective repeat is 0 or 1");
     const int rc = eng_.set_selective_repeat(q->second.qp, m.value == 1);
-    return send_reply(sock, h, rc,
+    return req.reply(rc,
                       rc == EBUSY       ? "selective repeat is set before RTR"
                       : rc == EOPNOTSUPP ? "selective repeat is for RC QPs without an SRQ"
                       : rc               ? "refused"
@@ -133,8 +128,6 @@ void SessionServer::on_set_qp_opt(Session& s, const Req& req) {
 }
 
 void SessionServer::on_mcast(Session& s, const Req& req) {
-  const uroce_msg_hdr& h = req.h;
-  const int sock = req.sock;
   uroce_mcast_msg m;
   if (!req.take(m)) return;
   auto q = s.qps.find(m.qp);
@@ -147,10 +140,10 @@ void SessionServer::on_mcast(Session& s, const Req& req) {
     if (in == groups.end()) return req.fail(EINVAL, "the QP is not in that multicast group");
     (void)eng_.detach_mcast(q->second.qp, gid);
     groups.erase(in);
-    return send_reply(sock, h, 0, "", nullptr, 0);
+    return req.reply(0, "", nullptr, 0);
   }
   if (m.attach != 1) return req.fail(EINVAL, "attach is 0 or 1");
-  if (in != groups.end()) return send_reply(sock, h, 0, "", nullptr, 0);  // already in it
+  if (in != groups.end()) return req.reply(0, "", nullptr, 0);  // already in it
   if (held_by(sessions_, s.uid, [](const auto& q) { return q.groups.size(); }) >= limits_.max_mcast_per_uid) {
     ++refused_.mcast_per_uid;
     return req.fail(EDQUOT, "too many multicast attachments for uid " + std::to_string(s.uid) + " (max_mcast_per_uid " +
@@ -160,12 +153,11 @@ void SessionServer::on_mcast(Session& s, const Req& req) {
   if (rc == EINVAL) return req.fail(rc, "only a UD QP joins a group, and a group is a multicast address");
   if (rc != 0) return req.fail(rc, "the daemon's multicast table is full");
   groups.push_back(gid);
-  return send_reply(sock, h, 0, "", nullptr, 0);
+  return req.reply(0, "", nullptr, 0);
 }
 
 void SessionServer::on_resolve(Session& s, const Req& req) {
   const uroce_msg_hdr& h = req.h;
-  const int sock = req.sock;
   // A UD address handle's MAC, as the kernel resolves one at
   // ibv_create_ah: from the one neighbour table (the port's own address
   // is in it, for loopback), or after ARP/ND.
@@ -177,14 +169,14 @@ void SessionServer::on_resolve(Session& s, const Req& req) {
   if (dgid.is_multicast()) {  // a group's MAC is its address's (RFC 1112, RFC 2464): nothing to ask
     const wire::MacAddr mac = dgid.multicast_mac();
     std::memcpy(r.mac, mac.data(), 6);
-    return send_reply(sock, h, 0, "", &r, sizeof r);
+    return req.reply(0, "", &r, sizeof r);
   }
   if (dgid.is_v4_mapped() ? dgid.b[12] == 0 || dgid.b[12] >= 240 : false)
     return req.fail(EINVAL, "not a unicast address");
   wire::MacAddr mac{};
   if (eng_.neighbor(dgid, mac)) {
     std::memcpy(r.mac, mac.data(), 6);
-    return send_reply(sock, h, 0, "", &r, sizeof r);
+    return req.reply(0, "", &r, sizeof r);
   }
   if (!eng_.resolves()) return req.fail(EHOSTUNREACH, "no neighbour entry for the GID, and no way to resolve it");
   if (!park(s, 0, h, ibv_qp_attr{}, 0, dgid))
@@ -194,7 +186,6 @@ void SessionServer::on_resolve(Session& s, const Req& req) {
 
 void SessionServer::on_cm_call(Session& s, const Req& req) {
   const uroce_msg_hdr& h = req.h;
-  const int sock = req.sock;
   uroce_cm_msg m;
   if (!req.take(m, offsetof(uroce_cm_msg, flags))) return;  // minor 8 and older send 88 bytes
   if (m.flags & ~(UROCE_CM_APP_QP | UROCE_CM_UD | UROCE_CM_ACK_TIMEOUT)) return req.fail(EINVAL, "unknown CM flags");
@@ -229,7 +220,7 @@ void SessionServer::on_cm_call(Session& s, const Req& req) {
       uroce_cm_id_reply r{};
       rc = cm_->connect(qp, wire::IpAddr::from_v6_bytes(m.dgid), m.port, priv, s.id, p, t, r.id, app_qp);
       if (rc != 0) return req.fail(rc, "cannot connect: the QP must be RC in RESET or INIT, or UD, or the application's own (UROCE_CM_APP_QP) not in ERR, and the MTU valid");
-      return send_reply(sock, h, 0, "", &r, sizeof r);
+      return req.reply(0, "", &r, sizeof r);
     }
     case UROCE_MSG_CM_ACCEPT:
       rc = cm_->accept(m.id, qp, priv, s.id, t, app_qp, ack_timeout);
@@ -250,30 +241,26 @@ void SessionServer::on_cm_call(Session& s, const Req& req) {
       if (rc != 0) return req.fail(rc, "no such connection of this session, or it is already closing");
       break;
   }
-  return send_reply(sock, h, 0, "", nullptr, 0);
+  return req.reply(0, "", nullptr, 0);
 }
 
 void SessionServer::on_cm_unlisten(Session& s, const Req& req) {
-  const uroce_msg_hdr& h = req.h;
-  const int sock = req.sock;
   uroce_cm_msg m;
   if (!req.take(m, offsetof(uroce_cm_msg, flags))) return;
   if (!cm_->ok()) return req.fail(ENODEV, "the CM agent has no QP1");
   if (const int rc = cm_->unlisten(m.port, s.id, (m.flags & UROCE_CM_UD) != 0))
     return req.fail(rc, "this session does not listen on that port");
-  return send_reply(sock, h, 0, "", nullptr, 0);
+  return req.reply(0, "", nullptr, 0);
 }
 
 void SessionServer::on_cm_channel(Session& s, const Req& req) {
-  const uroce_msg_hdr& h = req.h;
-  const int sock = req.sock;
   std::vector<int>& fds = req.fds;
   if (fds.empty() || !abi::is_unix_dgram(fds.front()))
     return req.fail(EINVAL, "a CM channel must be a Unix datagram socket");
   if (s.cm_chan >= 0) ::close(s.cm_chan);  // a second one replaces the first
   s.cm_chan = fds.front();
   fds.erase(fds.begin());
-  return send_reply(sock, h, 0, "", nullptr, 0);
+  return req.reply(0, "", nullptr, 0);
 }
 
 void SessionServer::on_cm_event(void* ctx, std::uint32_t owner) {
@@ -285,14 +272,12 @@ void SessionServer::on_cm_event(void* ctx, std::uint32_t owner) {
 }
 
 void SessionServer::on_query(Session& s, const Req& req) {
-  const uroce_msg_hdr& h = req.h;
-  const int sock = req.sock;
   uroce_query_msg m;
   if (!req.take(m)) return;
   if (m.object == UROCE_OBJ_PORT) {
     const pipeline::LinkInfo l = link_ ? link_(link_ctx_) : pipeline::LinkInfo{};
     const uroce_port_attr r{static_cast<std::uint32_t>(l.up ? IBV_PORT_ACTIVE : IBV_PORT_DOWN), l.speed_mbps, l.mtu};
-    return send_reply(sock, h, 0, "", &r, sizeof r);
+    return req.reply(0, "", &r, sizeof r);
   }
   if (m.object == UROCE_OBJ_DEVICE) {
     uroce_device_attr r{};
@@ -309,7 +294,7 @@ void SessionServer::on_query(Session& s, const Req& req) {
     r.flags = limits_.odp ? UROCE_DEVICE_ODP : 0;
     r.max_srq = limits_.max_srqs;  // SRQs, XRC SRQs and work queues
     r.max_srq_wr = kMaxSrqWr;
-    return send_reply(sock, h, 0, "", &r, sizeof r);
+    return req.reply(0, "", &r, sizeof r);
   }
   if (m.object == UROCE_OBJ_QP) {
     auto q = s.qps.find(m.handle);
@@ -317,7 +302,7 @@ void SessionServer::on_query(Session& s, const Req& req) {
     ibv_qp_attr a{};
     if (const int rc = eng_.query_qp(q->second.qp, a); rc != 0) return req.fail(rc, "cannot query the QP");
     const uroce_modify_qp_msg r = abi::to_msg(a, 0, m.handle);
-    return send_reply(sock, h, 0, "", &r, sizeof r);
+    return req.reply(0, "", &r, sizeof r);
   }
   return req.fail(EINVAL, "only the device and QPs can be queried");
 }

@@ -24,17 +24,14 @@ using namespace transport;
 using namespace sessions_internal;
 
 void SessionServer::on_alloc_pd(Session& s, const Req& req) {
-  const uroce_msg_hdr& h = req.h;
-  const int sock = req.sock;
   if (s.pds.size() >= limits_.max_pds) return req.fail(EDQUOT, "too many PDs for this session");
   uroce_handle_reply r{s.next_handle++};
   s.pds[r.handle] = eng_.alloc_pd();
-  return send_reply(sock, h, 0, "", &r, sizeof r);
+  return req.reply(0, "", &r, sizeof r);
 }
 
 void SessionServer::on_reg_mr(Session& s, const Req& req) {
   const uroce_msg_hdr& h = req.h;
-  const int sock = req.sock;
   std::vector<int>& fds = req.fds;
   const std::uint8_t* body = req.body;
   // One memfd (REG_MR), or several mapped one after another
@@ -60,12 +57,10 @@ void SessionServer::on_reg_mr(Session& s, const Req& req) {
   uroce_reg_mr_reply r{s.next_handle++, mr->lkey, mr->rkey, 0};
   s.mrs[r.handle] = {mr, std::move(map)};
   s.mr_bytes += m.length;
-  return send_reply(sock, h, 0, "", &r, sizeof r);
+  return req.reply(0, "", &r, sizeof r);
 }
 
 void SessionServer::on_create_flow(Session& s, const Req& req) {
-  const uroce_msg_hdr& h = req.h;
-  const int sock = req.sock;
   uroce_flow_msg m;
   if (!req.take(m)) return;
   auto q = s.qps.find(m.qp);
@@ -80,12 +75,10 @@ void SessionServer::on_create_flow(Session& s, const Req& req) {
   if (fh == 0) return req.fail(ENOMEM, "the port's flow table is full");
   q->second.flows.push_back(fh);
   uroce_handle_reply r{fh};
-  return send_reply(sock, h, 0, "", &r, sizeof r);
+  return req.reply(0, "", &r, sizeof r);
 }
 
 void SessionServer::on_reg_mr_odp(Session& s, const Req& req) {
-  const uroce_msg_hdr& h = req.h;
-  const int sock = req.sock;
   std::vector<int>& fds = req.fds;
   uroce_reg_mr_odp_msg m;
   if (!req.take(m)) return;
@@ -109,12 +102,11 @@ void SessionServer::on_reg_mr_odp(Session& s, const Req& req) {
   if (!mr) return req.fail(EINVAL, "bad MR access flags or range");
   uroce_reg_mr_reply r{s.next_handle++, mr->lkey, mr->rkey, 0};
   s.mrs[r.handle] = {mr, Mapping{}};  // nothing mapped, nothing counted against the MR bytes
-  return send_reply(sock, h, 0, "", &r, sizeof r);
+  return req.reply(0, "", &r, sizeof r);
 }
 
 void SessionServer::on_rereg_mr(Session& s, const Req& req) {
   const uroce_msg_hdr& h = req.h;
-  const int sock = req.sock;
   std::vector<int>& fds = req.fds;
   const std::uint8_t* body = req.body;
   // ibv_rereg_mr: the same MR (and keys), with another PD, access, or
@@ -153,12 +145,10 @@ void SessionServer::on_rereg_mr(Session& s, const Req& req) {
     r->second.map = std::move(map);  // the old one is unmapped: the engine no longer reaches it
   }
   uroce_reg_mr_reply rr{m.handle, r->second.mr->lkey, r->second.mr->rkey, 0};
-  return send_reply(sock, h, 0, "", &rr, sizeof rr);
+  return req.reply(0, "", &rr, sizeof rr);
 }
 
 void SessionServer::on_alloc_mw(Session& s, const Req& req) {
-  const uroce_msg_hdr& h = req.h;
-  const int sock = req.sock;
   uroce_alloc_mw_msg m;
   if (!req.take(m)) return;
   const auto pd = s.pds.find(m.pd);
@@ -169,12 +159,10 @@ void SessionServer::on_alloc_mw(Session& s, const Req& req) {
   if (!mw) return req.fail(ENOMEM, "the daemon's key table is full");
   uroce_alloc_mw_reply r{s.next_handle++, mw->rkey};
   s.mws[r.handle] = mw;
-  return send_reply(sock, h, 0, "", &r, sizeof r);
+  return req.reply(0, "", &r, sizeof r);
 }
 
 void SessionServer::on_resize_cq(Session& s, const Req& req) {
-  const uroce_msg_hdr& h = req.h;
-  const int sock = req.sock;
   uroce_resize_cq_msg m;
   if (!req.take(m)) return;
   const auto c = s.cqs.find(m.handle);
@@ -197,13 +185,11 @@ void SessionServer::on_resize_cq(Session& s, const Req& req) {
   }
   c->second.map = std::move(map);  // the old ring is unmapped
   uroce_handle_reply r{m.handle};
-  send_reply(sock, h, 0, "", &r, sizeof r, fd.get());
+  req.reply(0, "", &r, sizeof r, fd.get());
   return;
 }
 
 void SessionServer::on_create_cq(Session& s, const Req& req) {
-  const uroce_msg_hdr& h = req.h;
-  const int sock = req.sock;
   std::vector<int>& fds = req.fds;
   uroce_create_cq_msg m;
   if (!req.take(m)) return;
@@ -230,13 +216,11 @@ void SessionServer::on_create_cq(Session& s, const Req& req) {
   s.cqs[r.handle] = {cq, std::move(map), chan.release(), r.handle, &s};
   cq->owner = &s.cqs[r.handle];
   cq->want_notify(notify);
-  send_reply(sock, h, 0, "", &r, sizeof r, fd.get());
+  req.reply(0, "", &r, sizeof r, fd.get());
   return;
 }
 
 void SessionServer::on_open_xrcd(Session& s, const Req& req) {
-  const uroce_msg_hdr& h = req.h;
-  const int sock = req.sock;
   std::vector<int>& fds = req.fds;
   uroce_open_xrcd_msg m;
   if (!req.take(m)) return;
@@ -268,12 +252,10 @@ void SessionServer::on_open_xrcd(Session& s, const Req& req) {
   ++xrcds_[x].openers;
   uroce_handle_reply r{s.next_handle++};
   s.xrcds[r.handle] = x;
-  return send_reply(sock, h, 0, "", &r, sizeof r);
+  return req.reply(0, "", &r, sizeof r);
 }
 
 void SessionServer::on_create_srq(Session& s, const Req& req) {
-  const uroce_msg_hdr& h = req.h;
-  const int sock = req.sock;
   uroce_create_srq_msg m;
   if (!req.take(m, offsetof(uroce_create_srq_msg, xrcd))) return;  // minor 16 and older send 12 bytes
   if (s.srqs.size() >= limits_.max_srqs) return req.fail(EDQUOT, "too many SRQs for this session");
@@ -331,13 +313,11 @@ void SessionServer::on_create_srq(Session& s, const Req& req) {
   srq->owner = &s.srqs[r.handle];
   if (tm) intake_.add_tm_srq(s.id, r.handle, srq);
   const uroce_create_srq_reply rr{r.handle, srq->srq_num()};  // a library before minor 17 reads the handle alone
-  send_reply(sock, h, 0, "", &rr, sizeof rr, fd.get());
+  req.reply(0, "", &rr, sizeof rr, fd.get());
   return;
 }
 
 void SessionServer::on_create_qp(Session& s, const Req& req) {
-  const uroce_msg_hdr& h = req.h;
-  const int sock = req.sock;
   uroce_create_qp_msg m;
   if (!req.take(m, offsetof(uroce_create_qp_msg, srq))) return;
   if (s.qps.size() >= limits_.max_qps) return req.fail(EDQUOT, "too many QPs for this session");
@@ -435,13 +415,12 @@ void SessionServer::on_create_qp(Session& s, const Req& req) {
   s.qps[handle] = {qp, std::move(map), handle, &s};
   qp->owner = &s.qps[handle];
   intake_.add_qp(s.id, qp);
-  send_reply(sock, h, 0, "", &r, sizeof r, fd.get());
+  req.reply(0, "", &r, sizeof r, fd.get());
   return;
 }
 
 void SessionServer::on_destroy(Session& s, const Req& req) {
   const uroce_msg_hdr& h = req.h;
-  const int sock = req.sock;
   uroce_destroy_msg m;
   if (!req.take(m)) return;
   if (m.object == UROCE_OBJ_QP) {
@@ -457,7 +436,7 @@ void SessionServer::on_destroy(Session& s, const Req& req) {
       return;
     }
     destroy_qp(s, m.handle);
-    return send_reply(sock, h, 0, "", nullptr, 0);
+    return req.reply(0, "", nullptr, 0);
   }
   if (m.object == UROCE_OBJ_FLOW) {
     for (auto& [qh, q] : s.qps) {
@@ -465,7 +444,7 @@ void SessionServer::on_destroy(Session& s, const Req& req) {
       if (it == q.flows.end()) continue;
       eng_.destroy_flow(m.handle);
       q.flows.erase(it);
-      return send_reply(sock, h, 0, "", nullptr, 0);
+      return req.reply(0, "", nullptr, 0);
     }
     return req.fail(EINVAL, "no such flow rule in this session");
   }
@@ -474,7 +453,7 @@ void SessionServer::on_destroy(Session& s, const Req& req) {
     if (w == s.mws.end()) return req.fail(EINVAL, "no such memory window in this session");
     eng_.dealloc_mw(w->second);  // a bound window comes unbound
     s.mws.erase(w);
-    return send_reply(sock, h, 0, "", nullptr, 0);
+    return req.reply(0, "", nullptr, 0);
   }
   if (m.object == UROCE_OBJ_MR) {
     auto r = s.mrs.find(m.handle);
@@ -483,7 +462,7 @@ void SessionServer::on_destroy(Session& s, const Req& req) {
     s.mr_bytes -= r->second.map.len;
     r->second.map.unmap();
     s.mrs.erase(r);
-    return send_reply(sock, h, 0, "", nullptr, 0);
+    return req.reply(0, "", nullptr, 0);
   }
   if (m.object == UROCE_OBJ_CQ) {
     auto c = s.cqs.find(m.handle);
@@ -492,7 +471,7 @@ void SessionServer::on_destroy(Session& s, const Req& req) {
     c->second.map.unmap();
     if (c->second.chan >= 0) ::close(c->second.chan);
     s.cqs.erase(c);
-    return send_reply(sock, h, 0, "", nullptr, 0);
+    return req.reply(0, "", nullptr, 0);
   }
   if (m.object == UROCE_OBJ_SRQ) {
     auto q = s.srqs.find(m.handle);
@@ -501,7 +480,7 @@ void SessionServer::on_destroy(Session& s, const Req& req) {
     intake_.remove_srq(q->second.srq);
     q->second.map.unmap();
     s.srqs.erase(q);
-    return send_reply(sock, h, 0, "", nullptr, 0);
+    return req.reply(0, "", nullptr, 0);
   }
   if (m.object == UROCE_OBJ_XRCD) {
     auto x = s.xrcds.find(m.handle);
@@ -512,14 +491,14 @@ void SessionServer::on_destroy(Session& s, const Req& req) {
       if (q.qp->xrcd == x->second) return req.fail(EBUSY, "an XRC target QP of this session is in the domain");
     release_xrcd(x->second);
     s.xrcds.erase(x);
-    return send_reply(sock, h, 0, "", nullptr, 0);
+    return req.reply(0, "", nullptr, 0);
   }
   if (m.object == UROCE_OBJ_PD) {
     auto p = s.pds.find(m.handle);
     if (p == s.pds.end()) return req.fail(EINVAL, "no such PD in this session");
     if (const int rc = eng_.dealloc_pd(p->second); rc != 0) return req.fail(rc, "the PD still has QPs or MRs");
     s.pds.erase(p);
-    return send_reply(sock, h, 0, "", nullptr, 0);
+    return req.reply(0, "", nullptr, 0);
   }
   return req.fail(EINVAL, "unknown object kind");
 }

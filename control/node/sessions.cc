@@ -304,6 +304,13 @@ void SessionServer::release_xrcd(Xrcd* x) {
 }
 
 void SessionServer::Req::fail(int err, const std::string& why) const { send_reply(sock, h, err, why, nullptr, 0); }
+void SessionServer::Req::reply(int err, const std::string& why, const void* body, std::size_t len, int fd) const {
+  send_reply(sock, h, err, why, body, len, fd);
+}
+void SessionServer::Req::reply_fds(int err, const std::string& why, const void* body, std::size_t len, const int* fds,
+                                   std::size_t nfds) const {
+  send_reply_fds(sock, h, err, why, body, len, fds, nfds);
+}
 
 void SessionServer::handle(Session& s, const uroce_msg_hdr& h, const std::uint8_t* body, std::vector<int>& fds) {
   const Req req{h, s.sock.native_handle(), fds, body};

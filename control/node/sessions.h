@@ -90,6 +90,11 @@ class SessionServer {
     const std::uint8_t* body;
     /// Answers the request with an error and why.
     void fail(int err, const std::string& why) const;
+    /// Answers it: `err` (0 or an errno value) and why, then `body`, with
+    /// a descriptor (-1: none), or with several.
+    void reply(int err, const std::string& why, const void* body, std::size_t len, int fd = -1) const;
+    void reply_fds(int err, const std::string& why, const void* body, std::size_t len, const int* fds,
+                   std::size_t nfds) const;
     /// Copies the body into `m`, or answers that it is too short. Fields a
     /// newer minor appended after `min` bytes read as zero when an older
     /// library leaves them out.
