@@ -14,6 +14,7 @@
 
 #include "stack/abi/doorbell.h"
 #include "stack/abi/ring.h"
+#include "stack/abi/send_entry.h"
 #include "stack/abi/work_ring.h"
 #include "stack/pipeline/intake.h"
 #include "tests/support/pair.h"
@@ -76,14 +77,17 @@ struct IntakeTest : ::testing::Test {
       in.add_qp(kSession, qps.back()->qp);
     }
   }
+  /// A 64-byte WRITE, written by the one encoder, as liburoce writes it.
   uroce_send_entry write_entry(std::uint64_t id) {
-    uroce_send_entry e{};
-    e.wr_id = id;
-    e.opcode = IBV_WR_RDMA_WRITE;
-    e.num_sge = 1;
-    e.sg_list[0] = {p.addr(0, 0), 64, p.node[0].mr->lkey};
-    e.op.rdma.remote_addr = p.addr(1, 0);
-    e.op.rdma.rkey = p.rkey(1);
+    ibv_sge sg{p.addr(0, 0), 64, p.node[0].mr->lkey};
+    ibv_send_wr wr{};
+    wr.wr_id = id;
+    wr.opcode = IBV_WR_RDMA_WRITE;
+    wr.sg_list = &sg;
+    wr.num_sge = 1;
+    wr.wr.rdma = {p.addr(1, 0), p.rkey(1)};
+    uroce_send_entry e;
+    EXPECT_EQ(abi::encode_send(wr, {}, nullptr, e), nullptr);
     return e;
   }
   /// What liburoce does for a send: publish, then name the queue.
