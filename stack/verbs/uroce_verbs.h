@@ -9,8 +9,13 @@
  * reads rings in memory shared with uroced: no system call, no copy, while
  * the daemon is awake. A daemon that has gone to sleep says so in the
  * session page, and a post then rings its doorbell (one send). In embedded
- * mode (below) a post, and a poll that finds nothing, also run one pass of
- * the pipeline on the calling thread (the port's I/O included).
+ * mode (below) passes of the pipeline run on the calling thread (the port's
+ * I/O included): a poll that finds nothing, or that follows posts, runs
+ * one; so does every 16th post of a burst (the posts between go out with
+ * it, or with that poll, a wait or uroce_progress: one transmit burst for
+ * many posts). Under UROCE_EMBEDDED_PROGRESS=thread (and the drop-in
+ * libibverbs), where a thread turns the node while the program blocks
+ * elsewhere, every post runs one.
  * Registered memory is shared too: allocate it with uroce_alloc_buf, or
  * register ordinary memory, which is then remapped in place onto shared
  * memory (its contents are kept; whole pages are remapped, so keep MRs on
@@ -28,7 +33,8 @@
  * liburoce turn the loop, on any context, and a blocking wait keeps ARP, the
  * CM and timers running. An application that waits on a descriptor of its
  * own (a channel fd, a TCP socket) waits with uroce_wait_fd, or keeps
- * calling uroce_progress while it does. One
+ * calling uroce_progress while it does (until then, up to 15 of its last
+ * posts have not left, and its peer sees no ACKs). One
  * embedded node per process: it starts with the first open, stays when the
  * last context closes (an open after that finds it running), and stops
  * when the process exits; it cannot be started twice, as DPDK's EAL cannot.

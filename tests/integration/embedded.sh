@@ -1,11 +1,11 @@
 #!/bin/bash
 # Embedded mode: the engine, pipeline and port inside the application
 # (liburoce's plugin), driven by its own calls. Two embedded processes over
-# memif run the perftest matrix, loss recovery and the RDMA CM; an embedded
-# application against a daemon runs app_pair's op matrix, completion
-# channels, SRQs and CM. Unmodified programs (ibv_rc_pingpong, rping,
-# perftest) run embedded through uroce-run and the drop-in libraries. Bad
-# specs are refused with a reason.
+# memif run the perftest matrix, batched posts, loss recovery and the RDMA
+# CM; an embedded application against a daemon runs app_pair's op matrix,
+# completion channels, SRQs and CM. Unmodified programs (ibv_rc_pingpong,
+# rping, perftest) run embedded through uroce-run and the drop-in
+# libraries. Bad specs are refused with a reason.
 . "$(dirname "$0")/lib.sh"
 need_root
 # tools/setup.sh installs these: a missing one fails.
@@ -57,6 +57,13 @@ for t in write_bw send_bw read_bw atomic_bw write_lat send_lat read_lat atomic_l
   esac
 done
 py 'x=r["results"][0]; print("  send_lat %.2f us typical (embedded, 2 B)" % x["t_typical"])' "$TMP/send_lat.cli"
+
+echo "== posts in batches (manual progress): a burst of posts is one pass, not one a post"
+check "write_bw of 3000 64-byte messages: both pass" "pair write_bw batch '' '--log-level info' -n 3000 -s 64"
+st=$(status_at_exit "$TMP/batch.cli.err")
+names=$(jget "$st" intake.names 2>/dev/null)
+echo "  B's intake took its QP's name ${names:-?} times for 3000 posts (a pass a post: once a post)"
+check "B's intake was named at most once in 4 posts" "[ -n '$st' ] && [ '${names:-0}' -gt 0 ] && [ '${names:-0}' -le 750 ]"
 
 echo "== loss recovery: 5% of frames dropped on receive at both nodes"
 for t in write_bw send_bw read_bw; do
