@@ -145,6 +145,8 @@ void node_wide(Families& f, const json& st) {
   const json& w = at(st, "wait");
   f.counter("uroce_wait_doorbells_total", "doorbells rung by applications that posted while the main lcore slept", "",
             at(w, "doorbells"));
+  f.counter("uroce_wait_cq_notifies_total", "completion channels rung for applications that blocked on their CQs", "",
+            at(w, "cq_notifies"));
   f.counter("uroce_wait_rx_wakes_total", "sleeps the port's RX interrupt ended", "", at(w, "rx_wakes"));
   f.counter("uroce_wait_host_wakes_total", "sleeps the host netdev ended", "", at(w, "host_wakes"));
   const json& in = at(st, "intake");

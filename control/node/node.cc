@@ -2,6 +2,7 @@
 
 #include <execinfo.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <sys/prctl.h>
 #include <time.h>
@@ -382,9 +383,14 @@ nlohmann::ordered_json Node::status() const {
   }
   if (!pipes_.empty()) {
     const pipeline::IdleConfig& ic = pipes_[0]->dp->idle_config();
-    o["wait"] = {{"busy_poll", ic.max_sleep_us == 0}, {"spin_us", ic.spin_us},       {"tick_us", ic.tick_us},
-                 {"warm_ms", ic.warm_ms},             {"max_sleep_us", ic.max_sleep_us},
+    o["wait"] = {{"busy_poll", ic.max_sleep_us == 0},
+                 {"spin_us", ic.spin_us},
+                 {"spin_max_us", ic.spin_max_us},
+                 {"tick_us", ic.tick_us},
+                 {"warm_ms", ic.warm_ms},
+                 {"max_sleep_us", ic.max_sleep_us},
                  {"doorbells", sessions_ ? sessions_->doorbells() : 0},
+                 {"cq_notifies", sessions_ ? sessions_->cq_notifies() : 0},
                  {"rx_interrupts", pipes_[0]->dp->rx_wakes()},
                  {"rx_wakes", rx_wakes_},
                  {"host_wakes", host_wakes_}};
@@ -1062,7 +1068,13 @@ int Node::run(const volatile sig_atomic_t& stop) {
     }
     if (stop_at && (!stage_ || now - stop_at > 2'000'000'000ull)) break;
     const std::uint64_t sleep_ns = main_pipe.dp->idle_sleep_ns(work, now);
-    if (sleep_ns == 0) continue;
+    if (sleep_ns == 0) {
+      // Polling on (the spin window, or --busy-poll): an empty pass gives
+      // the core to whatever else is runnable on it, such as the
+      // application this daemon's work is for (abi/spin.h).
+      if (work == 0) ::sched_yield();
+      continue;
+    }
     // Going to block. Tell the applications first, then look at every ring
     // once more: a post published before they saw the flag is found here,
     // and one after it rings the doorbell (uroce_abi.h, the session page).
@@ -1124,6 +1136,7 @@ int Node::wait_readable(int fd, int timeout_ms) {
     }
     std::uint64_t now = now_ns();
     std::uint64_t sleep_ns = 1'000'000;  // another thread turns the loop: look again within a millisecond
+    bool idle_pass = false;
     if (!turning_.test_and_set(std::memory_order_acquire)) {
       if (armed) port->rx_interrupt_disarm();
       armed = false;
@@ -1137,6 +1150,7 @@ int Node::wait_readable(int fd, int timeout_ms) {
       }
       const std::size_t work = one_pass(now);
       sleep_ns = pipes_[0]->dp->idle_sleep_ns(work, now);
+      idle_pass = work == 0;
       turning_.clear(std::memory_order_release);
     }
     if (nfds) {
@@ -1152,7 +1166,10 @@ int Node::wait_readable(int fd, int timeout_ms) {
       disarm();
       return 0;
     }
-    if (sleep_ns == 0) continue;
+    if (sleep_ns == 0) {
+      if (idle_pass) ::sched_yield();  // polling on: a runnable process on this core first
+      continue;
+    }
     sleep_ns = std::min(sleep_ns, deadline - now);
     const timespec ts{static_cast<time_t>(sleep_ns / 1'000'000'000ull), static_cast<long>(sleep_ns % 1'000'000'000ull)};
     // p[1] (the host netdev) is ignored when its fd is -1; p[2] counts only when armed.

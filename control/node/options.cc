@@ -170,7 +170,10 @@ ParseResult parse_options(int argc, const char* const* argv, NodeOptions& out, s
        "RTRs and UD address resolutions parked for ARP, per uid over its sessions (default 64)")
       ("no-rx-interrupts", po::bool_switch(&no_rx_intr),
        "poll on the tick even where the PMD has RX interrupts (net_tap, net_af_xdp, NICs)")
-      ("idle-spin-us", po::value(&idle_cfg.spin_us), "keep polling this long after the last work, then sleep (default 5)")
+      ("idle-spin-us", po::value(&idle_cfg.spin_us), "keep polling at least this long after the last work, then sleep (default 5)")
+      ("idle-spin-max-us", po::value(&idle_cfg.spin_max_us),
+       "poll on for up to twice the recent gap between bursts of work, at most this long; traffic sparser than half of "
+       "it sleeps after --idle-spin-us (default 200)")
       ("poll-tick-us", po::value(&idle_cfg.tick_us),
        "sleep between polls while warm; bounds RX latency on PMDs without interrupts (default 20)")
       ("idle-warm-ms", po::value(&idle_cfg.warm_ms), "after this long without work, sleeps double (default 10)")
@@ -331,9 +334,10 @@ ParseResult parse_options(int argc, const char* const* argv, NodeOptions& out, s
     if (!g) return bad("--app-socket-group: no group named '" + app_socket_group + "'");
     app_socket_gid = g->gr_gid;
   }
-  if (idle_cfg.spin_us > 1'000'000 || idle_cfg.tick_us < 1 || idle_cfg.tick_us > 1'000'000 || idle_cfg.warm_ms > 60'000 ||
-      idle_cfg.max_sleep_us > 1'000'000)
-    return bad("--idle-spin-us 0..1000000, --poll-tick-us 1..1000000, --idle-warm-ms 0..60000, --idle-max-us 0..1000000");
+  if (idle_cfg.spin_us > 1'000'000 || idle_cfg.spin_max_us > 1'000'000 || idle_cfg.tick_us < 1 ||
+      idle_cfg.tick_us > 1'000'000 || idle_cfg.warm_ms > 60'000 || idle_cfg.max_sleep_us > 1'000'000)
+    return bad("--idle-spin-us 0..1000000, --idle-spin-max-us 0..1000000, --poll-tick-us 1..1000000, --idle-warm-ms "
+               "0..60000, --idle-max-us 0..1000000");
   if (busy_poll) idle_cfg.max_sleep_us = 0;
   for (const auto& [name, v, hi] : {std::tuple{"--max-sessions", lim.max_sessions, 65536u},
                                     {"--max-sessions-per-uid", lim.max_sessions_per_uid, 65536u},

@@ -58,8 +58,9 @@ SessionServer::SessionServer(asio::io_context& io, const std::string& path, unsi
 
 void SessionServer::on_cq_notify(void* ctx, Cq& cq) {
   auto* c = static_cast<Session::CqRes*>(cq.owner);
-  if (c && c->chan >= 0 && !abi::ring(c->chan)) ++c->session->notify_failed;
-  (void)ctx;
+  if (!c || c->chan < 0) return;
+  if (abi::ring(c->chan)) ++static_cast<SessionServer*>(ctx)->cq_notifies_;
+  else ++c->session->notify_failed;
 }
 
 void SessionServer::on_async_event(void* ctx, ibv_event_type type, Cq* cq, Qp* qp) {

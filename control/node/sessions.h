@@ -51,6 +51,9 @@ class SessionServer {
   [[nodiscard]] std::size_t sessions() const { return sessions_.size(); }
   /// Doorbells rung by applications so far, over all sessions.
   [[nodiscard]] std::uint64_t doorbells() const { return doorbells_; }
+  /// Completion channels rung so far (an application had armed its CQ to
+  /// block on it), over all sessions.
+  [[nodiscard]] std::uint64_t cq_notifies() const { return cq_notifies_; }
   /// Per session its id, the application's pid and uid, and what it holds.
   [[nodiscard]] nlohmann::ordered_json describe() const;
   /// The CM agent's counters.
@@ -200,6 +203,7 @@ class SessionServer {
   std::uint64_t memory_fault_closes_ = 0;  // sessions closed because their memory faulted (sigbus_guard)
   std::uint64_t sigbus_seen_ = 0;  // sigbus_guard::caught() at the last look
   std::uint64_t doorbells_ = 0;
+  std::uint64_t cq_notifies_ = 0;
   std::string path_;
 };
 

@@ -18,6 +18,7 @@
 
 #include <cstdint>
 
+#include "stack/abi/spin.h"
 #include "stack/pipeline/fault.h"
 #include "stack/pipeline/intake.h"
 #include "stack/pipeline/neigh.h"
@@ -59,8 +60,11 @@ inline constexpr const char* kDpCounterHelp[] = {
 #undef UROCE_X
 };
 
-/// How the loop waits when there is nothing to do. After spin_us without
-/// work it sleeps tick_us at a time, polling between sleeps: on a PMD
+/// How the loop waits when there is nothing to do. It polls on after the
+/// last work for a window learnt from the gaps between bursts of work
+/// (abi::AdaptiveSpin: twice the recent gap, at least spin_us, at most
+/// spin_max_us; the loop yields its core between empty passes). Then it
+/// sleeps tick_us at a time, polling between sleeps: on a PMD
 /// without RX interrupts (memif, af_packet) the tick bounds how late a frame
 /// is seen. After warm_ms without work the sleeps double, up to
 /// max_sleep_us, so an idle daemon costs almost nothing. Any work resets
@@ -69,6 +73,7 @@ inline constexpr const char* kDpCounterHelp[] = {
 /// tick: after the spin it sleeps max_sleep_us at once.
 struct IdleConfig {
   std::uint32_t spin_us = 5;
+  std::uint32_t spin_max_us = 200;  // abi::AdaptiveSpin::kDefaultCapNs
   std::uint32_t tick_us = 20;
   std::uint32_t warm_ms = 10;
   std::uint32_t max_sleep_us = 20000;  // 2000 cost an idle daemon about 2% of a core here (wake-ups are dear in a VM)
@@ -102,7 +107,10 @@ class Dataplane {
   }
   /// The intake of applications' posts (the pipeline that serves sessions).
   void set_intake(Intake* in) { intake_ = in; }
-  void set_idle(const IdleConfig& c) { idle_cfg_ = c; }
+  void set_idle(const IdleConfig& c) {
+    idle_cfg_ = c;
+    spin_.set_cap(std::uint64_t{c.spin_max_us} * 1000);
+  }
   /// The host's netdev (the exception path), or nullptr for none. With one,
   /// the Neighbors given must not answer (the host does).
   void set_host(PortIo* host) { host_ = host; }
@@ -144,6 +152,7 @@ class Dataplane {
   Intake* intake_ = nullptr;
   IdleConfig idle_cfg_{};
   std::uint64_t idle_since_ = 0;  // ns; 0 = busy
+  abi::AdaptiveSpin spin_;
   std::uint64_t sleep_ns_ = 0;    // the last sleep asked for, once past warm_ms
   bool rx_wakes_ = false;
   std::uint64_t ctr_[static_cast<std::size_t>(DpCounter::kCount)] = {};

@@ -33,6 +33,7 @@
 #include "stack/abi/qp_attr.h"
 #include "stack/abi/ring.h"
 #include "stack/abi/send_entry.h"
+#include "stack/abi/spin.h"
 #include "stack/abi/work_ring.h"
 #include "stack/abi/session_proto.h"
 #include "stack/abi/wc_status.h"
@@ -470,6 +471,7 @@ struct uroce_cq {
   void* cq_context = nullptr;
   uroce_comp_channel* channel = nullptr;
   std::uint32_t events_seen = 0;  // notifications already returned by get_cq_event
+  uroce::abi::AdaptiveSpin spin;  // uroce_poll_cq_wait's polling window, learnt from its waits
 };
 
 struct uroce_srq {
@@ -2031,10 +2033,18 @@ int uroce_poll_cq_wait(uroce_cq* cq, int num, ibv_wc* wc, int spin_us, int timeo
   if (n > 0 || timeout_ms == 0) return n;
   using clk = std::chrono::steady_clock;
   const auto start = clk::now();
+  // What came, after how long: the CQ's polling window learns from it.
+  const auto got = [&](int k) {
+    cq->spin.gap(static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(clk::now() - start).count()));
+    return k;
+  };
   if (spin_us > 0) {
-    const auto until = start + std::chrono::microseconds(spin_us);
+    // Poll for the window (abi/spin.h), giving the core away between empty
+    // polls: the daemon, or the peer, that makes the completion may need it.
+    const auto until = start + std::chrono::nanoseconds(cq->spin.window_ns(std::uint64_t(spin_us) * 1000));
     do {
-      if ((n = uroce_poll_cq(cq, num, wc)) > 0) return n;
+      if ((n = uroce_poll_cq(cq, num, wc)) > 0) return got(n);
+      (void)::sched_yield();
     } while (clk::now() < until);
   }
   if (!cq->channel) {
@@ -2046,7 +2056,7 @@ int uroce_poll_cq_wait(uroce_cq* cq, int num, ibv_wc* wc, int spin_us, int timeo
     // Arm, then look once more: a completion pushed before the daemon saw
     // the arm is found here, one after it makes the channel readable.
     cq->ring.arm_notify();
-    if ((n = uroce_poll_cq(cq, num, wc)) > 0) return n;
+    if ((n = uroce_poll_cq(cq, num, wc)) > 0) return got(n);
     int wait_ms = -1;
     if (timeout_ms > 0) {
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clk::now()).count();
@@ -2060,7 +2070,7 @@ int uroce_poll_cq_wait(uroce_cq* cq, int num, ibv_wc* wc, int spin_us, int timeo
     // Empty the channel (another CQ's notification may be drained with it:
     // a spurious wake-up for uroce_get_cq_event, which verbs allows).
     (void)abi::drain(cq->channel->fd);
-    if ((n = uroce_poll_cq(cq, num, wc)) > 0) return n;
+    if ((n = uroce_poll_cq(cq, num, wc)) > 0) return got(n);
   }
 }
 

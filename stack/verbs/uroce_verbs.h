@@ -341,12 +341,16 @@ struct uroce_async_event {
 int uroce_get_async_event(struct uroce_context* ctx, struct uroce_async_event* event);
 int uroce_async_fd(const struct uroce_context* ctx);
 /* Waits for completions without holding a core: polls; if there is none,
- * polls for spin_us more, then arms the CQ and blocks on its completion
+ * polls on, yielding the core between empty polls, for at least spin_us (0:
+ * not at all) or, while this CQ's recent waits were short, twice their
+ * length (at most 200 us), then arms the CQ and blocks on its completion
  * channel (the CQ needs one) until a completion arrives or timeout_ms pass
  * (-1: no limit; 0: one poll). Returns the completions taken (up to
  * num_entries), 0 on timeout, or -1 with errno (EINVAL: no channel). On a
- * shared core, a short spin and then blocking beats busy polling: the
- * daemon that produces the completion needs the core. A wake-up drains the
+ * shared core, polling that yields and then blocking beats busy polling:
+ * the daemon that produces the completion needs the core, and gets it at
+ * the next empty poll; a ping-pong's next message is polled for, not slept
+ * through (a wake-up costs tens of microseconds in a VM). A wake-up drains the
  * channel, so mixing this with uroce_get_cq_event on one channel only costs
  * spurious events. */
 int uroce_poll_cq_wait(struct uroce_cq* cq, int num_entries, struct ibv_wc* wc, int spin_us, int timeout_ms);

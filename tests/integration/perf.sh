@@ -174,4 +174,24 @@ wl_left() {  # SIDE: srv|cli
 }
 check "write_lat server, peer gone: the last WRITE's RETRY_EXC_ERR ends the run cleanly, with a note" "wl_left srv"
 check "write_lat client, peer gone: the client's last WRITE ends in RETRY_EXC_ERR and the client fails (nothing proves that WRITE arrived); the server reports all 3000" "wl_left cli"
+
+# Waiting on shared cores (abi/spin.h): in a ping-pong (default waiting,
+# two daemons and two applications on this host's cores) both ends poll
+# for the next message, yielding their cores, instead of sleeping through
+# each: B's daemon sleeps, and its application blocks on its completion
+# channel (which B's daemon then rings), far less than once a round trip.
+# With the 5 us spin alone, both happened about once a round.
+echo "== a ping-pong is polled for, not slept through"
+rounds=10000
+st0=$(ctl "$TMP/b.ctl" status)
+sp=$BASE; BASE=$((BASE + 1))
+timeout 120 $PERF send_lat -d "$TMP/a.app" -p $sp -n $rounds > "$TMP/pp.srv" 2>&1 & s=$!; wait_listen "" "" $sp || echo "  (nothing listened on TCP port $sp)"
+timeout 120 $PERF send_lat -d "$TMP/b.app" -p $sp -n $rounds 127.0.0.1 > "$TMP/pp.cli" 2>&1; crc=$?; wait $s; src=$?
+st1=$(ctl "$TMP/b.ctl" status)
+sleeps=$(( $(jget "$st1" dataplane.idle_sleeps) - $(jget "$st0" dataplane.idle_sleeps) ))
+notifies=$(( $(jget "$st1" wait.cq_notifies) - $(jget "$st0" wait.cq_notifies) ))
+echo "  $rounds round trips: B's daemon slept $sleeps times, B's completion channels were rung $notifies times"
+check "send_lat, $rounds round trips: both pass" "[ $crc -eq 0 ] && [ $src -eq 0 ]"
+check "B's daemon slept fewer than once in 4 round trips" "[ $sleeps -lt $((rounds / 4)) ]"
+check "B's application blocked on its channel fewer than once in 4 round trips" "[ $notifies -lt $((rounds / 4)) ]"
 finish

@@ -527,6 +527,40 @@ TEST(Dataplane, APortThatWakesOnRxNeedsNoPollTick) {
   EXPECT_EQ(dp.idle_sleep_ns(0, t0 + 7'000), std::uint64_t{ic.max_sleep_us} * 1000);
 }
 
+TEST(Dataplane, ItPollsOnForTheGapsItHasSeenBetweenWork) {
+  LonePipeline lp;
+  Dataplane& dp = lp.dp;
+  IdleConfig ic;  // spin 5 us, spin_max 200 us, tick 20 us
+  dp.set_idle(ic);
+  const std::uint64_t tick = std::uint64_t{ic.tick_us} * 1000;
+  std::uint64_t t = 1'000'000'000;
+  // Nothing learnt yet: past the 5 us spin, a tick's sleep.
+  EXPECT_EQ(dp.idle_sleep_ns(1, t), 0u);
+  EXPECT_EQ(dp.idle_sleep_ns(0, t + 1'000), 0u);
+  EXPECT_EQ(dp.idle_sleep_ns(0, t + 10'000), tick);
+  // A ping-pong: work every 9 us (8 us idle in between).
+  for (int k = 0; k < 20; ++k) {
+    t += 9'000;
+    EXPECT_EQ(dp.idle_sleep_ns(1, t), 0u);
+    EXPECT_EQ(dp.idle_sleep_ns(0, t + 1'000), 0u);
+  }
+  t += 9'000;
+  EXPECT_EQ(dp.idle_sleep_ns(1, t), 0u);
+  EXPECT_EQ(dp.idle_sleep_ns(0, t + 1'000), 0u) << "gone idle";
+  EXPECT_EQ(dp.idle_sleep_ns(0, t + 10'000), 0u) << "the next message is due: poll on, past the 5 us";
+  EXPECT_EQ(dp.idle_sleep_ns(0, t + 20'000), tick) << "twice the gap (16 us) has passed: sleep";
+  // Sparse traffic (gaps past half of spin_max): back to the 5 us.
+  for (int k = 0; k < 20; ++k) {
+    t += 150'000;
+    EXPECT_EQ(dp.idle_sleep_ns(1, t), 0u);
+    EXPECT_EQ(dp.idle_sleep_ns(0, t + 1'000), 0u);
+  }
+  t += 150'000;
+  EXPECT_EQ(dp.idle_sleep_ns(1, t), 0u);
+  EXPECT_EQ(dp.idle_sleep_ns(0, t + 1'000), 0u);
+  EXPECT_EQ(dp.idle_sleep_ns(0, t + 7'000), tick);
+}
+
 /// The exception path (set_host): with the host's netdev attached, every
 /// frame that is not RoCE goes to the host untagged (neighbours are still
 /// learned, the node no longer answers), and what the host sends goes out

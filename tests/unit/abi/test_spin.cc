@@ -1,0 +1,60 @@
+// abi::AdaptiveSpin: how long a waiter polls before it blocks, learnt from
+// the gaps it has seen (stack/abi/spin.h).
+#include "stack/abi/spin.h"
+
+#include <gtest/gtest.h>
+
+namespace {
+using uroce::abi::AdaptiveSpin;
+constexpr std::uint64_t kUs = 1000;
+
+TEST(AdaptiveSpin, WithoutGapsItPollsTheFloor) {
+  AdaptiveSpin s(200 * kUs);
+  EXPECT_EQ(s.window_ns(5 * kUs), 5 * kUs);
+  EXPECT_EQ(s.window_ns(0), 0u) << "a floor of 0 and nothing learnt: no polling";
+}
+
+TEST(AdaptiveSpin, ShortGapsAreCoveredTwice) {
+  AdaptiveSpin s(200 * kUs);
+  for (int i = 0; i < 20; ++i) s.gap(8 * kUs);  // a ping-pong's message every 8 us
+  EXPECT_EQ(s.window_ns(5 * kUs), 16 * kUs);
+  EXPECT_EQ(s.window_ns(50 * kUs), 50 * kUs) << "never under the floor";
+}
+
+TEST(AdaptiveSpin, SparseTrafficGetsTheFloorOnly) {
+  AdaptiveSpin s(200 * kUs);
+  for (int i = 0; i < 20; ++i) s.gap(150 * kUs);  // twice that is past the cap
+  EXPECT_EQ(s.window_ns(5 * kUs), 5 * kUs);
+  // Up to half the cap, the window grows to the cap.
+  AdaptiveSpin t(200 * kUs);
+  for (int i = 0; i < 20; ++i) t.gap(100 * kUs);
+  EXPECT_EQ(t.window_ns(5 * kUs), 200 * kUs);
+}
+
+TEST(AdaptiveSpin, AGapThatASleepMadeLongIsLearntBackDown) {
+  AdaptiveSpin s(200 * kUs);
+  s.gap(60 * kUs);  // the first message after a sleep: the wake-up's cost is in it
+  EXPECT_EQ(s.window_ns(5 * kUs), 120 * kUs) << "polls long enough to find the next one";
+  for (int i = 0; i < 30; ++i) s.gap(8 * kUs);  // then measured while polling
+  EXPECT_LE(s.window_ns(5 * kUs), 17 * kUs);
+  EXPECT_GE(s.window_ns(5 * kUs), 16 * kUs);
+}
+
+TEST(AdaptiveSpin, OneLongPauseMovesTheAverageByABoundedStep) {
+  AdaptiveSpin s(200 * kUs);
+  for (int i = 0; i < 20; ++i) s.gap(8 * kUs);
+  s.gap(60'000'000 * kUs);  // a minute without traffic
+  EXPECT_EQ(s.window_ns(5 * kUs), 5 * kUs) << "sparse for now";
+  for (int i = 0; i < 8; ++i) s.gap(8 * kUs);
+  EXPECT_LT(s.window_ns(5 * kUs), 40 * kUs) << "a few short gaps bring it back";
+  EXPECT_GT(s.window_ns(5 * kUs), 5 * kUs);
+}
+
+TEST(AdaptiveSpin, ACapChangeAppliesToTheNextWindow) {
+  AdaptiveSpin s(200 * kUs);
+  for (int i = 0; i < 20; ++i) s.gap(80 * kUs);
+  EXPECT_EQ(s.window_ns(5 * kUs), 160 * kUs);
+  s.set_cap(100 * kUs);
+  EXPECT_EQ(s.window_ns(5 * kUs), 5 * kUs);
+}
+}  // namespace
