@@ -147,6 +147,9 @@ void node_wide(Families& f, const json& st) {
             at(w, "doorbells"));
   f.counter("uroce_wait_cq_notifies_total", "completion channels rung for applications that blocked on their CQs", "",
             at(w, "cq_notifies"));
+  f.counter("uroce_wait_late_yields_total",
+            "yields of the main lcore's core, between empty polls, that came back late: another process used the core",
+            "", at(w, "late_yields"));
   f.counter("uroce_wait_rx_wakes_total", "sleeps the port's RX interrupt ended", "", at(w, "rx_wakes"));
   f.counter("uroce_wait_host_wakes_total", "sleeps the host netdev ended", "", at(w, "host_wakes"));
   const json& in = at(st, "intake");

@@ -1,7 +1,8 @@
 // How long a waiter on either side of the rings polls before it blocks,
 // learnt from the gaps it has seen. One policy for the daemon's loop (and
 // the embedded node's waits, through the pipeline's idle policy) and for
-// liburoce's CQ waits.
+// liburoce's CQ waits; the naps below are the loop's (an application's
+// core is its own business, the daemon's is every tenant's).
 //
 // On a host whose cores are shared, a poller that blocks as soon as a queue
 // is empty pays a wake-up (tens of microseconds in a VM) on every message
@@ -10,17 +11,33 @@
 // process on its core until its slice ends). So a waiter:
 //   - polls while the gaps it has seen say work comes back soon: twice the
 //     recent gap (an average over about four), at least a floor (the
-//     configured spin), at most a cap; an average gap beyond half the cap
-//     means traffic is sparse, and the waiter polls the floor only;
-//   - gives its core away between empty polls (sched_yield, by the caller),
-//     so a runnable process on the same core runs at once, and the poller
-//     costs nothing to it;
-//   - then blocks.
+//     configured spin), at most a cap; an average gap beyond the cap means
+//     traffic is sparse, and the waiter polls the floor only (a gap that
+//     sleeps made long, the wake-ups' cost in it, is still polled for, and
+//     the gaps measured then bring the window down: sleeping through a
+//     ping-pong does not keep it sleeping);
+//   - gives its core away between empty polls (yield_core), so a runnable
+//     process on the same core runs at once, and the poller costs little
+//     to it;
+//   - blocks when the window ends.
+// A yield that comes back late (half a millisecond or more) found the core
+// taken by a process that keeps it (a CPU-bound one, a flood of
+// connections, even one at SCHED_IDLE: a poller that yields on every empty
+// poll pushes its own deadline back, and the scheduler then runs the other
+// until its slice or the tick ends, up to 4 ms at HZ=250). For a second
+// after one, the waiter naps (kNapNs, a timed sleep) between empty polls
+// instead of yielding: the other process runs in the nap, and the timer's
+// wake-up takes the core back at once (the scheduler favours a task that
+// slept), so such a competitor costs one late yield a second. Shorter
+// yields are the point (the process waited for ran) and change nothing.
 // A gap is measured from the moment the waiter found nothing to the moment
 // it found work, sleeps included: a gap that a sleep made long (the wake-up
 // cost) widens the window, and the next gaps, measured while polling, bring
 // it back down to what the traffic needs.
 #pragma once
+
+#include <sched.h>
+#include <time.h>
 
 #include <algorithm>
 #include <atomic>
@@ -28,13 +45,30 @@
 
 namespace uroce::abi {
 
+/// A yield that took longer than this gave the core to a process that
+/// keeps it (one at SCHED_IDLE takes about 0.7 ms, a scheduler's slice;
+/// an application that a yield lets run answers in tens of microseconds):
+/// the waiter naps between polls for kNapForNs.
+inline constexpr std::uint64_t kContendedNs = 500'000;
+inline constexpr std::uint64_t kNapForNs = 1'000'000'000;
+/// A nap: a timed sleep as short as the thread's timer slack allows (the
+/// daemon sets its slack to 1 us; a process's default is 50 us).
+inline constexpr long kNapNs = 1'000;
+
+inline std::uint64_t monotonic_ns() {
+  timespec t{};
+  ::clock_gettime(CLOCK_MONOTONIC, &t);
+  return std::uint64_t(t.tv_sec) * 1'000'000'000ull + std::uint64_t(t.tv_nsec);
+}
+
 class AdaptiveSpin {
  public:
-  /// 200 us: traffic with gaps up to 100 us (10,000 messages a second and
+  /// 200 us: traffic with gaps up to 200 us (5,000 messages a second and
   /// more) is polled for; sparser traffic sleeps after the floor.
   static constexpr std::uint64_t kDefaultCapNs = 200'000;
 
-  explicit AdaptiveSpin(std::uint64_t cap_ns = kDefaultCapNs) : cap_(cap_ns) {}
+  AdaptiveSpin() = default;
+  explicit AdaptiveSpin(std::uint64_t cap_ns) : cap_(cap_ns) {}
   void set_cap(std::uint64_t cap_ns) { cap_.store(cap_ns, std::memory_order_relaxed); }
 
   /// An idle stretch of `ns` that ended with work.
@@ -45,20 +79,60 @@ class AdaptiveSpin {
     avg_.store(a == kNone ? g : (3 * a + g) / 4, std::memory_order_relaxed);
   }
 
-  /// How long to poll now, after the last work: at least `floor_ns`.
-  [[nodiscard]] std::uint64_t window_ns(std::uint64_t floor_ns) const {
+  /// Between empty polls: gives the core, once, to whatever else is
+  /// runnable on it: a yield, or a nap within kNapForNs of a late yield.
+  void yield_core() {
+    const std::uint64_t a = monotonic_ns();
+    if (naps(a)) {
+      const timespec nap{0, kNapNs};
+      (void)::nanosleep(&nap, nullptr);
+      return;
+    }
+    (void)::sched_yield();
+    yielded(a, monotonic_ns());
+  }
+  /// True within kNapForNs of a late yield.
+  [[nodiscard]] bool naps(std::uint64_t now_ns) const {
+    return now_ns < nap_until_.load(std::memory_order_relaxed);
+  }
+  /// Records a yield from `from_ns` to `to_ns`; false when it came back late.
+  bool yielded(std::uint64_t from_ns, std::uint64_t to_ns) {
+    if (to_ns - from_ns < kContendedNs) return true;
+    nap_until_.store(to_ns + kNapForNs, std::memory_order_relaxed);
+    late_.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
+
+  /// The learnt average gap, ns (0: none yet).
+  [[nodiscard]] std::uint64_t average_gap_ns() const {
     const std::uint64_t a = avg_.load(std::memory_order_relaxed);
+    return a == kNone ? 0 : a;
+  }
+  /// Yields that came back late: how often the core was found contended.
+  [[nodiscard]] std::uint64_t late_yields() const { return late_.load(std::memory_order_relaxed); }
+
+  /// How long to poll now, after the last work: at least `floor_ns`. A
+  /// floor of 0 turns polling off (a daemon told --idle-spin-us 0).
+  /// While the waiter naps (`now_ns` within kNapForNs of a late yield) it
+  /// polls for the cap: a nap costs the core nothing, and it is coarse (a
+  /// window of a few naps would sleep through a ping-pong).
+  [[nodiscard]] std::uint64_t window_ns(std::uint64_t floor_ns, std::uint64_t now_ns = 0) const {
+    if (floor_ns == 0) return 0;
     const std::uint64_t cap = cap_.load(std::memory_order_relaxed);
-    if (a == kNone || 2 * a > cap) return floor_ns;
-    return std::max(floor_ns, 2 * a);
+    if (now_ns != 0 && naps(now_ns)) return std::max(floor_ns, cap);
+    const std::uint64_t a = avg_.load(std::memory_order_relaxed);
+    if (a == kNone || a > cap) return floor_ns;
+    return std::max(floor_ns, std::min(cap, 2 * a));
   }
 
  private:
   static constexpr std::uint64_t kNone = UINT64_MAX;
   // Relaxed atomics: several threads may wait on one CQ, and a lost update
   // only nudges a window.
-  std::atomic<std::uint64_t> cap_;
+  std::atomic<std::uint64_t> cap_{kDefaultCapNs};
   std::atomic<std::uint64_t> avg_{kNone};
+  std::atomic<std::uint64_t> nap_until_{0};  // monotonic ns
+  std::atomic<std::uint64_t> late_{0};
 };
 
 }  // namespace uroce::abi

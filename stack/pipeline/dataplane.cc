@@ -176,7 +176,7 @@ std::uint64_t Dataplane::idle_sleep_ns(std::size_t work, std::uint64_t now) {
   }
   if (idle_since_ == 0) idle_since_ = now;
   const std::uint64_t idle = now - idle_since_;
-  if (idle < spin_.window_ns(std::uint64_t{idle_cfg_.spin_us} * 1000)) return 0;  // work comes back soon: keep polling
+  if (idle < spin_.window_ns(std::uint64_t{idle_cfg_.spin_us} * 1000, now)) return 0;  // work comes back soon: keep polling
   const std::uint64_t tick = std::uint64_t{std::min(idle_cfg_.tick_us, idle_cfg_.max_sleep_us)} * 1000;
   if (rx_wakes_) {
     sleep_ns_ = std::uint64_t{idle_cfg_.max_sleep_us} * 1000;  // a frame ends the sleep: no tick to poll on

@@ -107,6 +107,16 @@ class Dataplane {
   }
   /// The intake of applications' posts (the pipeline that serves sessions).
   void set_intake(Intake* in) { intake_ = in; }
+  /// Between empty passes inside the polling window: gives the core away
+  /// once (abi::AdaptiveSpin::yield_core).
+  void yield_core() { spin_.yield_core(); }
+  /// Yields in the polling window that came back late (a contended core).
+  [[nodiscard]] std::uint64_t late_yields() const { return spin_.late_yields(); }
+  /// The polling window's inputs and outcome now (abi::AdaptiveSpin).
+  [[nodiscard]] std::uint64_t average_gap_ns() const { return spin_.average_gap_ns(); }
+  [[nodiscard]] std::uint64_t spin_window_ns() const {
+    return spin_.window_ns(std::uint64_t{idle_cfg_.spin_us} * 1000);
+  }
   void set_idle(const IdleConfig& c) {
     idle_cfg_ = c;
     spin_.set_cap(std::uint64_t{c.spin_max_us} * 1000);

@@ -2044,7 +2044,7 @@ int uroce_poll_cq_wait(uroce_cq* cq, int num, ibv_wc* wc, int spin_us, int timeo
     const auto until = start + std::chrono::nanoseconds(cq->spin.window_ns(std::uint64_t(spin_us) * 1000));
     do {
       if ((n = uroce_poll_cq(cq, num, wc)) > 0) return got(n);
-      (void)::sched_yield();
+      (void)::sched_yield();  // the core to whoever makes the completion (abi/spin.h)
     } while (clk::now() < until);
   }
   if (!cq->channel) {

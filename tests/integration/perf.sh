@@ -190,7 +190,8 @@ timeout 120 $PERF send_lat -d "$TMP/b.app" -p $sp -n $rounds 127.0.0.1 > "$TMP/p
 st1=$(ctl "$TMP/b.ctl" status)
 sleeps=$(( $(jget "$st1" dataplane.idle_sleeps) - $(jget "$st0" dataplane.idle_sleeps) ))
 notifies=$(( $(jget "$st1" wait.cq_notifies) - $(jget "$st0" wait.cq_notifies) ))
-echo "  $rounds round trips: B's daemon slept $sleeps times, B's completion channels were rung $notifies times"
+late=$(( $(jget "$st1" wait.late_yields) - $(jget "$st0" wait.late_yields) ))
+echo "  $rounds round trips: B's daemon slept $sleeps times (its yields came back late $late times; learnt gap before $(jget "$st0" wait.gap_us) us, after $(jget "$st1" wait.gap_us) us), B's completion channels were rung $notifies times"
 check "send_lat, $rounds round trips: both pass" "[ $crc -eq 0 ] && [ $src -eq 0 ]"
 check "B's daemon slept fewer than once in 4 round trips" "[ $sleeps -lt $((rounds / 4)) ]"
 check "B's application blocked on its channel fewer than once in 4 round trips" "[ $notifies -lt $((rounds / 4)) ]"

@@ -19,16 +19,19 @@ TEST(AdaptiveSpin, ShortGapsAreCoveredTwice) {
   for (int i = 0; i < 20; ++i) s.gap(8 * kUs);  // a ping-pong's message every 8 us
   EXPECT_EQ(s.window_ns(5 * kUs), 16 * kUs);
   EXPECT_EQ(s.window_ns(50 * kUs), 50 * kUs) << "never under the floor";
+  EXPECT_EQ(s.window_ns(0), 0u) << "a floor of 0: polling off, whatever was learnt";
 }
 
 TEST(AdaptiveSpin, SparseTrafficGetsTheFloorOnly) {
   AdaptiveSpin s(200 * kUs);
-  for (int i = 0; i < 20; ++i) s.gap(150 * kUs);  // twice that is past the cap
+  for (int i = 0; i < 20; ++i) s.gap(250 * kUs);  // past the cap
   EXPECT_EQ(s.window_ns(5 * kUs), 5 * kUs);
-  // Up to half the cap, the window grows to the cap.
+  // Up to the cap, the window is twice the gap, at most the cap.
   AdaptiveSpin t(200 * kUs);
-  for (int i = 0; i < 20; ++i) t.gap(100 * kUs);
+  for (int i = 0; i < 20; ++i) t.gap(150 * kUs);
   EXPECT_EQ(t.window_ns(5 * kUs), 200 * kUs);
+  for (int i = 0; i < 60; ++i) t.gap(60 * kUs);
+  EXPECT_EQ(t.window_ns(5 * kUs), 120 * kUs);
 }
 
 TEST(AdaptiveSpin, AGapThatASleepMadeLongIsLearntBackDown) {
@@ -44,7 +47,7 @@ TEST(AdaptiveSpin, OneLongPauseMovesTheAverageByABoundedStep) {
   AdaptiveSpin s(200 * kUs);
   for (int i = 0; i < 20; ++i) s.gap(8 * kUs);
   s.gap(60'000'000 * kUs);  // a minute without traffic
-  EXPECT_EQ(s.window_ns(5 * kUs), 5 * kUs) << "sparse for now";
+  EXPECT_EQ(s.window_ns(5 * kUs), 200 * kUs) << "a quarter of the clipped pause: polls the cap for now";
   for (int i = 0; i < 8; ++i) s.gap(8 * kUs);
   EXPECT_LT(s.window_ns(5 * kUs), 40 * kUs) << "a few short gaps bring it back";
   EXPECT_GT(s.window_ns(5 * kUs), 5 * kUs);
@@ -55,6 +58,25 @@ TEST(AdaptiveSpin, ACapChangeAppliesToTheNextWindow) {
   for (int i = 0; i < 20; ++i) s.gap(80 * kUs);
   EXPECT_EQ(s.window_ns(5 * kUs), 160 * kUs);
   s.set_cap(100 * kUs);
-  EXPECT_EQ(s.window_ns(5 * kUs), 5 * kUs);
+  EXPECT_EQ(s.window_ns(5 * kUs), 100 * kUs);
+  s.set_cap(50 * kUs);
+  EXPECT_EQ(s.window_ns(5 * kUs), 5 * kUs) << "the gaps are past the cap now";
+}
+
+TEST(AdaptiveSpin, ALateYieldTurnsYieldsIntoNapsForASecond) {
+  constexpr std::uint64_t kMs = 1000 * kUs;
+  AdaptiveSpin s;
+  EXPECT_TRUE(s.yielded(0, 10 * kUs)) << "back in 10 us: the core is free";
+  EXPECT_TRUE(s.yielded(1 * kMs, 1 * kMs + 400 * kUs)) << "back in 0.4 ms: the process waited for ran";
+  EXPECT_FALSE(s.naps(2 * kMs));
+  EXPECT_FALSE(s.yielded(3 * kMs, 3 * kMs + 700 * kUs)) << "back after a slice: a process that keeps the core";
+  EXPECT_TRUE(s.naps(4 * kMs));
+  EXPECT_EQ(s.window_ns(5 * kUs, 4 * kMs), AdaptiveSpin::kDefaultCapNs) << "naps poll for the cap";
+  EXPECT_EQ(s.window_ns(0, 4 * kMs), 0u) << "polling off stays off";
+  EXPECT_TRUE(s.naps(1003 * kMs + 699 * kUs));
+  EXPECT_FALSE(s.naps(1003 * kMs + 700 * kUs)) << "for a second";
+  EXPECT_FALSE(s.yielded(2000 * kMs, 2004 * kMs));
+  EXPECT_TRUE(s.naps(2005 * kMs)) << "again after the next";
+  EXPECT_EQ(s.late_yields(), 2u);
 }
 }  // namespace

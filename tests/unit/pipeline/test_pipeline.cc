@@ -549,13 +549,13 @@ TEST(Dataplane, ItPollsOnForTheGapsItHasSeenBetweenWork) {
   EXPECT_EQ(dp.idle_sleep_ns(0, t + 1'000), 0u) << "gone idle";
   EXPECT_EQ(dp.idle_sleep_ns(0, t + 10'000), 0u) << "the next message is due: poll on, past the 5 us";
   EXPECT_EQ(dp.idle_sleep_ns(0, t + 20'000), tick) << "twice the gap (16 us) has passed: sleep";
-  // Sparse traffic (gaps past half of spin_max): back to the 5 us.
+  // Sparse traffic (gaps past spin_max): back to the 5 us.
   for (int k = 0; k < 20; ++k) {
-    t += 150'000;
+    t += 250'000;
     EXPECT_EQ(dp.idle_sleep_ns(1, t), 0u);
     EXPECT_EQ(dp.idle_sleep_ns(0, t + 1'000), 0u);
   }
-  t += 150'000;
+  t += 250'000;
   EXPECT_EQ(dp.idle_sleep_ns(1, t), 0u);
   EXPECT_EQ(dp.idle_sleep_ns(0, t + 1'000), 0u);
   EXPECT_EQ(dp.idle_sleep_ns(0, t + 7'000), tick);
