@@ -538,26 +538,18 @@ TEST(Dataplane, ItPollsOnForTheGapsItHasSeenBetweenWork) {
   EXPECT_EQ(dp.idle_sleep_ns(1, t), 0u);
   EXPECT_EQ(dp.idle_sleep_ns(0, t + 1'000), 0u);
   EXPECT_EQ(dp.idle_sleep_ns(0, t + 10'000), tick);
-  // A ping-pong: work every 9 us (8 us idle in between).
-  for (int k = 0; k < 20; ++k) {
-    t += 9'000;
-    EXPECT_EQ(dp.idle_sleep_ns(1, t), 0u);
-    EXPECT_EQ(dp.idle_sleep_ns(0, t + 1'000), 0u);
-  }
-  t += 9'000;
-  EXPECT_EQ(dp.idle_sleep_ns(1, t), 0u);
-  EXPECT_EQ(dp.idle_sleep_ns(0, t + 1'000), 0u) << "gone idle";
+  // traffic(P): work every P ns, idle 1 us after each; then the next work.
+  const auto traffic = [&](std::uint64_t period) {
+    for (int k = 0; k <= 20; ++k) {
+      t += period;
+      EXPECT_EQ(dp.idle_sleep_ns(1, t), 0u);
+      EXPECT_EQ(dp.idle_sleep_ns(0, t + 1'000), 0u) << "gone idle";
+    }
+  };
+  traffic(9'000);  // a ping-pong: 8 us idle between messages
   EXPECT_EQ(dp.idle_sleep_ns(0, t + 10'000), 0u) << "the next message is due: poll on, past the 5 us";
   EXPECT_EQ(dp.idle_sleep_ns(0, t + 20'000), tick) << "twice the gap (16 us) has passed: sleep";
-  // Sparse traffic (gaps past spin_max): back to the 5 us.
-  for (int k = 0; k < 20; ++k) {
-    t += 250'000;
-    EXPECT_EQ(dp.idle_sleep_ns(1, t), 0u);
-    EXPECT_EQ(dp.idle_sleep_ns(0, t + 1'000), 0u);
-  }
-  t += 250'000;
-  EXPECT_EQ(dp.idle_sleep_ns(1, t), 0u);
-  EXPECT_EQ(dp.idle_sleep_ns(0, t + 1'000), 0u);
+  traffic(250'000);  // sparse traffic (gaps past spin_max): back to the 5 us
   EXPECT_EQ(dp.idle_sleep_ns(0, t + 7'000), tick);
 }
 
