@@ -135,10 +135,8 @@ check "fi_info -p verbs -t FI_EP_MSG lists uroce0" "grep -q 'domain: uroce0\$' '
 echo "== datagram rsockets: a kernel UDP socket at the RoCE address, then UD QP to QP"
 # rdmacm-utils' udpong: 500 datagrams of 1000 bytes, then the server's
 # count of those it received (UD drops what finds the receive queue full),
-# blocking calls. Not its echo mode: that sends a message again after 1 ms
-# without its echo, and then bounces whatever stale echo it reads next, for
-# good; on two shared cores a daemon can wait that long for the core
-# (docs/verbs.md).
+# blocking calls. Not its echo mode, which does not finish here for a
+# fault not yet found (docs/verbs.md, #29).
 ip netns exec "$NS_A" timeout 60 "$URUN" --lib "$IBV_DIR" --run-dir "$TMP/a" udpong -b 10.98.0.1 -T b > "$TMP/udpong_srv.out" 2>&1 &
 usp=$!
 sleep 0.5
