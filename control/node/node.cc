@@ -2,9 +2,8 @@
 
 #include <execinfo.h>
 #include <poll.h>
-#include <sched.h>
-#include <sys/socket.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -37,6 +36,7 @@
 #include "stack/pipeline/shard.h"
 #include "stack/pipeline/neigh.h"
 #include "stack/abi/qp_attr.h"
+#include "stack/abi/spin.h"
 #include "stack/transport/engine.h"
 
 namespace asio = boost::asio;
@@ -53,11 +53,7 @@ constexpr std::size_t kMaxControlConns = 64, kMaxControlConnsPerUid = 8;
 constexpr std::chrono::seconds kControlIdle{5};
 }  // namespace
 
-std::uint64_t now_ns() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
-}
+std::uint64_t now_ns() { return abi::monotonic_ns(); }  // the clock the waiting policy reads (abi/spin.h)
 
 namespace {
 /// Runs the control plane's ready handlers (accepts, session requests, CM
