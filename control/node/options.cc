@@ -173,7 +173,7 @@ ParseResult parse_options(int argc, const char* const* argv, NodeOptions& out, s
       ("idle-spin-us", po::value(&idle_cfg.spin_us), "keep polling at least this long after the last work, then sleep (default 5)")
       ("idle-spin-max-us", po::value(&idle_cfg.spin_max_us),
        "poll on for up to twice the recent gap between bursts of work, at most this long; traffic sparser than this "
-       "sleeps after --idle-spin-us (default 200)")
+       "(its last gap past four times this too) sleeps after --idle-spin-us (default 200)")
       ("poll-tick-us", po::value(&idle_cfg.tick_us),
        "sleep between polls while warm; bounds RX latency on PMDs without interrupts (default 20)")
       ("idle-warm-ms", po::value(&idle_cfg.warm_ms), "after this long without work, sleeps double (default 10)")

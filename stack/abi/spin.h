@@ -11,11 +11,16 @@
 // process on its core until its slice ends). So a waiter:
 //   - polls while the gaps it has seen say work comes back soon: twice the
 //     recent gap (an average over about four), at least a floor (the
-//     configured spin), at most a cap; an average gap beyond the cap means
-//     traffic is sparse, and the waiter polls the floor only (a gap that
-//     sleeps made long, the wake-ups' cost in it, is still polled for, and
-//     the gaps measured then bring the window down: sleeping through a
-//     ping-pong does not keep it sleeping);
+//     configured spin), at most a cap. An average gap beyond the cap, with
+//     the last gap beyond kNearCaps caps too, means traffic is sparse, and
+//     the waiter polls the floor only. A last gap within kNearCaps caps is
+//     polled for (the cap): a gap measured across sleeps holds the
+//     wake-ups' cost, here and at every peer that slept too (four of them
+//     in a ping-pong between two daemons and their applications), and on
+//     a slow host that alone keeps it past the cap; polling the next one
+//     measures it without this side's wake-up, and with every side doing
+//     so the gaps come down and the window follows them (sleeping through
+//     a ping-pong does not keep it sleeping);
 //   - gives its core away between empty polls (yield_core), so a runnable
 //     process on the same core runs at once, and the poller costs little
 //     to it;
@@ -66,6 +71,9 @@ class AdaptiveSpin {
   /// 200 us: traffic with gaps up to 200 us (5,000 messages a second and
   /// more) is polled for; sparser traffic sleeps after the floor.
   static constexpr std::uint64_t kDefaultCapNs = 200'000;
+  /// A last gap within this many caps is polled for, whatever the average
+  /// (traffic of 1,250 messages a second and more; sparser sleeps).
+  static constexpr std::uint64_t kNearCaps = 4;
 
   AdaptiveSpin() = default;
   explicit AdaptiveSpin(std::uint64_t cap_ns) : cap_(cap_ns) {}
@@ -77,6 +85,7 @@ class AdaptiveSpin {
     const std::uint64_t g = std::min(ns, 2 * cap);  // one long pause moves the average, not a minute's worth
     const std::uint64_t a = avg_.load(std::memory_order_relaxed);
     avg_.store(a == kNone ? g : (3 * a + g) / 4, std::memory_order_relaxed);
+    last_.store(ns, std::memory_order_relaxed);
   }
 
   /// Between empty polls: gives the core, once, to whatever else is
@@ -121,7 +130,8 @@ class AdaptiveSpin {
     const std::uint64_t cap = cap_.load(std::memory_order_relaxed);
     if (now_ns != 0 && naps(now_ns)) return std::max(floor_ns, cap);
     const std::uint64_t a = avg_.load(std::memory_order_relaxed);
-    if (a == kNone || a > cap) return floor_ns;
+    if (a == kNone) return floor_ns;
+    if (a > cap) return last_.load(std::memory_order_relaxed) <= kNearCaps * cap ? std::max(floor_ns, cap) : floor_ns;
     return std::max(floor_ns, std::min(cap, 2 * a));
   }
 
@@ -131,6 +141,7 @@ class AdaptiveSpin {
   // only nudges a window.
   std::atomic<std::uint64_t> cap_{kDefaultCapNs};
   std::atomic<std::uint64_t> avg_{kNone};
+  std::atomic<std::uint64_t> last_{kNone};  // the last gap, unclipped
   std::atomic<std::uint64_t> nap_until_{0};  // monotonic ns
   std::atomic<std::uint64_t> late_{0};
 };

@@ -24,8 +24,10 @@ TEST(AdaptiveSpin, ShortGapsAreCoveredTwice) {
 
 TEST(AdaptiveSpin, SparseTrafficGetsTheFloorOnly) {
   AdaptiveSpin s(200 * kUs);
-  for (int i = 0; i < 20; ++i) s.gap(250 * kUs);  // past the cap
+  for (int i = 0; i < 20; ++i) s.gap(1000 * kUs);  // past the cap, and past four caps
   EXPECT_EQ(s.window_ns(5 * kUs), 5 * kUs);
+  s.gap(801 * kUs);
+  EXPECT_EQ(s.window_ns(5 * kUs), 5 * kUs) << "a last gap just past four caps: still sparse";
   // Up to the cap, the window is twice the gap, at most the cap.
   AdaptiveSpin t(200 * kUs);
   for (int i = 0; i < 20; ++i) t.gap(150 * kUs);
@@ -41,6 +43,24 @@ TEST(AdaptiveSpin, AGapThatASleepMadeLongIsLearntBackDown) {
   for (int i = 0; i < 30; ++i) s.gap(8 * kUs);  // then measured while polling
   EXPECT_LE(s.window_ns(5 * kUs), 17 * kUs);
   EXPECT_GE(s.window_ns(5 * kUs), 16 * kUs);
+}
+
+TEST(AdaptiveSpin, APingPongSleptThroughIsPolledForAgain) {
+  // The state one test left behind (sparse), then a ping-pong whose gaps,
+  // measured across the sleeps of four waiters on a slow host, stay past
+  // the cap: the next one is polled for, and once every side polls the
+  // gaps are short and the window follows them.
+  AdaptiveSpin s(200 * kUs);
+  for (int i = 0; i < 20; ++i) s.gap(5000 * kUs);
+  EXPECT_EQ(s.window_ns(5 * kUs), 5 * kUs);
+  s.gap(500 * kUs);
+  EXPECT_GT(s.average_gap_ns(), 200 * kUs) << "the average is still past the cap";
+  EXPECT_EQ(s.window_ns(5 * kUs), 200 * kUs) << "but the last gap was near: poll the cap";
+  s.gap(800 * kUs);
+  EXPECT_EQ(s.window_ns(5 * kUs), 200 * kUs) << "up to four caps";
+  for (int i = 0; i < 30; ++i) s.gap(25 * kUs);
+  EXPECT_LE(s.window_ns(5 * kUs), 51 * kUs);
+  EXPECT_GE(s.window_ns(5 * kUs), 50 * kUs);
 }
 
 TEST(AdaptiveSpin, OneLongPauseMovesTheAverageByABoundedStep) {
@@ -60,7 +80,9 @@ TEST(AdaptiveSpin, ACapChangeAppliesToTheNextWindow) {
   s.set_cap(100 * kUs);
   EXPECT_EQ(s.window_ns(5 * kUs), 100 * kUs);
   s.set_cap(50 * kUs);
-  EXPECT_EQ(s.window_ns(5 * kUs), 5 * kUs) << "the gaps are past the cap now";
+  EXPECT_EQ(s.window_ns(5 * kUs), 50 * kUs) << "the gaps are past the cap now, but within four caps";
+  s.set_cap(10 * kUs);
+  EXPECT_EQ(s.window_ns(5 * kUs), 5 * kUs) << "past four caps: sparse";
 }
 
 TEST(AdaptiveSpin, ALateYieldTurnsYieldsIntoNapsForASecond) {
