@@ -112,14 +112,11 @@ void log(int level, const std::string& msg, const std::string& kv) {
 }
 
 bool LogLimit::allow(std::uint64_t now, std::uint64_t* suppressed) {
-  if (last_ != 0 && now > last_) tokens_ = std::min(burst_, tokens_ + rate_ * static_cast<double>(now - last_) / 1e9);
-  last_ = now;
   *suppressed = 0;
-  if (tokens_ < 1) {
+  if (bucket_.take(now) != 0) {
     ++held_;
     return false;
   }
-  tokens_ -= 1;
   *suppressed = held_;
   held_ = 0;
   return true;

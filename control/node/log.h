@@ -10,6 +10,8 @@
 #include <string>
 #include <string_view>
 
+#include "control/node/rate.h"
+
 namespace uroce::control {
 
 enum class LogFormat { kText, kJson };
@@ -31,14 +33,14 @@ std::string log_value(std::string_view v);
 /// A token bucket for log lines: `per_s` a second, bursts of `burst`.
 class LogLimit {
  public:
-  LogLimit(double per_s, double burst) : rate_(per_s), burst_(burst), tokens_(burst) {}
+  LogLimit(double per_s, double burst) : bucket_(per_s, burst) {}
   /// Whether a line may go out at `now_ns`; when it may after some were
   /// held back, *suppressed says how many (else 0).
   bool allow(std::uint64_t now_ns, std::uint64_t* suppressed);
 
  private:
-  double rate_, burst_, tokens_;
-  std::uint64_t last_ = 0, held_ = 0;
+  TokenBucket bucket_;
+  std::uint64_t held_ = 0;
 };
 
 }  // namespace uroce::control

@@ -193,6 +193,9 @@ void node_wide(Families& f, const json& st) {
   if (at(lim, "refused").is_object())
     for (const auto& [k, v] : at(lim, "refused").items())
       f.counter("uroce_refused_" + k + "_total", "requests or connections refused: " + k, "", v);
+  if (at(lim, "delayed").is_object())
+    for (const auto& [k, v] : at(lim, "delayed").items())
+      f.counter("uroce_delayed_" + k + "_total", "requests that waited for their uid's rate: " + k, "", v);
   if (at(lim, "closed").is_object())
     for (const auto& [k, v] : at(lim, "closed").items())
       f.counter("uroce_sessions_closed_" + k + "_total", "sessions the daemon closed: " + k, "", v);

@@ -51,6 +51,12 @@ constexpr std::size_t kMaxControlLine = 4096;
 /// Control connections served at once, and how long one may stay silent.
 constexpr std::size_t kMaxControlConns = 64, kMaxControlConnsPerUid = 8;
 constexpr std::chrono::seconds kControlIdle{5};
+/// Control requests a uid other than root and the daemon's own may make,
+/// a second and at once: each costs the daemon's loop (a status, about
+/// 0.2 ms here), so one uid asking back to back would take that time from
+/// every tenant's traffic. A request past them waits for its turn (it is
+/// not refused), counted.
+constexpr double kControlRequestsPerUid = 10;
 }  // namespace
 
 std::uint64_t now_ns() { return abi::monotonic_ns(); }  // the clock the waiting policy reads (abi/spin.h)
@@ -407,7 +413,9 @@ nlohmann::ordered_json Node::status() const {
   o["limits"]["control_line_bytes"] = kMaxControlLine;
   o["limits"]["max_control_conns"] = kMaxControlConns;
   o["limits"]["max_control_conns_per_uid"] = kMaxControlConnsPerUid;
+  o["limits"]["control_requests_per_uid_per_second"] = kControlRequestsPerUid;
   if (o["limits"].contains("refused")) o["limits"]["refused"]["control_conns"] = ctl_refused_;
+  o["limits"]["delayed"] = {{"control_requests", ctl_delayed_}};
   for (std::size_t k = 0; k < pipes_.size(); ++k) {
     const Pipeline& p = *pipes_[k];
     const std::string pre = k == 0 ? "" : "_" + std::to_string(k);
@@ -473,10 +481,19 @@ class Node::ControlServer {
   }
 
  private:
-  /// Connections being served, in all and per uid (SO_PEERCRED; -1: unknown).
+  /// Connections being served, in all and per uid (SO_PEERCRED; -1:
+  /// unknown), and the request rate of each uid that is bounded.
   struct Open {
     std::size_t total = 0;
     std::map<int, std::size_t> per_uid;
+    std::map<int, TokenBucket> rate;
+    /// 0 when `uid` may make a request now, else how long until it may.
+    std::uint64_t take(int uid, std::uint64_t now) {
+      if (uid == 0 || uid == static_cast<int>(::geteuid())) return 0;  // the operator's own
+      if (rate.size() >= kMaxControlConns) std::erase_if(rate, [&](const auto& r) { return r.second.full(now); });
+      if (rate.size() >= kMaxControlConns && !rate.contains(uid)) return 1'000'000;  // so many uids at once: wait a little
+      return rate.try_emplace(uid, kControlRequestsPerUid, kControlRequestsPerUid).first->second.take(now);
+    }
   };
   struct Conn : std::enable_shared_from_this<Conn> {
     Conn(asio::local::stream_protocol::socket s, Node& d, std::shared_ptr<Open> open, int uid)
@@ -494,14 +511,18 @@ class Node::ControlServer {
     std::string out;
     Node& d;
     asio::steady_timer deadline;  // a client that says nothing is closed after kControlIdle
+    asio::steady_timer turn{sock.get_executor()};  // a request past its uid's rate waits on this
     std::shared_ptr<Open> open;  // shared: a Conn may outlive the server in the io_context
     int uid;
+    bool waited = false;  // its request was counted as delayed
     void start() {
       auto self = shared_from_this();
       deadline.expires_after(kControlIdle);
       deadline.async_wait([self](boost::system::error_code ec) {
         boost::system::error_code ignored;
-        if (!ec) self->sock.close(ignored);
+        if (ec) return;
+        self->sock.close(ignored);
+        self->turn.cancel();
       });
       asio::async_read_until(sock, in, '\n', [self](boost::system::error_code ec, std::size_t) {
         // The deadline stays armed through the reply's write: a client that
@@ -521,10 +542,24 @@ class Node::ControlServer {
         std::istream is(&self->in);
         std::string line;
         std::getline(is, line);
-        self->out = self->handle(line) + "\n";
-        asio::async_write(self->sock, asio::buffer(self->out),
-                          [self](boost::system::error_code, std::size_t) { self->deadline.cancel(); });
+        self->serve(std::move(line));
       });
+    }
+    /// Answers `line` now, or when its uid may make another request.
+    void serve(std::string line) {
+      if (!sock.is_open()) return;  // closed at its deadline while it waited
+      if (const std::uint64_t wait = open->take(uid, now_ns()); wait != 0) {
+        if (!waited) ++d.ctl_delayed_;
+        waited = true;
+        turn.expires_after(std::chrono::nanoseconds(wait));
+        turn.async_wait([self = shared_from_this(), line = std::move(line)](boost::system::error_code ec) mutable {
+          if (!ec) self->serve(std::move(line));
+        });
+        return;
+      }
+      out = handle(line) + "\n";
+      asio::async_write(sock, asio::buffer(out),
+                        [self = shared_from_this()](boost::system::error_code, std::size_t) { self->deadline.cancel(); });
     }
     static std::string error(const std::string& why) {
       return nlohmann::ordered_json{{"ok", false}, {"error", why}}.dump(-1, ' ', false,

@@ -169,6 +169,7 @@ class Node {
   std::unique_ptr<SessionServer> sessions_;
   std::unique_ptr<ControlServer> ctl_;
   std::uint64_t ctl_refused_ = 0;  // control connections closed at once (too many, in all or from one uid)
+  std::uint64_t ctl_delayed_ = 0;  // control requests that waited for their uid's rate
   std::unique_ptr<MetricsServer> metrics_;  // --metrics
   bool workers_launched_ = false;
   std::atomic<bool> workers_stop_{false};

@@ -60,5 +60,19 @@ TEST(Log, ALimitLetsABurstThroughThenAFewASecondAndCountsTheRest) {
   EXPECT_EQ(out, 20);
 }
 
+TEST(Log, ABucketSaysHowLongUntilItsNextToken) {
+  TokenBucket b(10, 10);  // a uid's control requests (node.cc)
+  const std::uint64_t s = 1'000'000'000;
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(b.take(s + i), 0u) << "the burst";
+  EXPECT_FALSE(b.full(s + 10));
+  const std::uint64_t wait = b.take(s + 10);
+  EXPECT_GT(wait, 99'000'000u) << "a tenth of a second at 10 a second";
+  EXPECT_LE(wait, 100'000'000u);
+  EXPECT_NE(b.take(s + 10 + wait / 2), 0u) << "not yet, and nothing was taken";
+  EXPECT_EQ(b.take(s + 10 + wait), 0u) << "then one";
+  EXPECT_FALSE(b.full(s + s / 2));
+  EXPECT_TRUE(b.full(3 * s)) << "quiet long enough: full again (and may be forgotten)";
+}
+
 }  // namespace
 }  // namespace uroce::control
