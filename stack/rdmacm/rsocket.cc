@@ -35,6 +35,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "stack/abi/spin.h"
 #include "stack/rdmacm/rsocket_dgram.h"
 #include "stack/rdmacm/rsocket_qp.h"
 
@@ -301,7 +302,11 @@ ssize_t rsendmsg(int s, const msghdr* msg, int flags) {
 int rpoll(pollfd* fds, nfds_t nfds, int timeout) {
   return keeping_errno([&]() -> int {
     if (!fds && nfds) return fail(EFAULT);
-    const std::uint64_t deadline = timeout > 0 ? now_ms() + static_cast<std::uint64_t>(timeout) : 0;
+    // In ns: a deadline in whole ms would end a 1 ms wait anywhere from
+    // 0 to 1 ms after it began (udpong's echo mode resends after such a
+    // wait, and a late echo then stalls it for good); poll(2) waits at
+    // least the timeout.
+    const std::uint64_t deadline = timeout > 0 ? uroce::abi::monotonic_ns() + std::uint64_t(timeout) * 1'000'000 : 0;
     std::vector<Rs*> rss(nfds);      // stream rsockets
     std::vector<char> dgram(nfds);  // datagram rsockets
     for (nfds_t i = 0; i < nfds; ++i) {
@@ -339,9 +344,9 @@ int rpoll(pollfd* fds, nfds_t nfds, int timeout) {
       if (ready_n || timeout == 0) return ready_n;
       int left = -1;
       if (timeout > 0) {
-        const std::uint64_t now = now_ms();
+        const std::uint64_t now = uroce::abi::monotonic_ns();
         if (now >= deadline) return 0;
-        left = static_cast<int>(deadline - now);
+        left = static_cast<int>((deadline - now + 999'999) / 1'000'000);  // rounded up
       }
       // Sleep on what wakes each: the plain descriptors; a stream rsocket's
       // CM channel and (connected) its armed completion channel; a datagram

@@ -74,12 +74,6 @@ void set_nonblock(int fd) { (void)::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_
 
 }  // namespace
 
-std::uint64_t now_ms() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::uint64_t>(ts.tv_sec) * 1000 + static_cast<std::uint64_t>(ts.tv_nsec) / 1'000'000;
-}
-
 namespace {
 
 void* page_alloc(std::size_t len) {

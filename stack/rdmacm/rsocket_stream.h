@@ -146,8 +146,6 @@ inline bool conn_can_send_ctrl(const Rs* rs) { return ctrl_avail(rs) || !(rs->st
 
 /// The stream socket numbered `s`, or null.
 Rs* lookup(int s);
-/// CLOCK_MONOTONIC in ms.
-std::uint64_t now_ms();
 /// A new socket on its own event channel (a listener's connection: the
 /// channel its id moves to).
 Rs* make_rs(const Rs* parent);
