@@ -395,7 +395,7 @@ nlohmann::ordered_json Node::status() const {
                  {"cq_notifies", sessions_ ? sessions_->cq_notifies() : 0},
                  {"late_yields", pipes_[0]->dp->late_yields()},
                  {"gap_us", pipes_[0]->dp->average_gap_ns() / 1000},
-                 {"window_us", pipes_[0]->dp->spin_window_ns() / 1000},
+                 {"window_us", pipes_[0]->dp->spin_window_ns(now_ns()) / 1000},
                  {"rx_interrupts", pipes_[0]->dp->rx_wakes()},
                  {"rx_wakes", rx_wakes_},
                  {"host_wakes", host_wakes_}};

@@ -114,8 +114,9 @@ class Dataplane {
   [[nodiscard]] std::uint64_t late_yields() const { return spin_.late_yields(); }
   /// The polling window's inputs and outcome now (abi::AdaptiveSpin).
   [[nodiscard]] std::uint64_t average_gap_ns() const { return spin_.average_gap_ns(); }
-  [[nodiscard]] std::uint64_t spin_window_ns() const {
-    return spin_.window_ns(std::uint64_t{idle_cfg_.spin_us} * 1000);
+  /// At `now_ns` (while the loop naps after a late yield, the cap).
+  [[nodiscard]] std::uint64_t spin_window_ns(std::uint64_t now_ns) const {
+    return spin_.window_ns(std::uint64_t{idle_cfg_.spin_us} * 1000, now_ns);
   }
   void set_idle(const IdleConfig& c) {
     idle_cfg_ = c;
