@@ -7,9 +7,17 @@
 // on the data path (rx, poll, drain_tx, post_*, poll_cq) allocates, locks or
 // throws: every queue is a fixed ring sized when its object is created.
 //
-// The class is split by role, one file each, as rxe and eRPC do:
-// engine.cc (objects, QP state machine, dispatch), requester.cc,
-// responder.cc, completer.cc.
+// The class is split into one file per role or concern, as rxe and eRPC
+// do. The roles: requester.cc, responder.cc, completer.cc, selective.cc
+// (selective repeat), raw.cc (raw packet QPs, flow rules) and tm.cc (tag
+// matching). The rest: engine.cc (construction, QPs by number, totals),
+// engine_objects.cc (verbs objects, QP creation and quarantine),
+// engine_qp_state.cc (the QP state machine), engine_post.cc (work requests
+// in), engine_completions.cc (completions out, the flush in ERR),
+// engine_tx.cc (TX framing), engine_rx.cc (receive dispatch, multicast),
+// engine_poll.cc (the poll loop, the timer wheel), engine_tx_share.cc
+// (tenants' transmit share) and engine_congestion.cc (CNPs, congestion
+// control hooked up).
 #pragma once
 
 #include <cstdint>
@@ -391,7 +399,7 @@ class Engine {
  private:
   friend struct EngineTestPeer;
 
-  // engine.cc
+  // engine_*.cc (the list at the top of this file)
   void set_error(Qp& qp);
   void flush_wqes(Qp& qp);
   void activate(Qp& qp);

@@ -272,7 +272,7 @@ TEST_F(QpState, CurStateMustMatch) {
 // (drivers/infiniband/core/verbs.c, qp_state_table) encodes it. Three rows
 // differ; the tests below follow that table.
 //
-// DISABLED: engine bug (table mismatch). engine.cc, transition(): the
+// DISABLED: engine bug (table mismatch). engine_qp_state.cc, transition(): the
 // RTS/SQD/SQE -> RTS row allows IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
 // IBV_QP_RNR_RETRY for RC and IBV_QP_QKEY for every type (and ACCESS_FLAGS
 // for UD). qp_state_table allows, for RTS -> RTS and SQD -> RTS: RC
@@ -299,7 +299,7 @@ TEST_F(QpState, RtsToRtsAllowsOnlyItsOptionalAttributes) {
   expect_refused(ud, a, IBV_QP_STATE | IBV_QP_ACCESS_FLAGS);
 }
 
-// DISABLED: engine bug (table mismatch, see above). engine.cc, transition():
+// DISABLED: engine bug (table mismatch, see above). engine_qp_state.cc, transition():
 // `if (to == IBV_QPS_SQD) return {0, IBV_QP_EN_SQD_ASYNC_NOTIFY};` also
 // covers SQD -> SQD, where qp_state_table (RC) allows PORT | AV | TIMEOUT |
 // RETRY_CNT | RNR_RETRY | MAX_QP_RD_ATOMIC | MAX_DEST_RD_ATOMIC | ALT_PATH |
@@ -330,7 +330,7 @@ TEST_F(QpState, SqdToSqdAllowsPathAndRetryChanges) {
   EXPECT_EQ(q.min_rnr_timer, 7);
 }
 
-// DISABLED: engine bug (table mismatch, see above). engine.cc, modify_qp()
+// DISABLED: engine bug (table mismatch, see above). engine_qp_state.cc, modify_qp()
 // strips IBV_QP_CUR_STATE before checking the allowed set, so it is accepted
 // on every transition. ib_modify_qp_is_ok refuses it unless the QP is in RTR,
 // RTS, SQD or SQE, and the table lists it only as an optional attribute of
