@@ -14,7 +14,7 @@
 #include "stack/wire/be.h"
 
 namespace uroce::verbs_detail {
-int set_error(int err, std::string why);  // liburoce.cc
+int set_error(int err, std::string why);  // liburoce_session.cc
 }
 
 namespace {
