@@ -268,17 +268,16 @@ TEST_F(QpState, CurStateMustMatch) {
   EXPECT_EQ(qp->state, IBV_QPS_RTS);
 }
 
-// The engine says its transition table is IBTA 10.3.1 as ib_modify_qp_is_ok
+// The engine's transition table is IBTA 10.3.1 as ib_modify_qp_is_ok
 // (drivers/infiniband/core/verbs.c, qp_state_table) encodes it. Three rows
-// differ; the tests below follow that table.
+// once differed from it; the tests below hold them to that table.
 //
-// DISABLED: engine bug (table mismatch). engine_qp_state.cc, transition(): the
-// RTS/SQD/SQE -> RTS row allows IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-// IBV_QP_RNR_RETRY for RC and IBV_QP_QKEY for every type (and ACCESS_FLAGS
-// for UD). qp_state_table allows, for RTS -> RTS and SQD -> RTS: RC
-// CUR_STATE | ACCESS_FLAGS | ALT_PATH | PATH_MIG_STATE | MIN_RNR_TIMER; UC
-// the same without MIN_RNR_TIMER; UD CUR_STATE | QKEY. Timers and retry
-// counts are changed in SQD -> SQD, which the engine refuses (next test).
+// RTS -> RTS and SQD -> RTS: qp_state_table allows RC CUR_STATE |
+// ACCESS_FLAGS | ALT_PATH | PATH_MIG_STATE | MIN_RNR_TIMER; UC the same
+// without MIN_RNR_TIMER; UD CUR_STATE | QKEY. Timers and retry counts are
+// changed in SQD -> SQD (next test), not here (engine_qp_state.cc once
+// allowed TIMEOUT, RETRY_CNT, RNR_RETRY and QKEY on every type, and
+// ACCESS_FLAGS on UD).
 TEST_F(QpState, RtsToRtsAllowsOnlyItsOptionalAttributes) {
   const int rc_refused[] = {IBV_QP_TIMEOUT, IBV_QP_RETRY_CNT, IBV_QP_RNR_RETRY, IBV_QP_QKEY};
   for (const ibv_qp_state from : {IBV_QPS_RTS, IBV_QPS_SQD}) {
@@ -299,12 +298,11 @@ TEST_F(QpState, RtsToRtsAllowsOnlyItsOptionalAttributes) {
   expect_refused(ud, a, IBV_QP_STATE | IBV_QP_ACCESS_FLAGS);
 }
 
-// DISABLED: engine bug (table mismatch, see above). engine_qp_state.cc, transition():
-// `if (to == IBV_QPS_SQD) return {0, IBV_QP_EN_SQD_ASYNC_NOTIFY};` also
-// covers SQD -> SQD, where qp_state_table (RC) allows PORT | AV | TIMEOUT |
+// SQD -> SQD: qp_state_table (RC) allows PORT | AV | TIMEOUT |
 // RETRY_CNT | RNR_RETRY | MAX_QP_RD_ATOMIC | MAX_DEST_RD_ATOMIC | ALT_PATH |
 // ACCESS_FLAGS | PKEY_INDEX | MIN_RNR_TIMER | PATH_MIG_STATE: SQD exists so
-// that these can be changed on a drained QP.
+// that these can be changed on a drained QP (transition() once gave SQD ->
+// SQD the row of a move to SQD, EN_SQD_ASYNC_NOTIFY alone).
 TEST_F(QpState, SqdToSqdAllowsPathAndRetryChanges) {
   Qp* qp = qp_in(IBV_QPS_SQD);
   ibv_qp_attr a = state_attr(IBV_QPS_SQD);
@@ -330,9 +328,9 @@ TEST_F(QpState, SqdToSqdAllowsPathAndRetryChanges) {
   EXPECT_EQ(q.min_rnr_timer, 7);
 }
 
-// DISABLED: engine bug (table mismatch, see above). engine_qp_state.cc, modify_qp()
-// strips IBV_QP_CUR_STATE before checking the allowed set, so it is accepted
-// on every transition. ib_modify_qp_is_ok refuses it unless the QP is in RTR,
+// IBV_QP_CUR_STATE (modify_qp() once stripped it before checking the
+// allowed set, so it was accepted on every transition): ib_modify_qp_is_ok
+// refuses it unless the QP is in RTR,
 // RTS, SQD or SQE, and the table lists it only as an optional attribute of
 // the transitions to RTS.
 TEST_F(QpState, CurStateOnlyOnTransitionsToRts) {
