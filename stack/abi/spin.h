@@ -14,13 +14,15 @@
 //     configured spin), at most a cap. An average gap beyond the cap, with
 //     the last gap beyond kNearCaps caps too, means traffic is sparse, and
 //     the waiter polls the floor only. A last gap within kNearCaps caps is
-//     polled for (the cap): a gap measured across sleeps holds the
-//     wake-ups' cost, here and at every peer that slept too (four of them
-//     in a ping-pong between two daemons and their applications), and on
-//     a slow host that alone keeps it past the cap; polling the next one
-//     measures it without this side's wake-up, and with every side doing
-//     so the gaps come down and the window follows them (sleeping through
-//     a ping-pong does not keep it sleeping);
+//     polled for (twice it, at most kNearCaps caps): a gap measured across
+//     sleeps holds the wake-ups' cost, here and at every peer that slept
+//     too (four of them in a ping-pong between two daemons and their
+//     applications), and on a slow host that alone keeps it past the cap;
+//     polling the next one measures it without this side's wake-up, and
+//     with every side doing so the gaps come down and the window follows
+//     them (sleeping through a ping-pong does not keep it sleeping; a
+//     window of the cap alone did, on two shared cores, with gaps of
+//     250 to 350 us);
 //   - gives its core away between empty polls (yield_core), so a runnable
 //     process on the same core runs at once, and the poller costs little
 //     to it;
@@ -29,12 +31,20 @@
 // taken by a process that keeps it (a CPU-bound one, a flood of
 // connections, even one at SCHED_IDLE: a poller that yields on every empty
 // poll pushes its own deadline back, and the scheduler then runs the other
-// until its slice or the tick ends, up to 4 ms at HZ=250). For a second
+// until its slice or the tick ends, up to 4 ms at HZ=250). For a while
 // after one, the waiter naps (kNapNs, a timed sleep) between empty polls
 // instead of yielding: the other process runs in the nap, and the timer's
 // wake-up takes the core back at once (the scheduler favours a task that
-// slept), so such a competitor costs one late yield a second. Shorter
-// yields are the point (the process waited for ran) and change nothing.
+// slept). A nap costs a wake-up (about 20 us here), so napping through a
+// ping-pong slows it tenfold (a second of naps keeps it slow): the while is
+// short at first (kFirstNapForNs) and grows fourfold with each late yield
+// that comes within a while of the last one's end, up to kNapForNs; it
+// keeps its length across pauses of up to kNapMemoryNs (a competitor that
+// comes and goes), and starts short again after a longer quiet. A process
+// that only started up on the core (an application's first milliseconds)
+// costs a short while or two; one that keeps the core costs one late yield
+// a second once the while has grown.
+// Shorter yields are the point (the process waited for ran).
 // A gap is measured from the moment the waiter found nothing to the moment
 // it found work, sleeps included: a gap that a sleep made long (the wake-up
 // cost) widens the window, and the next gaps, measured while polling, bring
@@ -53,9 +63,15 @@ namespace uroce::abi {
 /// A yield that took longer than this gave the core to a process that
 /// keeps it (one at SCHED_IDLE takes about 0.7 ms, a scheduler's slice;
 /// an application that a yield lets run answers in tens of microseconds):
-/// the waiter naps between polls for kNapForNs.
+/// the waiter naps between polls for a while: four times the last while
+/// when this late yield came within a while of the last one's end (at most
+/// kNapForNs), the last while when within kNapMemoryNs, else
+/// kFirstNapForNs.
 inline constexpr std::uint64_t kContendedNs = 500'000;
-inline constexpr std::uint64_t kNapForNs = 1'000'000'000;
+inline constexpr std::uint64_t kFirstNapForNs = 64'000'000;
+inline constexpr std::uint64_t kNapForNs = 1'024'000'000;
+/// A late yield this long after the last while ended naps as long as it.
+inline constexpr std::uint64_t kNapMemoryNs = 4'000'000'000;
 /// A nap: a timed sleep as short as the thread's timer slack allows (the
 /// daemon sets its slack to 1 us; a process's default is 50 us).
 inline constexpr long kNapNs = 1'000;
@@ -71,8 +87,9 @@ class AdaptiveSpin {
   /// 200 us: traffic with gaps up to 200 us (5,000 messages a second and
   /// more) is polled for; sparser traffic sleeps after the floor.
   static constexpr std::uint64_t kDefaultCapNs = 200'000;
-  /// A last gap within this many caps is polled for, whatever the average
-  /// (traffic of 1,250 messages a second and more; sparser sleeps).
+  /// A last gap within this many caps is polled for (twice it, at most
+  /// this many caps), whatever the average (traffic of 1,250 messages a
+  /// second and more; sparser sleeps).
   static constexpr std::uint64_t kNearCaps = 4;
 
   AdaptiveSpin() = default;
@@ -89,7 +106,7 @@ class AdaptiveSpin {
   }
 
   /// Between empty polls: gives the core, once, to whatever else is
-  /// runnable on it: a yield, or a nap within kNapForNs of a late yield.
+  /// runnable on it: a yield, or a nap for a while after a late yield.
   void yield_core() {
     const std::uint64_t a = monotonic_ns();
     if (naps(a)) {
@@ -100,17 +117,25 @@ class AdaptiveSpin {
     (void)::sched_yield();
     yielded(a, monotonic_ns());
   }
-  /// True within kNapForNs of a late yield.
+  /// True within the while after a late yield.
   [[nodiscard]] bool naps(std::uint64_t now_ns) const {
     return now_ns < nap_until_.load(std::memory_order_relaxed);
   }
   /// Records a yield from `from_ns` to `to_ns`; false when it came back late.
   bool yielded(std::uint64_t from_ns, std::uint64_t to_ns) {
     if (to_ns - from_ns < kContendedNs) return true;
-    nap_until_.store(to_ns + kNapForNs, std::memory_order_relaxed);
+    const std::uint64_t w = nap_for_.load(std::memory_order_relaxed);
+    const std::uint64_t end = nap_until_.load(std::memory_order_relaxed);
+    std::uint64_t next = kFirstNapForNs;
+    if (w != 0 && to_ns < end + w) next = std::min(4 * w, kNapForNs);  // the same competitor, still there
+    else if (w != 0 && to_ns < end + kNapMemoryNs) next = w;          // back after a pause
+    nap_for_.store(next, std::memory_order_relaxed);
+    nap_until_.store(to_ns + next, std::memory_order_relaxed);
     late_.fetch_add(1, std::memory_order_relaxed);
     return false;
   }
+  /// The last while napped after a late yield, ns (0: none yet).
+  [[nodiscard]] std::uint64_t nap_for_ns() const { return nap_for_.load(std::memory_order_relaxed); }
 
   /// The learnt average gap, ns (0: none yet).
   [[nodiscard]] std::uint64_t average_gap_ns() const {
@@ -122,7 +147,7 @@ class AdaptiveSpin {
 
   /// How long to poll now, after the last work: at least `floor_ns`. A
   /// floor of 0 turns polling off (a daemon told --idle-spin-us 0).
-  /// While the waiter naps (`now_ns` within kNapForNs of a late yield) it
+  /// While the waiter naps (`now_ns` within the while after a late yield) it
   /// polls for the cap: a nap costs the core nothing, and it is coarse (a
   /// window of a few naps would sleep through a ping-pong).
   [[nodiscard]] std::uint64_t window_ns(std::uint64_t floor_ns, std::uint64_t now_ns = 0) const {
@@ -131,7 +156,10 @@ class AdaptiveSpin {
     if (now_ns != 0 && naps(now_ns)) return std::max(floor_ns, cap);
     const std::uint64_t a = avg_.load(std::memory_order_relaxed);
     if (a == kNone) return floor_ns;
-    if (a > cap) return last_.load(std::memory_order_relaxed) <= kNearCaps * cap ? std::max(floor_ns, cap) : floor_ns;
+    if (a > cap) {
+      const std::uint64_t l = last_.load(std::memory_order_relaxed);
+      return l <= kNearCaps * cap ? std::max(floor_ns, std::min(kNearCaps * cap, std::max(cap, 2 * l))) : floor_ns;
+    }
     return std::max(floor_ns, std::min(cap, 2 * a));
   }
 
@@ -143,6 +171,7 @@ class AdaptiveSpin {
   std::atomic<std::uint64_t> avg_{kNone};
   std::atomic<std::uint64_t> last_{kNone};  // the last gap, unclipped
   std::atomic<std::uint64_t> nap_until_{0};  // monotonic ns
+  std::atomic<std::uint64_t> nap_for_{0};    // the last while, ns; 0 = none yet
   std::atomic<std::uint64_t> late_{0};
 };
 

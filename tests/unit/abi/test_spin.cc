@@ -6,6 +6,9 @@
 
 namespace {
 using uroce::abi::AdaptiveSpin;
+using uroce::abi::kFirstNapForNs;
+using uroce::abi::kNapForNs;
+using uroce::abi::kNapMemoryNs;
 constexpr std::uint64_t kUs = 1000;
 
 TEST(AdaptiveSpin, WithoutGapsItPollsTheFloor) {
@@ -55,9 +58,13 @@ TEST(AdaptiveSpin, APingPongSleptThroughIsPolledForAgain) {
   EXPECT_EQ(s.window_ns(5 * kUs), 5 * kUs);
   s.gap(500 * kUs);
   EXPECT_GT(s.average_gap_ns(), 200 * kUs) << "the average is still past the cap";
-  EXPECT_EQ(s.window_ns(5 * kUs), 200 * kUs) << "but the last gap was near: poll the cap";
+  EXPECT_EQ(s.window_ns(5 * kUs), 800 * kUs) << "but the last gap was near: poll for twice it, up to four caps";
+  s.gap(300 * kUs);
+  EXPECT_EQ(s.window_ns(5 * kUs), 600 * kUs) << "twice the last gap";
   s.gap(800 * kUs);
-  EXPECT_EQ(s.window_ns(5 * kUs), 200 * kUs) << "up to four caps";
+  EXPECT_EQ(s.window_ns(5 * kUs), 800 * kUs) << "up to four caps";
+  s.gap(801 * kUs);
+  EXPECT_EQ(s.window_ns(5 * kUs), 5 * kUs) << "past four caps: sparse";
   for (int i = 0; i < 30; ++i) s.gap(25 * kUs);
   EXPECT_LE(s.window_ns(5 * kUs), 51 * kUs);
   EXPECT_GE(s.window_ns(5 * kUs), 50 * kUs);
@@ -80,25 +87,46 @@ TEST(AdaptiveSpin, ACapChangeAppliesToTheNextWindow) {
   s.set_cap(100 * kUs);
   EXPECT_EQ(s.window_ns(5 * kUs), 100 * kUs);
   s.set_cap(50 * kUs);
-  EXPECT_EQ(s.window_ns(5 * kUs), 50 * kUs) << "the gaps are past the cap now, but within four caps";
+  EXPECT_EQ(s.window_ns(5 * kUs), 160 * kUs) << "the gaps are past the cap now, but within four caps: twice the last";
   s.set_cap(10 * kUs);
   EXPECT_EQ(s.window_ns(5 * kUs), 5 * kUs) << "past four caps: sparse";
 }
 
-TEST(AdaptiveSpin, ALateYieldTurnsYieldsIntoNapsForASecond) {
+TEST(AdaptiveSpin, ALateYieldNapsForAWhileThatGrowsWhileTheCompetitorStays) {
   constexpr std::uint64_t kMs = 1000 * kUs;
   AdaptiveSpin s;
   EXPECT_TRUE(s.yielded(0, 10 * kUs)) << "back in 10 us: the core is free";
   EXPECT_TRUE(s.yielded(1 * kMs, 1 * kMs + 400 * kUs)) << "back in 0.4 ms: the process waited for ran";
   EXPECT_FALSE(s.naps(2 * kMs));
+  EXPECT_EQ(s.nap_for_ns(), 0u);
+  // An application's start-up on the core: one slice, then it is done.
   EXPECT_FALSE(s.yielded(3 * kMs, 3 * kMs + 700 * kUs)) << "back after a slice: a process that keeps the core";
+  EXPECT_EQ(s.nap_for_ns(), kFirstNapForNs);
   EXPECT_TRUE(s.naps(4 * kMs));
   EXPECT_EQ(s.window_ns(5 * kUs, 4 * kMs), AdaptiveSpin::kDefaultCapNs) << "naps poll for the cap";
   EXPECT_EQ(s.window_ns(0, 4 * kMs), 0u) << "polling off stays off";
-  EXPECT_TRUE(s.naps(1003 * kMs + 699 * kUs));
-  EXPECT_FALSE(s.naps(1003 * kMs + 700 * kUs)) << "for a second";
-  EXPECT_FALSE(s.yielded(2000 * kMs, 2004 * kMs));
-  EXPECT_TRUE(s.naps(2005 * kMs)) << "again after the next";
-  EXPECT_EQ(s.late_yields(), 2u);
+  std::uint64_t end = 3 * kMs + 700 * kUs + kFirstNapForNs;
+  EXPECT_TRUE(s.naps(end - 1));
+  EXPECT_FALSE(s.naps(end)) << "a short while: a ping-pong after the start-up is polled for";
+  // A competitor that stays: each late yield within a while of the last
+  // one's end naps four times longer, up to kNapForNs.
+  EXPECT_FALSE(s.yielded(end + 1 * kMs, end + 3 * kMs));
+  EXPECT_EQ(s.nap_for_ns(), 4 * kFirstNapForNs);
+  end = end + 3 * kMs + 4 * kFirstNapForNs;
+  EXPECT_FALSE(s.yielded(end, end + 2 * kMs));
+  EXPECT_EQ(s.nap_for_ns(), 16 * kFirstNapForNs);
+  end = end + 2 * kMs + 16 * kFirstNapForNs;
+  EXPECT_FALSE(s.yielded(end, end + 2 * kMs));
+  EXPECT_EQ(s.nap_for_ns(), kNapForNs) << "at most";
+  end = end + 2 * kMs + kNapForNs;
+  EXPECT_TRUE(s.naps(end - 1));
+  // It comes back after a pause: the while keeps its length.
+  EXPECT_FALSE(s.yielded(end + kNapMemoryNs - 10 * kMs, end + kNapMemoryNs - 9 * kMs));
+  EXPECT_EQ(s.nap_for_ns(), kNapForNs);
+  end = end + kNapMemoryNs - 9 * kMs + kNapForNs;
+  // After a longer quiet, a late yield starts short again.
+  EXPECT_FALSE(s.yielded(end + kNapMemoryNs, end + kNapMemoryNs + 1 * kMs));
+  EXPECT_EQ(s.nap_for_ns(), kFirstNapForNs);
+  EXPECT_EQ(s.late_yields(), 6u);
 }
 }  // namespace

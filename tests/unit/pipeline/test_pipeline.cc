@@ -549,9 +549,10 @@ TEST(Dataplane, ItPollsOnForTheGapsItHasSeenBetweenWork) {
   traffic(9'000);  // a ping-pong: 8 us idle between messages
   EXPECT_EQ(dp.idle_sleep_ns(0, t + 10'000), 0u) << "the next message is due: poll on, past the 5 us";
   EXPECT_EQ(dp.idle_sleep_ns(0, t + 20'000), tick) << "twice the gap (16 us) has passed: sleep";
-  traffic(250'000);  // gaps past spin_max, but within four of it: polled for (abi/spin.h)
+  traffic(250'000);  // gaps past spin_max, but within four of it: polled for twice the last (abi/spin.h)
   EXPECT_EQ(dp.idle_sleep_ns(0, t + 150'000), 0u);
-  EXPECT_EQ(dp.idle_sleep_ns(0, t + 202'000), tick);
+  EXPECT_EQ(dp.idle_sleep_ns(0, t + 450'000), 0u) << "past spin_max, within twice the 249 us gap";
+  EXPECT_EQ(dp.idle_sleep_ns(0, t + 500'000), tick);
   traffic(1'000'000);  // sparse traffic (gaps past four spin_max): back to the 5 us
   EXPECT_EQ(dp.idle_sleep_ns(0, t + 7'000), tick);
 }
