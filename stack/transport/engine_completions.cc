@@ -7,7 +7,7 @@ namespace uroce::transport {
 
 namespace {
 ibv_wc_opcode wc_opcode(ibv_wr_opcode op) {
-  switch (op) {
+  switch (static_cast<int>(op)) {  // an int: UROCE_WR_FLUSH is past rdma-core 44's enum
     case IBV_WR_RDMA_WRITE:
     case IBV_WR_RDMA_WRITE_WITH_IMM: return IBV_WC_RDMA_WRITE;
     case IBV_WR_RDMA_READ: return IBV_WC_RDMA_READ;

@@ -244,7 +244,7 @@ void Engine::on_sr_request(Qp& qp, const wire::Packet& pkt) {
       if (end.consumes) {
         const RecvWqe& w = s.rwqes[end.msn % SrState::kRwqes];
         complete_recv(qp, w, IBV_WC_SUCCESS, end.is_send ? IBV_WC_RECV : IBV_WC_RECV_RDMA_WITH_IMM, end.total,
-                      end.imm ? IBV_WC_WITH_IMM : 0u, end.imm_data);
+                      end.imm ? unsigned{IBV_WC_WITH_IMM} : 0u, end.imm_data);
         ++s.rmsn;
       }
       ++rs.msn;

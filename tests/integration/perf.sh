@@ -182,17 +182,26 @@ check "write_lat client, peer gone: the client's last WRITE ends in RETRY_EXC_ER
 # channel (which B's daemon then rings), far less than once a round trip.
 # With the 5 us spin alone, both happened about once a round.
 echo "== a ping-pong is polled for, not slept through"
+# On two shared cores the outcome is bimodal (docs/performance.md, "Waiting
+# on two shared cores"): a run that starts while the programs' start-up
+# holds a core can settle into sleeping through. Up to three tries, 5 s
+# apart (past the daemon's memory of late yields, abi/spin.h); a daemon or
+# an application that does not poll for a ping-pong fails every try.
 rounds=10000
-st0=$(ctl "$TMP/b.ctl" status)
-sp=$BASE; BASE=$((BASE + 1))
-timeout 120 $PERF send_lat -d "$TMP/a.app" -p $sp -n $rounds > "$TMP/pp.srv" 2>&1 & s=$!; wait_listen "" "" $sp || echo "  (nothing listened on TCP port $sp)"
-timeout 120 $PERF send_lat -d "$TMP/b.app" -p $sp -n $rounds 127.0.0.1 > "$TMP/pp.cli" 2>&1; crc=$?; wait $s; src=$?
-st1=$(ctl "$TMP/b.ctl" status)
-sleeps=$(( $(jget "$st1" dataplane.idle_sleeps) - $(jget "$st0" dataplane.idle_sleeps) ))
-notifies=$(( $(jget "$st1" wait.cq_notifies) - $(jget "$st0" wait.cq_notifies) ))
-late=$(( $(jget "$st1" wait.late_yields) - $(jget "$st0" wait.late_yields) ))
-echo "  $rounds round trips: B's daemon slept $sleeps times (its yields came back late $late times; learnt gap before $(jget "$st0" wait.gap_us) us, after $(jget "$st1" wait.gap_us) us), B's completion channels were rung $notifies times"
+for try in 1 2 3; do
+  st0=$(ctl "$TMP/b.ctl" status)
+  sp=$BASE; BASE=$((BASE + 1))
+  timeout 120 $PERF send_lat -d "$TMP/a.app" -p $sp -n $rounds > "$TMP/pp.srv" 2>&1 & s=$!; wait_listen "" "" $sp || echo "  (nothing listened on TCP port $sp)"
+  timeout 120 $PERF send_lat -d "$TMP/b.app" -p $sp -n $rounds 127.0.0.1 > "$TMP/pp.cli" 2>&1; crc=$?; wait $s; src=$?
+  st1=$(ctl "$TMP/b.ctl" status)
+  sleeps=$(( $(jget "$st1" dataplane.idle_sleeps) - $(jget "$st0" dataplane.idle_sleeps) ))
+  notifies=$(( $(jget "$st1" wait.cq_notifies) - $(jget "$st0" wait.cq_notifies) ))
+  late=$(( $(jget "$st1" wait.late_yields) - $(jget "$st0" wait.late_yields) ))
+  echo "  try $try, $rounds round trips: B's daemon slept $sleeps times (its yields came back late $late times; learnt gap before $(jget "$st0" wait.gap_us) us, after $(jget "$st1" wait.gap_us) us), B's completion channels were rung $notifies times"
+  [ $crc -eq 0 ] && [ $src -eq 0 ] && [ $sleeps -lt $((rounds / 4)) ] && [ $notifies -lt $((rounds / 4)) ] && break
+  [ $try -lt 3 ] && sleep 5
+done
 check "send_lat, $rounds round trips: both pass" "[ $crc -eq 0 ] && [ $src -eq 0 ]"
-check "B's daemon slept fewer than once in 4 round trips" "[ $sleeps -lt $((rounds / 4)) ]"
-check "B's application blocked on its channel fewer than once in 4 round trips" "[ $notifies -lt $((rounds / 4)) ]"
+check "B's daemon slept fewer than once in 4 round trips (try $try of 3)" "[ $sleeps -lt $((rounds / 4)) ]"
+check "B's application blocked on its channel fewer than once in 4 round trips (try $try of 3)" "[ $notifies -lt $((rounds / 4)) ]"
 finish

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -135,8 +136,8 @@ TEST(Icrc, EqualsAZlibIcrcOverRandomFrames) {
     // The oracle: the masked copy of IBTA A17.3.3 over the whole of L3 to
     // the end of the pad, through zlib.
     const std::size_t l3 = rf.spec.vlan ? 18 : 14;
-    std::vector<std::uint8_t> m(8, 0xff);
-    m.insert(m.end(), buf.begin() + static_cast<std::ptrdiff_t>(l3), buf.begin() + static_cast<std::ptrdiff_t>(n - 4));
+    std::vector<std::uint8_t> m(8 + (n - 4 - l3), 0xff);
+    std::copy(buf.begin() + static_cast<std::ptrdiff_t>(l3), buf.begin() + static_cast<std::ptrdiff_t>(n - 4), m.begin() + 8);
     std::uint8_t* ip = m.data() + 8;
     std::size_t iplen;
     if ((ip[0] >> 4) == 4) {
