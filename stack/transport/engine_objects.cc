@@ -4,25 +4,38 @@
 #include <algorithm>
 #include <bit>
 #include <cerrno>
+#include <memory>
+#include <vector>
 
 #include "stack/transport/engine.h"
 
 namespace uroce::transport {
 
-Pd* Engine::alloc_pd() {
-  auto pd = std::make_unique<Pd>();
-  pd->handle = next_handle_++;
-  pds_.push_back(std::move(pd));
-  return pds_.back().get();
+namespace {
+template <class T>
+auto find_owned(std::vector<std::unique_ptr<T>>& v, const T* p) {
+  return std::find_if(v.begin(), v.end(), [p](const auto& o) { return o.get() == p; });
 }
-
-int Engine::dealloc_pd(Pd* pd) {
-  auto it = std::find_if(pds_.begin(), pds_.end(), [pd](const auto& p) { return p.get() == pd; });
-  if (it == pds_.end()) return EINVAL;
-  if (pd->refs != 0) return EBUSY;
-  pds_.erase(it);
+template <class T>
+T* adopt(std::vector<std::unique_ptr<T>>& v, std::uint32_t handle) {
+  v.push_back(std::make_unique<T>());
+  v.back()->handle = handle;
+  return v.back().get();
+}
+/// A PD or an XRC domain: refused while anything holds it.
+template <class T>
+int release_held(std::vector<std::unique_ptr<T>>& v, T* p) {
+  const auto it = find_owned(v, p);
+  if (it == v.end()) return EINVAL;
+  if (p->refs != 0) return EBUSY;
+  v.erase(it);
   return 0;
 }
+}  // namespace
+
+Pd* Engine::alloc_pd() { return adopt(pds_, next_handle_++); }
+
+int Engine::dealloc_pd(Pd* pd) { return release_held(pds_, pd); }
 
 Mr* Engine::reg_mr(Pd* pd, void* addr, std::uint64_t len, unsigned access) {
   return reg_mr_iova(pd, addr, len, access, reinterpret_cast<std::uint64_t>(addr));
@@ -101,7 +114,7 @@ int Engine::destroy_cq(Cq* cq) {
     if (q && !q->quarantine_until && (q->send_cq == cq || q->recv_cq == cq)) return EBUSY;
   for (const auto& s : srqs_)
     if (s->cq() == cq || (s->tm && s->tm->cq == cq)) return EBUSY;  // an XRC SRQ's, a work queue's, a TM SRQ's
-  auto it = std::find_if(cqs_.begin(), cqs_.end(), [cq](const auto& c) { return c.get() == cq; });
+  const auto it = find_owned(cqs_, cq);
   if (it == cqs_.end()) return EINVAL;
   std::erase(cq_noted_, cq);
   std::erase(cq_overflowed_, cq);
@@ -140,7 +153,7 @@ int Engine::destroy_srq(Srq* srq) {
   if (srq->rss_refs) return EBUSY;  // in an RSS QP's table
   for (const auto& q : qps_)
     if (q && !q->quarantine_until && q->srq == srq && q->xrc != Xrc::kRecv) return EBUSY;
-  auto it = std::find_if(srqs_.begin(), srqs_.end(), [srq](const auto& s) { return s.get() == srq; });
+  const auto it = find_owned(srqs_, srq);
   if (it == srqs_.end()) return EINVAL;
   if (srq->xrcd()) {
     // XRC targets that took requests for it forget it: a message in
@@ -160,19 +173,9 @@ int Engine::destroy_srq(Srq* srq) {
   return 0;
 }
 
-Xrcd* Engine::alloc_xrcd() {
-  xrcds_.push_back(std::make_unique<Xrcd>());
-  xrcds_.back()->handle = next_handle_++;
-  return xrcds_.back().get();
-}
+Xrcd* Engine::alloc_xrcd() { return adopt(xrcds_, next_handle_++); }
 
-int Engine::dealloc_xrcd(Xrcd* x) {
-  auto it = std::find_if(xrcds_.begin(), xrcds_.end(), [x](const auto& p) { return p.get() == x; });
-  if (it == xrcds_.end()) return EINVAL;
-  if (x->refs != 0) return EBUSY;
-  xrcds_.erase(it);
-  return 0;
-}
+int Engine::dealloc_xrcd(Xrcd* x) { return release_held(xrcds_, x); }
 
 Qp* Engine::create_qp(Pd* pd, const QpInitAttr& attr_in) {
   QpInitAttr attr = attr_in;
